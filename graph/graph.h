@@ -1,0 +1,167 @@
+#pragma once
+// The model-graph IR: Graph, Node, Value (in the style of torch.fx).
+//
+// A Graph is a topologically ordered list of Nodes joined by named Values (tensors). Each node has
+// an op kind (a key of the op registry, see op_registry.h), attributes (stride, padding, ...),
+// named parameters and buffers, and a stable dotted name ("layer1.0.conv1") that is also the
+// prefix of its tensors in a state_dict ("layer1.0.conv1.weight"). A single-output node's value
+// has the node's name; a node with n > 1 outputs produces "name:0" ... "name:n-1".
+// Value shapes are static and include the batch dimension of the graph's declared input shapes;
+// at run time the batch dimension may differ.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace whittle {
+
+/// A tensor shape, outermost dimension first (NCHW for images).
+using Shape = std::vector<int64_t>;
+
+/// "[1, 3, 32, 32]".
+std::string shape_str(const Shape& shape);
+
+/// An attribute value: integer (also used for booleans), float, string, or integer/float lists.
+using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
+
+/// Ordered name → tensor map, keeping insertion order (as a PyTorch state_dict does).
+class NamedTensors {
+ public:
+  /// The tensor under `name`, or nullptr.
+  const at::Tensor* find(const std::string& name) const;
+  at::Tensor* find(const std::string& name);
+  /// The tensor under `name`; throws whittle::Error naming `name` when absent.
+  const at::Tensor& at(const std::string& name) const;
+  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  /// Inserts or replaces (keeping the original position when replacing).
+  void set(const std::string& name, at::Tensor tensor);
+  /// Removes `name` if present.
+  void erase(const std::string& name);
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> items_;
+};
+
+/// One operation of the graph. Plain data: passes edit fields directly and then call
+/// Graph::validate() (or use the Graph editing functions, which keep value records consistent).
+struct Node {
+  std::string name;                  ///< stable dotted name, unique in the graph
+  std::string op;                    ///< op kind, a key of the op registry ("conv2d", "relu", ...)
+  std::vector<std::string> inputs;   ///< names of the values consumed, in argument order
+  std::vector<std::string> outputs;  ///< names of the values produced
+  std::map<std::string, Attr> attrs;
+  NamedTensors params;   ///< trainable tensors ("weight", "bias")
+  NamedTensors buffers;  ///< non-trainable state ("running_mean", "running_var", ...)
+
+  bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
+  /// Typed attribute access; the versions without a default throw whittle::Error naming the node
+  /// and key when the attribute is absent or has another type.
+  int64_t attr_int(const std::string& key) const;
+  int64_t attr_int(const std::string& key, int64_t fallback) const;
+  double attr_float(const std::string& key) const;  ///< accepts an integer attribute too
+  double attr_float(const std::string& key, double fallback) const;
+  const std::string& attr_str(const std::string& key) const;
+  std::string attr_str(const std::string& key, const std::string& fallback) const;
+  const std::vector<int64_t>& attr_ints(const std::string& key) const;
+  std::vector<int64_t> attr_ints(const std::string& key, std::vector<int64_t> fallback) const;
+  std::vector<double> attr_floats(const std::string& key) const;  ///< accepts an int list too
+};
+
+/// What the graph knows about one value.
+struct ValueInfo {
+  std::string name;
+  std::string producer;  ///< producing node's name; empty for a graph input
+  int output_index = 0;  ///< index among the producer's outputs
+  Shape shape;           ///< static shape (with the declared batch size)
+};
+
+/// A topologically ordered dataflow graph of Nodes.
+class Graph {
+ public:
+  Graph() = default;
+
+  // ---- building ----
+  /// Declares a graph input value with its example shape (batch dimension included).
+  /// Throws whittle::Error if the name is taken.
+  const ValueInfo& add_input(const std::string& name, Shape shape);
+  /// Appends a node after all existing ones, infers its output shapes through the op registry, and
+  /// returns the name of its first output. `num_outputs` > 1 names outputs "name:i".
+  /// Throws whittle::Error if the name is taken, an input value is unknown, the op is unknown, or
+  /// shape inference rejects the input shapes (the message names the node).
+  std::string add_node(Node node, int num_outputs = 1);
+  /// Inserts a node immediately before the node `before` (same rules as add_node).
+  std::string insert_node_before(const std::string& before, Node node, int num_outputs = 1);
+  /// Marks values as graph outputs, in order.
+  void set_outputs(std::vector<std::string> outputs);
+
+  // ---- editing ----
+  /// Replaces every use of value `from` (node inputs and graph outputs) by value `to`.
+  /// When `after_node` is given, only uses by nodes after that node are replaced.
+  void replace_all_uses(const std::string& from, const std::string& to,
+                        const std::string& after_node = "");
+  /// Removes a node. Throws whittle::Error if one of its outputs is still used.
+  void remove_node(const std::string& name);
+  /// Re-runs shape inference over the whole graph (after a pass changed parameters or attributes).
+  void infer_shapes();
+  /// Checks structure and shapes: unique names, every input defined before use (so no cycles),
+  /// known ops, expected parameters present, and shape inference consistent with the parameters.
+  /// Throws whittle::Error naming the first offending node.
+  void validate() const;
+  /// Deep copy; tensors are cloned too when `clone_tensors` (otherwise shared).
+  Graph clone(bool clone_tensors = true) const;
+
+  // ---- queries ----
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::vector<Node>& nodes() { return nodes_; }
+  const std::vector<std::string>& inputs() const { return inputs_; }
+  const std::vector<std::string>& outputs() const { return outputs_; }
+  /// The node named `name`; throws whittle::Error when absent.
+  const Node& node(const std::string& name) const;
+  Node& node(const std::string& name);
+  const Node* find_node(const std::string& name) const;
+  Node* find_node(const std::string& name);
+  /// Position of the node in topological order; throws when absent.
+  size_t node_index(const std::string& name) const;
+  /// The value named `name`; throws whittle::Error when absent.
+  const ValueInfo& value(const std::string& name) const;
+  bool has_value(const std::string& name) const { return values_.count(name) != 0; }
+  /// Names of the nodes consuming value `name`, in graph order (a node consuming it twice appears once).
+  std::vector<std::string> users(const std::string& value) const;
+  /// True when `value` is one of the graph outputs.
+  bool is_output(const std::string& value) const;
+  /// A node name not used yet, built from `base` ("base", "base_1", ...).
+  std::string unique_name(const std::string& base) const;
+
+  /// Deterministic text form, one node per line:
+  /// "%layer1.0.conv1 = conv2d(%relu) {stride=[1, 1], ...} params{weight[16, 16, 3, 3]} -> [1, 16, 32, 32]".
+  std::string to_string() const;
+
+ private:
+  std::vector<std::string> add_value_records(const Node& node, int num_outputs,
+                                             const std::vector<Shape>& shapes);
+  std::vector<Shape> run_shape_inference(const Node& node) const;
+  void reindex();
+
+  std::vector<Node> nodes_;
+  std::map<std::string, ValueInfo> values_;
+  std::map<std::string, size_t> index_;
+  std::vector<std::string> inputs_;
+  std::vector<std::string> outputs_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Graph& graph);
+
+}  // namespace whittle

@@ -1,0 +1,71 @@
+#pragma once
+// GraphModule: a torch::nn::Module that runs a Graph.
+
+#include <ATen/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace whittle {
+
+/// Runs a Graph as a LibTorch module. Each node's parameters and buffers are registered under its
+/// dotted name through a tree of child modules ("layer1" → "0" → "conv1"), so named_parameters(),
+/// state_dict keys ("layer1.0.conv1.weight"), optimizers, train()/eval() and to(device, dtype)
+/// behave as for any LibTorch module. The node tensors and the registered tensors are the same
+/// objects; to() converts them in place (floating tensors only change dtype; integer buffers
+/// such as num_batches_tracked keep theirs).
+///
+/// Passes mutate graph() and then call sync() to re-register the tensors.
+class GraphModuleImpl : public torch::nn::Module {
+ public:
+  /// Takes the graph; validates it (throws whittle::Error naming the offending node).
+  explicit GraphModuleImpl(Graph graph);
+
+  /// Runs the graph on its single input and returns its single output.
+  /// Throws whittle::Error if the graph has several inputs or outputs.
+  at::Tensor forward(const at::Tensor& input);
+  /// Runs the graph on its inputs (in graph input order) and returns its outputs.
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+  /// Runs the graph and also returns the values named in `capture` (node or value names), as
+  /// distillation needs for intermediate features. Throws whittle::Error for an unknown name.
+  std::vector<at::Tensor> forward_with_intermediates(const std::vector<at::Tensor>& inputs,
+                                                     const std::vector<std::string>& capture,
+                                                     std::map<std::string, at::Tensor>* captured);
+
+  const Graph& graph() const { return graph_; }
+  Graph& graph() { return graph_; }
+  /// Re-registers every node's tensors after the graph was changed (nodes added, removed, or
+  /// tensors replaced), and rebuilds the execution plan. Validates the graph first.
+  void sync();
+
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
+ private:
+  struct Step {
+    const Node* node;
+    std::vector<size_t> inputs;
+    std::vector<size_t> outputs;
+  };
+  void build_plan();
+  void register_tensors();
+  void convert(std::optional<torch::Device> device, std::optional<torch::Dtype> dtype, bool non_blocking);
+
+  Graph graph_;
+  std::vector<Step> plan_;
+  std::vector<size_t> input_slots_;
+  std::vector<size_t> output_slots_;
+  std::map<std::string, size_t> slot_of_;
+  size_t num_slots_ = 0;
+  std::vector<std::string> top_children_;
+};
+
+TORCH_MODULE(GraphModule);
+
+}  // namespace whittle

@@ -1,0 +1,98 @@
+#include "graph/op_registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "graph/error.h"
+
+namespace whittle {
+
+void register_builtin_ops();  // ops.cpp
+
+namespace {
+
+std::map<std::string, OpTraits>& registry() {
+  static std::map<std::string, OpTraits> ops;
+  return ops;
+}
+
+std::map<std::string, OpTraits>& ensure_registry() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_builtin_ops(); });
+  return registry();
+}
+
+}  // namespace
+
+const char* channel_flow_name(ChannelFlow flow) {
+  switch (flow) {
+    case ChannelFlow::kProducerConsumer: return "producer_consumer";
+    case ChannelFlow::kPassThrough: return "pass_through";
+    case ChannelFlow::kElementwise: return "elementwise";
+    case ChannelFlow::kConcat: return "concat";
+    case ChannelFlow::kSplit: return "split";
+    case ChannelFlow::kExpand: return "expand";
+    case ChannelFlow::kOpaque: return "opaque";
+  }
+  return "?";
+}
+
+void register_op(OpTraits traits) {
+  if (traits.kind.empty()) throw Error("register_op: empty op kind");
+  if (!traits.forward || !traits.infer_shapes) throw Error("register_op: op '" + traits.kind + "' lacks forward or shape inference");
+  // Built-ins first, so that a user's registration can replace one.
+  auto& reg = ensure_registry();
+  reg[traits.kind] = std::move(traits);
+}
+
+namespace detail {
+// Used by ops.cpp during the one-time built-in registration (must not recurse into ensure_registry).
+void register_builtin(OpTraits traits) { registry()[traits.kind] = std::move(traits); }
+}  // namespace detail
+
+bool has_op(const std::string& kind) { return ensure_registry().count(kind) != 0; }
+
+OpTraits& mutable_op_traits(const std::string& kind) {
+  auto& reg = ensure_registry();
+  auto it = reg.find(kind);
+  if (it == reg.end()) {
+    std::string known;
+    for (const auto& kv : reg) known += (known.empty() ? "" : ", ") + kv.first;
+    throw Error("unknown op '" + kind + "' (known ops: " + known + ")");
+  }
+  return it->second;
+}
+
+const OpTraits& op_traits(const std::string& kind) { return mutable_op_traits(kind); }
+
+std::vector<std::string> registered_ops() {
+  std::vector<std::string> out;
+  for (const auto& kv : ensure_registry()) out.push_back(kv.first);
+  return out;
+}
+
+NodeCost node_cost(const Graph& graph, const Node& node) {
+  NodeCost c;
+  for (const auto& kv : node.params)
+    if (kv.second.defined()) c.params += kv.second.numel();
+  const OpTraits& t = op_traits(node.op);
+  if (t.macs) {
+    std::vector<Shape> in, out;
+    for (const auto& v : node.inputs) in.push_back(graph.value(v).shape);
+    for (const auto& v : node.outputs) out.push_back(graph.value(v).shape);
+    c.macs = t.macs(node, in, out);
+  }
+  return c;
+}
+
+NodeCost graph_cost(const Graph& graph) {
+  NodeCost total;
+  for (const auto& n : graph.nodes()) {
+    NodeCost c = node_cost(graph, n);
+    total.params += c.params;
+    total.macs += c.macs;
+  }
+  return total;
+}
+
+}  // namespace whittle

@@ -1,0 +1,533 @@
+// The built-in op set: one OpTraits entry per op kind (see op_registry.h).
+//
+// Attribute conventions (all optional unless noted; defaults as in torch.nn):
+//   conv2d            stride[2]=1, padding[2]=0, dilation[2]=1, groups=1; weight [Cout, Cin/g, kh, kw], bias [Cout]
+//   conv_transpose2d  stride, padding, output_padding, dilation, groups; weight [Cin, Cout/g, kh, kw]
+//   linear            weight [out, in], bias [out]
+//   batch_norm        eps=1e-5, momentum=0.1 (< 0: cumulative average); weight/bias [C] (absent: affine=False);
+//                     buffers running_mean, running_var [C], num_batches_tracked (int64 scalar); input [N,C] or [N,C,...]
+//   leaky_relu        negative_slope=0.01;  hardtanh  min_val=-1, max_val=1;  gelu  approximate="none"|"tanh"
+//   max_pool2d        kernel_size[2] (required), stride[2]=kernel_size, padding=0, dilation=1, ceil_mode=0
+//   avg_pool2d        kernel_size[2] (required), stride, padding, ceil_mode=0, count_include_pad=1, divisor_override=0
+//   adaptive_avg_pool2d output_size[2] (required)
+//   flatten           start_dim=1, end_dim=-1
+//   reshape           shape (required): the dims after the batch dimension, one may be -1; output [N, shape...]
+//   cat               dim=1;  split  dim=1, split_sizes (required), one output per size
+//   transpose         dim0, dim1 (required);  permute  dims (required)
+//   channel_shuffle   groups (required);  dropout  p=0.5;  softmax  dim=-1
+//   upsample          mode="nearest"|"bilinear", size[2] or scale_factor[2], align_corners=0 (bilinear only)
+//   mean              dims (required), keepdim=0
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "graph/error.h"
+#include "graph/op_registry.h"
+
+namespace whittle {
+namespace detail {
+void register_builtin(OpTraits traits);
+}
+
+namespace {
+
+[[noreturn]] void fail(const Node& n, const std::string& msg) {
+  throw Error("node '" + n.name + "' (" + n.op + "): " + msg);
+}
+
+// A 2-element attribute; a 1-element list or a single integer is repeated.
+std::vector<int64_t> pair(const Node& n, const std::string& key, int64_t fallback) {
+  if (!n.has_attr(key)) return {fallback, fallback};
+  const Attr& a = n.attrs.at(key);
+  if (auto v = std::get_if<int64_t>(&a)) return {*v, *v};
+  std::vector<int64_t> l = n.attr_ints(key);
+  if (l.size() == 1) return {l[0], l[0]};
+  if (l.size() != 2) fail(n, "attribute '" + key + "' must have 1 or 2 elements");
+  return l;
+}
+
+int64_t wrap_dim(const Node& n, int64_t dim, size_t rank) {
+  const auto r = static_cast<int64_t>(rank);
+  int64_t d = dim < 0 ? dim + r : dim;
+  if (d < 0 || d >= r) fail(n, "dimension " + std::to_string(dim) + " out of range for rank " + std::to_string(rank));
+  return d;
+}
+
+void require_rank(const Node& n, const Shape& s, size_t rank, const char* what) {
+  if (s.size() != rank) fail(n, std::string("expects a ") + what + " input, got shape " + shape_str(s));
+}
+
+int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
+
+int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  int64_t num = in + 2 * p - d * (k - 1) - 1;
+  int64_t out = (ceil_mode ? (num + s - 1) / s : num / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+const at::Tensor& param_or_undefined(const Node& n, const std::string& name) {
+  static const at::Tensor undefined;
+  const at::Tensor* t = n.params.find(name);
+  return t ? *t : undefined;
+}
+
+std::vector<at::Tensor> one(at::Tensor t) { return {std::move(t)}; }
+
+// Registers an elementwise single-input op whose shape is its input's.
+void unary(const std::string& kind, const std::string& desc, ChannelFlow flow,
+           std::function<at::Tensor(const Node&, const at::Tensor&, bool)> f) {
+  OpTraits t;
+  t.kind = kind;
+  t.description = desc;
+  t.channel_flow = flow;
+  t.forward = [f](const Node& n, const std::vector<at::Tensor>& in, bool training) { return one(f(n, in[0], training)); };
+  t.infer_shapes = [](const Node&, const std::vector<Shape>& in) { return std::vector<Shape>{in[0]}; };
+  detail::register_builtin(std::move(t));
+}
+
+void register_conv() {
+  OpTraits t;
+  t.kind = "conv2d";
+  t.description = "2-D convolution (torch.nn.Conv2d), zero padding";
+  t.channel_flow = ChannelFlow::kProducerConsumer;
+  t.required_params = {"weight"};
+  t.optional_params = {"bias"};
+  t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(at::conv2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), pair(n, "stride", 1),
+                          pair(n, "padding", 0), pair(n, "dilation", 1), n.attr_int("groups", 1)));
+  };
+  t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    require_rank(n, in[0], 4, "4-D NCHW");
+    const auto w = n.params.at("weight").sizes();
+    if (w.size() != 4) fail(n, "weight must be 4-D [Cout, Cin/groups, kh, kw], got " + shape_str(w.vec()));
+    const int64_t g = n.attr_int("groups", 1);
+    if (g < 1 || in[0][1] % g != 0 || w[0] % g != 0)
+      fail(n, "groups=" + std::to_string(g) + " does not divide in_channels " + std::to_string(in[0][1]) +
+                  " and out_channels " + std::to_string(w[0]));
+    if (w[1] * g != in[0][1])
+      fail(n, "input has " + std::to_string(in[0][1]) + " channels but weight " + shape_str(w.vec()) + " with groups=" +
+                  std::to_string(g) + " expects " + std::to_string(w[1] * g));
+    if (const at::Tensor* b = n.params.find("bias"); b && b->defined() && (b->dim() != 1 || b->size(0) != w[0]))
+      fail(n, "bias has shape " + shape_str(b->sizes().vec()) + ", expected [" + std::to_string(w[0]) + "]");
+    auto s = pair(n, "stride", 1), p = pair(n, "padding", 0), d = pair(n, "dilation", 1);
+    int64_t h = conv_out(in[0][2], w[2], s[0], p[0], d[0]), wo = conv_out(in[0][3], w[3], s[1], p[1], d[1]);
+    if (h < 1 || wo < 1) fail(n, "input " + shape_str(in[0]) + " is too small for kernel " + shape_str({w[2], w[3]}));
+    return std::vector<Shape>{{in[0][0], w[0], h, wo}};
+  };
+  t.macs = [](const Node& n, const std::vector<Shape>&, const std::vector<Shape>& out) {
+    const auto w = n.params.at("weight").sizes();
+    return out[0][0] * out[0][1] * out[0][2] * out[0][3] * w[1] * w[2] * w[3];
+  };
+  detail::register_builtin(std::move(t));
+
+  OpTraits ct;
+  ct.kind = "conv_transpose2d";
+  ct.description = "2-D transposed convolution (torch.nn.ConvTranspose2d)";
+  ct.channel_flow = ChannelFlow::kProducerConsumer;
+  ct.required_params = {"weight"};
+  ct.optional_params = {"bias"};
+  ct.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(at::conv_transpose2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), pair(n, "stride", 1),
+                                    pair(n, "padding", 0), pair(n, "output_padding", 0), n.attr_int("groups", 1),
+                                    pair(n, "dilation", 1)));
+  };
+  ct.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    require_rank(n, in[0], 4, "4-D NCHW");
+    const auto w = n.params.at("weight").sizes();
+    if (w.size() != 4) fail(n, "weight must be 4-D [Cin, Cout/groups, kh, kw], got " + shape_str(w.vec()));
+    const int64_t g = n.attr_int("groups", 1);
+    if (w[0] != in[0][1])
+      fail(n, "input has " + std::to_string(in[0][1]) + " channels but weight " + shape_str(w.vec()) + " expects " +
+                  std::to_string(w[0]));
+    if (g < 1 || w[0] % g != 0) fail(n, "groups=" + std::to_string(g) + " does not divide in_channels");
+    auto s = pair(n, "stride", 1), p = pair(n, "padding", 0), op = pair(n, "output_padding", 0), d = pair(n, "dilation", 1);
+    int64_t h = (in[0][2] - 1) * s[0] - 2 * p[0] + d[0] * (w[2] - 1) + op[0] + 1;
+    int64_t wo = (in[0][3] - 1) * s[1] - 2 * p[1] + d[1] * (w[3] - 1) + op[1] + 1;
+    return std::vector<Shape>{{in[0][0], w[1] * g, h, wo}};
+  };
+  ct.macs = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>&) {
+    const auto w = n.params.at("weight").sizes();
+    return in[0][0] * in[0][1] * in[0][2] * in[0][3] * w[1] * w[2] * w[3];
+  };
+  detail::register_builtin(std::move(ct));
+
+  OpTraits l;
+  l.kind = "linear";
+  l.description = "fully connected layer y = x W^T + b (torch.nn.Linear)";
+  l.channel_flow = ChannelFlow::kProducerConsumer;
+  l.required_params = {"weight"};
+  l.optional_params = {"bias"};
+  l.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(at::linear(in[0], n.params.at("weight"), param_or_undefined(n, "bias")));
+  };
+  l.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    const auto w = n.params.at("weight").sizes();
+    if (w.size() != 2) fail(n, "weight must be 2-D [out, in], got " + shape_str(w.vec()));
+    if (in[0].empty() || in[0].back() != w[1])
+      fail(n, "input " + shape_str(in[0]) + " does not end in in_features " + std::to_string(w[1]));
+    Shape out = in[0];
+    out.back() = w[0];
+    return std::vector<Shape>{out};
+  };
+  l.macs = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>&) {
+    const auto w = n.params.at("weight").sizes();
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < in[0].size(); ++i) rows *= in[0][i];
+    return rows * w[0] * w[1];
+  };
+  detail::register_builtin(std::move(l));
+}
+
+void register_batch_norm() {
+  OpTraits t;
+  t.kind = "batch_norm";
+  t.description = "batch normalization over dim 1 (BatchNorm1d/2d); batch statistics in training";
+  t.channel_flow = ChannelFlow::kPassThrough;
+  t.optional_params = {"weight", "bias"};
+  t.required_buffers = {"running_mean", "running_var"};
+  t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
+    double momentum = n.attr_float("momentum", 0.1);
+    const at::Tensor* tracked = n.buffers.find("num_batches_tracked");
+    if (training && tracked && tracked->defined()) {
+      at::NoGradGuard no_grad;
+      const_cast<at::Tensor*>(tracked)->add_(1);
+      if (momentum < 0) momentum = 1.0 / static_cast<double>(tracked->item<int64_t>());
+    } else if (momentum < 0) {
+      momentum = 0.0;
+    }
+    return one(at::batch_norm(in[0], param_or_undefined(n, "weight"), param_or_undefined(n, "bias"),
+                              n.buffers.at("running_mean"), n.buffers.at("running_var"), training, momentum,
+                              n.attr_float("eps", 1e-5), true));
+  };
+  t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    if (in[0].size() < 2) fail(n, "expects input [N, C, ...], got " + shape_str(in[0]));
+    const int64_t c = in[0][1];
+    auto check_c = [&](const NamedTensors& ts, const std::string& name) {
+      const at::Tensor* t = ts.find(name);
+      if (t && t->defined() && (t->dim() != 1 || t->size(0) != c))
+        fail(n, name + " has shape " + shape_str(t->sizes().vec()) + " but the input has " + std::to_string(c) + " channels");
+    };
+    check_c(n.params, "weight");
+    check_c(n.params, "bias");
+    check_c(n.buffers, "running_mean");
+    check_c(n.buffers, "running_var");
+    return std::vector<Shape>{in[0]};
+  };
+  detail::register_builtin(std::move(t));
+}
+
+void register_activations() {
+  const auto pt = ChannelFlow::kPassThrough;
+  unary("relu", "max(x, 0)", pt, [](const Node&, const at::Tensor& x, bool) { return at::relu(x); });
+  unary("relu6", "min(max(x, 0), 6)", pt, [](const Node&, const at::Tensor& x, bool) { return at::hardtanh(x, 0.0, 6.0); });
+  unary("leaky_relu", "x if x >= 0 else negative_slope·x", pt, [](const Node& n, const at::Tensor& x, bool) {
+    return at::leaky_relu(x, n.attr_float("negative_slope", 0.01));
+  });
+  unary("hardtanh", "clip(x, min_val, max_val)", pt, [](const Node& n, const at::Tensor& x, bool) {
+    return at::hardtanh(x, n.attr_float("min_val", -1.0), n.attr_float("max_val", 1.0));
+  });
+  unary("sigmoid", "1 / (1 + exp(-x))", pt, [](const Node&, const at::Tensor& x, bool) { return at::sigmoid(x); });
+  unary("tanh", "tanh(x)", pt, [](const Node&, const at::Tensor& x, bool) { return at::tanh(x); });
+  unary("silu", "x·sigmoid(x)", pt, [](const Node&, const at::Tensor& x, bool) { return at::silu(x); });
+  unary("hardswish", "x·relu6(x+3)/6", pt, [](const Node&, const at::Tensor& x, bool) { return at::hardswish(x); });
+  unary("hardsigmoid", "relu6(x+3)/6", pt, [](const Node&, const at::Tensor& x, bool) { return at::hardsigmoid(x); });
+  unary("gelu", "x·Φ(x) (approximate: none | tanh)", pt, [](const Node& n, const at::Tensor& x, bool) {
+    return at::gelu(x, n.attr_str("approximate", "none"));
+  });
+  unary("dropout", "zeroes elements with probability p in training, identity in eval", pt,
+        [](const Node& n, const at::Tensor& x, bool training) { return at::dropout(x, n.attr_float("p", 0.5), training); });
+  unary("identity", "y = x", pt, [](const Node&, const at::Tensor& x, bool) { return x; });
+  unary("softmax", "softmax over dim", ChannelFlow::kOpaque, [](const Node& n, const at::Tensor& x, bool) {
+    return at::softmax(x, n.attr_int("dim", -1));
+  });
+}
+
+void register_pooling() {
+  OpTraits mp;
+  mp.kind = "max_pool2d";
+  mp.description = "2-D max pooling";
+  mp.channel_flow = ChannelFlow::kPassThrough;
+  mp.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    auto k = pair(n, "kernel_size", 1);
+    return one(at::max_pool2d(in[0], k, n.has_attr("stride") ? pair(n, "stride", 1) : k, pair(n, "padding", 0),
+                              pair(n, "dilation", 1), n.attr_int("ceil_mode", 0) != 0));
+  };
+  mp.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    require_rank(n, in[0], 4, "4-D NCHW");
+    if (!n.has_attr("kernel_size")) fail(n, "missing attribute 'kernel_size'");
+    auto k = pair(n, "kernel_size", 1), s = n.has_attr("stride") ? pair(n, "stride", 1) : k;
+    auto p = pair(n, "padding", 0), d = pair(n, "dilation", 1);
+    bool c = n.attr_int("ceil_mode", 0) != 0;
+    Shape out{in[0][0], in[0][1], pool_out(in[0][2], k[0], s[0], p[0], d[0], c), pool_out(in[0][3], k[1], s[1], p[1], d[1], c)};
+    if (out[2] < 1 || out[3] < 1) fail(n, "input " + shape_str(in[0]) + " is too small for the pooling window");
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(mp));
+
+  OpTraits ap;
+  ap.kind = "avg_pool2d";
+  ap.description = "2-D average pooling";
+  ap.channel_flow = ChannelFlow::kPassThrough;
+  ap.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    auto k = pair(n, "kernel_size", 1);
+    int64_t div = n.attr_int("divisor_override", 0);
+    return one(at::avg_pool2d(in[0], k, n.has_attr("stride") ? pair(n, "stride", 1) : k, pair(n, "padding", 0),
+                              n.attr_int("ceil_mode", 0) != 0, n.attr_int("count_include_pad", 1) != 0,
+                              div > 0 ? std::optional<int64_t>(div) : std::nullopt));
+  };
+  ap.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    require_rank(n, in[0], 4, "4-D NCHW");
+    if (!n.has_attr("kernel_size")) fail(n, "missing attribute 'kernel_size'");
+    auto k = pair(n, "kernel_size", 1), s = n.has_attr("stride") ? pair(n, "stride", 1) : k;
+    auto p = pair(n, "padding", 0);
+    bool c = n.attr_int("ceil_mode", 0) != 0;
+    Shape out{in[0][0], in[0][1], pool_out(in[0][2], k[0], s[0], p[0], 1, c), pool_out(in[0][3], k[1], s[1], p[1], 1, c)};
+    if (out[2] < 1 || out[3] < 1) fail(n, "input " + shape_str(in[0]) + " is too small for the pooling window");
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(ap));
+
+  OpTraits aap;
+  aap.kind = "adaptive_avg_pool2d";
+  aap.description = "2-D adaptive average pooling to output_size";
+  aap.channel_flow = ChannelFlow::kPassThrough;
+  aap.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(at::adaptive_avg_pool2d(in[0], pair(n, "output_size", 1)));
+  };
+  aap.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    require_rank(n, in[0], 4, "4-D NCHW");
+    auto o = pair(n, "output_size", 1);
+    return std::vector<Shape>{{in[0][0], in[0][1], o[0], o[1]}};
+  };
+  detail::register_builtin(std::move(aap));
+}
+
+void register_shape_ops() {
+  OpTraits f;
+  f.kind = "flatten";
+  f.description = "flattens dims start_dim..end_dim";
+  f.channel_flow = ChannelFlow::kExpand;
+  f.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(in[0].flatten(n.attr_int("start_dim", 1), n.attr_int("end_dim", -1)));
+  };
+  f.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    int64_t s = wrap_dim(n, n.attr_int("start_dim", 1), in[0].size());
+    int64_t e = wrap_dim(n, n.attr_int("end_dim", -1), in[0].size());
+    if (e < s) fail(n, "end_dim before start_dim");
+    Shape out(in[0].begin(), in[0].begin() + s);
+    int64_t p = 1;
+    for (int64_t i = s; i <= e; ++i) p *= in[0][i];
+    out.push_back(p);
+    out.insert(out.end(), in[0].begin() + e + 1, in[0].end());
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(f));
+
+  OpTraits r;
+  r.kind = "reshape";
+  r.description = "reshape keeping the batch dimension: output [N, shape...] (view/reshape)";
+  r.channel_flow = ChannelFlow::kOpaque;
+  r.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    std::vector<int64_t> s{in[0].size(0)};
+    const auto& rest = n.attr_ints("shape");
+    s.insert(s.end(), rest.begin(), rest.end());
+    return one(in[0].reshape(s));
+  };
+  r.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    if (in[0].empty()) fail(n, "input must have a batch dimension");
+    const auto& rest = n.attr_ints("shape");
+    int64_t total = 1, known = 1, unknown = -1;
+    for (size_t i = 1; i < in[0].size(); ++i) total *= in[0][i];
+    Shape out{in[0][0]};
+    for (size_t i = 0; i < rest.size(); ++i) {
+      if (rest[i] == -1) {
+        if (unknown >= 0) fail(n, "more than one -1 in shape");
+        unknown = static_cast<int64_t>(i) + 1;
+      } else {
+        known *= rest[i];
+      }
+      out.push_back(rest[i]);
+    }
+    if (unknown >= 0) {
+      if (known == 0 || total % known) fail(n, "cannot reshape " + shape_str(in[0]) + " to [N, " + shape_str(rest) + "]");
+      out[unknown] = total / known;
+    } else if (known != total) {
+      fail(n, "cannot reshape " + shape_str(in[0]) + " to [N, " + shape_str(rest) + "]");
+    }
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(r));
+
+  auto binary = [](const std::string& kind, const std::string& desc, auto fn) {
+    OpTraits b;
+    b.kind = kind;
+    b.description = desc;
+    b.channel_flow = ChannelFlow::kElementwise;
+    b.min_inputs = b.max_inputs = 2;
+    b.forward = [fn](const Node&, const std::vector<at::Tensor>& in, bool) { return one(fn(in[0], in[1])); };
+    b.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+      try {
+        return std::vector<Shape>{at::infer_size(in[0], in[1])};
+      } catch (const std::exception&) {
+        fail(n, "shapes " + shape_str(in[0]) + " and " + shape_str(in[1]) + " do not broadcast");
+      }
+    };
+    detail::register_builtin(std::move(b));
+  };
+  binary("add", "elementwise a + b (broadcasting)", [](const at::Tensor& a, const at::Tensor& b) { return a + b; });
+  binary("mul", "elementwise a · b (broadcasting)", [](const at::Tensor& a, const at::Tensor& b) { return a * b; });
+
+  OpTraits c;
+  c.kind = "cat";
+  c.description = "concatenation along dim";
+  c.channel_flow = ChannelFlow::kConcat;
+  c.max_inputs = -1;
+  c.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) { return one(at::cat(in, n.attr_int("dim", 1))); };
+  c.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    int64_t d = wrap_dim(n, n.attr_int("dim", 1), in[0].size());
+    Shape out = in[0];
+    for (size_t i = 1; i < in.size(); ++i) {
+      if (in[i].size() != out.size()) fail(n, "inputs have different ranks");
+      for (size_t k = 0; k < out.size(); ++k)
+        if (static_cast<int64_t>(k) != d && in[i][k] != out[k])
+          fail(n, "input " + std::to_string(i) + " has shape " + shape_str(in[i]) + ", incompatible with " + shape_str(in[0]) +
+                      " outside dim " + std::to_string(d));
+      out[d] += in[i][d];
+    }
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(c));
+
+  OpTraits s;
+  s.kind = "split";
+  s.description = "split along dim into split_sizes (split/chunk)";
+  s.channel_flow = ChannelFlow::kSplit;
+  s.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return at::split_with_sizes(in[0], n.attr_ints("split_sizes"), n.attr_int("dim", 1));
+  };
+  s.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    int64_t d = wrap_dim(n, n.attr_int("dim", 1), in[0].size());
+    const auto& sizes = n.attr_ints("split_sizes");
+    int64_t sum = 0;
+    std::vector<Shape> out;
+    for (int64_t sz : sizes) {
+      Shape o = in[0];
+      o[d] = sz;
+      out.push_back(o);
+      sum += sz;
+    }
+    if (sum != in[0][d]) fail(n, "split_sizes " + shape_str(sizes) + " do not add up to " + std::to_string(in[0][d]));
+    return out;
+  };
+  detail::register_builtin(std::move(s));
+
+  OpTraits tr;
+  tr.kind = "transpose";
+  tr.description = "swaps dims dim0 and dim1";
+  tr.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(in[0].transpose(n.attr_int("dim0"), n.attr_int("dim1")));
+  };
+  tr.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    Shape out = in[0];
+    std::swap(out[wrap_dim(n, n.attr_int("dim0"), out.size())], out[wrap_dim(n, n.attr_int("dim1"), out.size())]);
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(tr));
+
+  OpTraits pm;
+  pm.kind = "permute";
+  pm.description = "permutes dims";
+  pm.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) { return one(in[0].permute(n.attr_ints("dims"))); };
+  pm.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    const auto& dims = n.attr_ints("dims");
+    if (dims.size() != in[0].size()) fail(n, "dims " + shape_str(dims) + " do not match rank " + std::to_string(in[0].size()));
+    Shape out;
+    for (int64_t d : dims) out.push_back(in[0][wrap_dim(n, d, in[0].size())]);
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(pm));
+
+  OpTraits cs;
+  cs.kind = "channel_shuffle";
+  cs.description = "ShuffleNet channel shuffle with groups";
+  cs.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    const at::Tensor& x = in[0];
+    int64_t g = n.attr_int("groups");
+    auto s = x.sizes().vec();
+    std::vector<int64_t> v{s[0], g, s[1] / g};
+    v.insert(v.end(), s.begin() + 2, s.end());
+    return one(x.reshape(v).transpose(1, 2).reshape(s));
+  };
+  cs.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    int64_t g = n.attr_int("groups");
+    if (in[0].size() < 2 || g < 1 || in[0][1] % g) fail(n, "groups=" + std::to_string(g) + " does not divide the channels of " + shape_str(in[0]));
+    return std::vector<Shape>{in[0]};
+  };
+  detail::register_builtin(std::move(cs));
+
+  OpTraits up;
+  up.kind = "upsample";
+  up.description = "2-D upsampling, nearest or bilinear";
+  up.channel_flow = ChannelFlow::kPassThrough;
+  auto up_size = [](const Node& n, const Shape& in) {
+    if (n.has_attr("size")) return pair(n, "size", 1);
+    if (!n.has_attr("scale_factor")) fail(n, "needs 'size' or 'scale_factor'");
+    auto sf = n.attr_floats("scale_factor");
+    if (sf.size() == 1) sf.push_back(sf[0]);
+    return std::vector<int64_t>{static_cast<int64_t>(std::floor(in[2] * sf[0])), static_cast<int64_t>(std::floor(in[3] * sf[1]))};
+  };
+  up.forward = [up_size](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    auto size = up_size(n, in[0].sizes().vec());
+    std::optional<double> sh, sw;
+    if (!n.has_attr("size")) {
+      auto sf = n.attr_floats("scale_factor");
+      sh = sf[0];
+      sw = sf.size() > 1 ? sf[1] : sf[0];
+    }
+    const std::string mode = n.attr_str("mode", "nearest");
+    if (mode == "nearest") return one(at::upsample_nearest2d(in[0], size, sh, sw));
+    if (mode == "bilinear") return one(at::upsample_bilinear2d(in[0], size, n.attr_int("align_corners", 0) != 0, sh, sw));
+    fail(n, "unsupported mode '" + mode + "' (nearest, bilinear)");
+  };
+  up.infer_shapes = [up_size](const Node& n, const std::vector<Shape>& in) {
+    require_rank(n, in[0], 4, "4-D NCHW");
+    const std::string mode = n.attr_str("mode", "nearest");
+    if (mode != "nearest" && mode != "bilinear") fail(n, "unsupported mode '" + mode + "' (nearest, bilinear)");
+    auto s = up_size(n, in[0]);
+    return std::vector<Shape>{{in[0][0], in[0][1], s[0], s[1]}};
+  };
+  detail::register_builtin(std::move(up));
+
+  OpTraits m;
+  m.kind = "mean";
+  m.description = "mean over dims";
+  m.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return one(in[0].mean(n.attr_ints("dims"), n.attr_int("keepdim", 0) != 0));
+  };
+  m.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    std::vector<bool> reduced(in[0].size(), false);
+    for (int64_t d : n.attr_ints("dims")) reduced[wrap_dim(n, d, in[0].size())] = true;
+    bool keep = n.attr_int("keepdim", 0) != 0;
+    Shape out;
+    for (size_t i = 0; i < in[0].size(); ++i) {
+      if (!reduced[i]) out.push_back(in[0][i]);
+      else if (keep) out.push_back(1);
+    }
+    return std::vector<Shape>{out};
+  };
+  detail::register_builtin(std::move(m));
+}
+
+}  // namespace
+
+void register_builtin_ops() {
+  register_conv();
+  register_batch_norm();
+  register_activations();
+  register_pooling();
+  register_shape_ops();
+}
+
+}  // namespace whittle

@@ -1,0 +1,200 @@
+// Graph IR, op registry and GraphModule: structure, shapes, costs, and numerics against ATen.
+
+#include <torch/nn/modules/conv.h>
+
+#include "graph/error.h"
+#include "graph/graph.h"
+#include "graph/graph_module.h"
+#include "graph/op_registry.h"
+#include "support.h"
+
+namespace whittle {
+namespace {
+
+using test::all_close;
+
+class GraphTest : public test::SeededTest {};
+
+Node make(std::string name, std::string op, std::vector<std::string> inputs, std::map<std::string, Attr> attrs = {}) {
+  Node n;
+  n.name = std::move(name);
+  n.op = std::move(op);
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  return n;
+}
+
+// conv(3→8, k3, p1) → bn → relu → maxpool 2 → flatten → linear(8·4·4 → 10)
+Graph small_net() {
+  Graph g;
+  g.add_input("x", {2, 3, 8, 8});
+  Node conv = make("features.0", "conv2d", {"x"}, {{"padding", std::vector<int64_t>{1, 1}}});
+  conv.params.set("weight", at::randn({8, 3, 3, 3}).set_requires_grad(true));
+  conv.params.set("bias", at::randn({8}).set_requires_grad(true));
+  g.add_node(conv);
+  Node bn = make("features.1", "batch_norm", {"features.0"});
+  bn.params.set("weight", at::rand({8}).add_(0.5).set_requires_grad(true));
+  bn.params.set("bias", at::randn({8}).set_requires_grad(true));
+  bn.buffers.set("running_mean", at::randn({8}));
+  bn.buffers.set("running_var", at::rand({8}).add_(0.5));
+  bn.buffers.set("num_batches_tracked", at::zeros({}, at::kLong));
+  g.add_node(bn);
+  g.add_node(make("features.2", "relu", {"features.1"}));
+  g.add_node(make("features.3", "max_pool2d", {"features.2"}, {{"kernel_size", int64_t{2}}}));
+  g.add_node(make("flatten", "flatten", {"features.3"}));
+  Node fc = make("classifier", "linear", {"flatten"});
+  fc.params.set("weight", at::randn({10, 128}).mul_(0.1).set_requires_grad(true));
+  fc.params.set("bias", at::randn({10}).set_requires_grad(true));
+  g.add_node(fc);
+  g.set_outputs({"classifier"});
+  return g;
+}
+
+TEST_F(GraphTest, ShapesAndCostsOfSmallNet) {
+  Graph g = small_net();
+  EXPECT_EQ(g.value("features.0").shape, (Shape{2, 8, 8, 8}));
+  EXPECT_EQ(g.value("features.3").shape, (Shape{2, 8, 4, 4}));
+  EXPECT_EQ(g.value("flatten").shape, (Shape{2, 128}));
+  EXPECT_EQ(g.value("classifier").shape, (Shape{2, 10}));
+  // conv: 2·8·8·8 outputs × 3·3·3 = 27,648 MACs; linear: 2·128·10 = 2,560.
+  EXPECT_EQ(node_cost(g, g.node("features.0")).macs, 27648);
+  EXPECT_EQ(node_cost(g, g.node("classifier")).macs, 2560);
+  NodeCost total = graph_cost(g);
+  EXPECT_EQ(total.macs, 27648 + 2560);
+  EXPECT_EQ(total.params, 8 * 27 + 8 + 8 + 8 + 1280 + 10);
+}
+
+TEST_F(GraphTest, ForwardMatchesAtenInEvalAndTrain) {
+  Graph g = small_net();
+  Graph ref = g.clone();
+  GraphModule m(std::move(g));
+  at::Tensor x = at::randn({5, 3, 8, 8});
+  auto run_ref = [&](bool training) {
+    const Node& c = ref.node("features.0");
+    const Node& b = ref.node("features.1");
+    const Node& f = ref.node("classifier");
+    at::Tensor y = at::conv2d(x, c.params.at("weight"), c.params.at("bias"), 1, 1);
+    y = at::batch_norm(y, b.params.at("weight"), b.params.at("bias"), b.buffers.at("running_mean"),
+                       b.buffers.at("running_var"), training, 0.1, 1e-5, false);
+    y = at::max_pool2d(at::relu(y), {2, 2});
+    return at::linear(y.flatten(1), f.params.at("weight"), f.params.at("bias"));
+  };
+  m->eval();
+  EXPECT_TRUE(all_close(m->forward(x), run_ref(false), 1e-6, 1e-5));
+  m->train();
+  at::Tensor out = m->forward(x);
+  EXPECT_TRUE(all_close(out, run_ref(true), 1e-6, 1e-5));
+  // Running statistics were updated identically, and num_batches_tracked counted the batch.
+  EXPECT_TRUE(all_close(m->graph().node("features.1").buffers.at("running_mean"),
+                        ref.node("features.1").buffers.at("running_mean"), 1e-7, 1e-6));
+  EXPECT_EQ(m->graph().node("features.1").buffers.at("num_batches_tracked").item<int64_t>(), 1);
+  // Gradients reach every parameter.
+  out.sum().backward();
+  for (const auto& p : m->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0.0) << p.key();
+  }
+}
+
+TEST_F(GraphTest, StateDictNamesFollowNodeNames) {
+  GraphModule m(small_net());
+  std::vector<std::string> params, buffers;
+  for (const auto& p : m->named_parameters()) params.push_back(p.key());
+  for (const auto& b : m->named_buffers()) buffers.push_back(b.key());
+  EXPECT_EQ(params, (std::vector<std::string>{"features.0.weight", "features.0.bias", "features.1.weight",
+                                              "features.1.bias", "classifier.weight", "classifier.bias"}));
+  EXPECT_EQ(buffers, (std::vector<std::string>{"features.1.running_mean", "features.1.running_var",
+                                               "features.1.num_batches_tracked"}));
+}
+
+TEST_F(GraphTest, ToDtypeKeepsIntegerBuffersAndSharesTensors) {
+  GraphModule m(small_net());
+  m->to(at::kDouble);
+  EXPECT_EQ(m->named_parameters()["features.0.weight"].scalar_type(), at::kDouble);
+  EXPECT_EQ(m->graph().node("features.0").params.at("weight").scalar_type(), at::kDouble);
+  EXPECT_EQ(m->named_buffers()["features.1.num_batches_tracked"].scalar_type(), at::kLong);
+  // The optimizer-visible parameter and the node tensor are one object.
+  EXPECT_TRUE(m->named_parameters()["classifier.weight"].is_same(m->graph().node("classifier").params.at("weight")));
+  at::Tensor y = m->forward(at::randn({1, 3, 8, 8}, at::kDouble));
+  EXPECT_EQ(y.scalar_type(), at::kDouble);
+}
+
+TEST_F(GraphTest, IntermediatesAreCaptured) {
+  GraphModule m(small_net());
+  m->eval();
+  std::map<std::string, at::Tensor> cap;
+  at::Tensor x = at::randn({1, 3, 8, 8});
+  auto out = m->forward_with_intermediates({x}, {"features.2", "flatten"}, &cap);
+  ASSERT_EQ(cap.size(), 2u);
+  EXPECT_EQ(cap["features.2"].sizes(), (at::IntArrayRef{1, 8, 8, 8}));
+  EXPECT_GE(cap["features.2"].min().item<double>(), 0.0);
+  EXPECT_THROW(m->forward_with_intermediates({x}, {"nope"}, &cap), Error);
+}
+
+TEST_F(GraphTest, ShapeMismatchNamesTheNode) {
+  Graph g;
+  g.add_input("x", {1, 4, 8, 8});
+  Node conv = make("block.conv", "conv2d", {"x"});
+  conv.params.set("weight", at::randn({8, 3, 3, 3}));
+  try {
+    g.add_node(conv);
+    FAIL() << "expected whittle::Error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("block.conv"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("4 channels"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(GraphTest, ValidateFindsDanglingAndOutOfOrderValues) {
+  Graph g = small_net();
+  g.node("features.2").inputs = {"ghost"};
+  EXPECT_THROW(g.validate(), Error);
+  Graph h = small_net();
+  h.node("features.1").inputs = {"features.2"};  // uses a later value: a cycle in dataflow terms
+  try {
+    h.validate();
+    FAIL() << "expected whittle::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("used before it is produced"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(GraphTest, EditingKeepsTheGraphConsistent) {
+  Graph g = small_net();
+  // Insert an identity after relu and route the pool through it.
+  g.insert_node_before("features.3", make("extra", "identity", {"features.2"}));
+  g.replace_all_uses("features.2", "extra", "extra");
+  EXPECT_EQ(g.node("features.3").inputs, (std::vector<std::string>{"extra"}));
+  EXPECT_EQ(g.users("features.2"), (std::vector<std::string>{"extra"}));
+  EXPECT_NO_THROW(g.validate());
+  EXPECT_THROW(g.remove_node("extra"), Error);  // still used
+  g.replace_all_uses("extra", "features.2");
+  g.remove_node("extra");
+  EXPECT_NO_THROW(g.validate());
+  EXPECT_EQ(g.unique_name("flatten"), "flatten_1");
+  EXPECT_EQ(g.unique_name("fresh"), "fresh");
+}
+
+TEST_F(GraphTest, TextFormIsDeterministic) {
+  Graph g = small_net();
+  std::string text = g.to_string();
+  EXPECT_EQ(text, small_net().to_string());
+  EXPECT_NE(text.find("%features.0 = conv2d(%x) {padding=[1, 1]} params{weight[8, 3, 3, 3], bias[8]} -> [2, 8, 8, 8]"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(GraphTest, UnknownOpListsKnownOps) {
+  try {
+    op_traits("conv3d");
+    FAIL();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("conv3d"), std::string::npos);
+    EXPECT_NE(msg.find("conv2d"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace whittle

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs whittle from the build tree into a scratch prefix and builds examples/ against the
+# installed package with find_package(whittle), then runs the example.
+set -euo pipefail
+src=$1; build=$2; python=$3
+prefix="$build/install-test"
+rm -rf "$prefix" "$build/examples-test"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+torch_prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S "$src/examples" -B "$build/examples-test" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
+  -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null
+cmake --build "$build/examples-test" -j 2
+"$build/examples-test/graph_basics"

@@ -1,0 +1,79 @@
+// The `whittle` command-line program: dispatches to subcommands (see command.h).
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include "graph/error.h"
+#include "graph/version.h"
+#include "tools/command.h"
+
+namespace whittle::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> all = {
+      {"inspect", "per-node table of a model: shapes, parameters, MACs, weight bits", run_inspect},
+  };
+  return all;
+}
+
+}  // namespace whittle::cli
+
+namespace {
+
+void print_version() {
+  std::cout << "whittle " << whittle::version() << " (git " << whittle::git_revision() << ")\n"
+            << "LibTorch " << whittle::torch_version()
+            << (whittle::built_with_cuda() ? ", CUDA code paths built" : ", CPU only") << "\n";
+}
+
+void print_usage(std::ostream& os) {
+  os << "whittle " << whittle::version() << ": model compression on LibTorch\n\n"
+     << "usage: whittle <command> [options]    (whittle <command> --help for its options)\n\n"
+     << "commands:\n";
+  for (const auto& c : whittle::cli::commands()) {
+    os << "  " << c.name << std::string(c.name.size() < 12 ? 12 - c.name.size() : 1, ' ') << c.summary << "\n";
+  }
+  os << "\noptions:\n  --version   print whittle's and LibTorch's versions\n  --help      this text\n"
+     << "\nexample:\n  whittle inspect resnet20 --input-shape 1,3,32,32\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    print_usage(std::cerr);
+    return 2;
+  }
+  const std::string& first = args[0];
+  if (first == "--version" || first == "-V") {
+    print_version();
+    return 0;
+  }
+  if (first == "--help" || first == "-h" || first == "help") {
+    print_usage(std::cout);
+    return 0;
+  }
+  for (const auto& c : whittle::cli::commands()) {
+    if (c.name != first) continue;
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    try {
+      return c.run(rest);
+    } catch (const boost::program_options::error& e) {
+      std::cerr << "whittle " << c.name << ": " << e.what() << " (see whittle " << c.name << " --help)\n";
+      return 2;
+    } catch (const whittle::Error& e) {
+      std::cerr << "whittle " << c.name << ": error: " << e.what() << "\n";
+      return e.kind() == whittle::ErrorKind::kUsage ? 2 : 1;
+    } catch (const std::exception& e) {
+      std::cerr << "whittle " << c.name << ": error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "whittle: unknown command '" << first << "'\n\n";
+  print_usage(std::cerr);
+  return 2;
+}
