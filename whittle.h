@@ -6,3 +6,4 @@
 #include "graph/graph.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
+#include "graph/serialize.h"
