@@ -15,6 +15,7 @@
 //   cat               dim=1;  split  dim=1, split_sizes (required), one output per size
 //   transpose         dim0, dim1 (required);  permute  dims (required)
 //   channel_shuffle   groups (required);  dropout  p=0.5;  softmax  dim=-1
+//   feature_dropout   p=0.5 (whole channels, as Dropout2d)
 //   upsample          mode="nearest"|"bilinear", size[2] or scale_factor[2], align_corners=0 (bilinear only)
 //   mean              dims (required), keepdim=0
 
@@ -238,6 +239,10 @@ void register_activations() {
   });
   unary("dropout", "zeroes elements with probability p in training, identity in eval", pt,
         [](const Node& n, const at::Tensor& x, bool training) { return at::dropout(x, n.attr_float("p", 0.5), training); });
+  unary("feature_dropout", "zeroes whole channels with probability p in training (Dropout2d), identity in eval", pt,
+        [](const Node& n, const at::Tensor& x, bool training) {
+          return at::feature_dropout(x, n.attr_float("p", 0.5), training);
+        });
   unary("identity", "y = x", pt, [](const Node&, const at::Tensor& x, bool) { return x; });
   unary("softmax", "softmax over dim", ChannelFlow::kOpaque, [](const Node& n, const at::Tensor& x, bool) {
     return at::softmax(x, n.attr_int("dim", -1));

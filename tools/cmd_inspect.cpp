@@ -1,6 +1,142 @@
-// `whittle inspect`: placeholder wiring replaced below once the zoo exists.
-#include "tools/command.h"
+// `whittle inspect MODEL`: a per-node table (name, op, output shape, parameters, MACs, weight bits)
+// and totals; --json for machines.
+
+#include <ATen/ATen.h>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <iomanip>
 #include <iostream>
+
+#include "graph/error.h"
+#include "graph/op_registry.h"
+#include "tools/command.h"
+#include "tools/model_source.h"
+
+namespace po = boost::program_options;
+
 namespace whittle::cli {
-int run_inspect(const std::vector<std::string>& args) { std::cerr << "inspect: no models yet\n"; return 2; }
+
+namespace {
+
+// Stored bits of a node's weight: the quantized width when a quantizer set `weight_bits`,
+// otherwise the dtype's width.
+int64_t weight_bits(const Node& n) {
+  if (n.has_attr("weight_bits")) return n.attr_int("weight_bits");
+  const at::Tensor* w = n.params.find("weight");
+  return w && w->defined() ? static_cast<int64_t>(w->element_size()) * 8 : 0;
 }
+
+// Bytes of a node's tensors at stored precision: the weight at weight_bits, everything else at
+// its dtype's size.
+double stored_bytes(const Node& n) {
+  double bytes = 0;
+  for (const auto& kv : n.params) {
+    if (!kv.second.defined()) continue;
+    if (kv.first == "weight") bytes += static_cast<double>(kv.second.numel()) * static_cast<double>(weight_bits(n)) / 8.0;
+    else bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
+  }
+  for (const auto& kv : n.buffers)
+    if (kv.second.defined()) bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
+  return bytes;
+}
+
+std::string human(double v, const char* unit) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  if (v >= 1e9) os << v / 1e9 << " G" << unit;
+  else if (v >= 1e6) os << v / 1e6 << " M" << unit;
+  else if (v >= 1e3) os << v / 1e3 << " k" << unit;
+  else os << std::setprecision(0) << v << " " << unit;
+  return os.str();
+}
+
+}  // namespace
+
+int run_inspect(const std::vector<std::string>& args) {
+  po::options_description opts(
+      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n\n"
+      "MODEL is a zoo model name (" + join(zoo_model_names(), ", ") + "),\n"
+      "a TorchScript file (.pt, needs --input-shape), or a whittle checkpoint (.h5).\n\n"
+      "example:\n  whittle inspect resnet20 --input-shape 1,3,32,32 --json\n\noptions");
+  std::string model, shape_text;
+  opts.add_options()("help,h", "this text")
+      ("input-shape", po::value<std::string>(&shape_text), "example input shape, comma-separated (batch first)")
+      ("num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model")
+      ("json", "print JSON instead of the table");
+  po::options_description hidden;
+  hidden.add_options()("model", po::value<std::string>(&model));
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("model", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return 0;
+  }
+  if (model.empty()) throw Error("inspect: missing MODEL (see whittle inspect --help)", ErrorKind::kUsage);
+
+  ModelRequest req;
+  req.spec = model;
+  req.num_classes = vm["num-classes"].as<int64_t>();
+  if (!shape_text.empty()) req.input_shape = parse_shape(shape_text, "--input-shape");
+  Graph g = load_model_graph(req);
+
+  nlohmann::ordered_json j;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  NodeCost total;
+  double total_bytes = 0, float_bytes = 0;
+  for (const auto& n : g.nodes()) {
+    NodeCost c = node_cost(g, n);
+    total.params += c.params;
+    total.macs += c.macs;
+    double b = stored_bytes(n);
+    total_bytes += b;
+    for (const auto& kv : n.params)
+      if (kv.second.defined()) float_bytes += static_cast<double>(kv.second.numel()) * 4.0;
+    for (const auto& kv : n.buffers)
+      if (kv.second.defined()) float_bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
+    rows.push_back({{"name", n.name},
+                    {"op", n.op},
+                    {"output_shape", g.value(n.outputs.front()).shape},
+                    {"params", c.params},
+                    {"macs", c.macs},
+                    {"weight_bits", weight_bits(n)}});
+  }
+  if (vm.count("json")) {
+    j["model"] = model;
+    j["input_shape"] = g.value(g.inputs().front()).shape;
+    j["nodes"] = rows;
+    j["total"] = {{"params", total.params}, {"macs", total.macs}, {"bytes", static_cast<int64_t>(total_bytes + 0.5)},
+                  {"fp32_bytes", static_cast<int64_t>(float_bytes + 0.5)}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  size_t wname = 4, wop = 2;
+  for (const auto& n : g.nodes()) {
+    wname = std::max(wname, n.name.size());
+    wop = std::max(wop, n.op.size());
+  }
+  std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(static_cast<int>(wop) + 2) << "op"
+            << std::setw(22) << "output shape" << std::right << std::setw(12) << "params" << std::setw(15) << "MACs"
+            << std::setw(6) << "bits" << "\n";
+  for (const auto& r : rows) {
+    const int64_t bits = r["weight_bits"].get<int64_t>();
+    std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << r["name"].get<std::string>()
+              << std::setw(static_cast<int>(wop) + 2) << r["op"].get<std::string>() << std::setw(22)
+              << shape_str(r["output_shape"].get<Shape>()) << std::right << std::setw(12) << r["params"].get<int64_t>()
+              << std::setw(15) << r["macs"].get<int64_t>() << std::setw(6) << (bits ? std::to_string(bits) : "-") << "\n";
+  }
+  std::cout << "\n" << g.nodes().size() << " nodes, input " << shape_str(g.value(g.inputs().front()).shape) << "\n"
+            << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")\n"
+            << "MACs:       " << total.macs << " (" << human(static_cast<double>(total.macs), "MAC") << ")\n"
+            << "size:       " << human(total_bytes, "B") << " at stored precision (" << human(float_bytes, "B")
+            << " as float32)\n";
+  return 0;
+}
+
+}  // namespace whittle::cli

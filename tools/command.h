@@ -19,5 +19,8 @@ struct Command {
 const std::vector<Command>& commands();
 
 int run_inspect(const std::vector<std::string>& args);
+int run_run(const std::vector<std::string>& args);
+int run_eval(const std::vector<std::string>& args);
+int run_data(const std::vector<std::string>& args);
 
 }  // namespace whittle::cli

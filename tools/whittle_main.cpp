@@ -14,7 +14,10 @@ namespace whittle::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> all = {
+      {"run", "train and evaluate a YAML recipe, writing a run directory", run_run},
+      {"eval", "evaluate a checkpoint on a dataset", run_eval},
       {"inspect", "per-node table of a model: shapes, parameters, MACs, weight bits", run_inspect},
+      {"data", "dataset tools: data pack SRC --to FILE.h5", run_data},
   };
   return all;
 }
@@ -37,7 +40,7 @@ void print_usage(std::ostream& os) {
     os << "  " << c.name << std::string(c.name.size() < 12 ? 12 - c.name.size() : 1, ' ') << c.summary << "\n";
   }
   os << "\noptions:\n  --version   print whittle's and LibTorch's versions\n  --help      this text\n"
-     << "\nexample:\n  whittle inspect resnet20 --input-shape 1,3,32,32\n";
+     << "\nexamples:\n  whittle run recipes/mnist/lenet5.yaml\n  whittle inspect resnet20 --input-shape 1,3,32,32\n";
 }
 
 }  // namespace

@@ -1,0 +1,297 @@
+#include "data/hdf5_dataset.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+
+#include "data/io_util.h"
+#include "graph/error.h"
+
+namespace whittle::data {
+namespace {
+
+// The HDF5 library may be built without thread safety: every call from this module holds one lock.
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// While alive: HDF5 prints no error stacks itself (the messages go into whittle::Error instead).
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  QuietHdf5(const QuietHdf5&) = delete;
+  QuietHdf5& operator=(const QuietHdf5&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// The most specific message on HDF5's error stack (then cleared), e.g. "truncated file: eof = …".
+std::string hdf5_reason() {
+  std::string reason;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned n, const H5E_error2_t* err, void* client) -> herr_t {
+        if (n == 0 && err != nullptr && err->desc != nullptr) *static_cast<std::string*>(client) = err->desc;
+        return 0;
+      },
+      &reason);
+  H5Eclear2(H5E_DEFAULT);
+  return reason.empty() ? std::string("HDF5 error") : reason;
+}
+
+// Owns an HDF5 identifier.
+class Id {
+ public:
+  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~Id() {
+    if (id_ >= 0) close_(id_);
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  hid_t get() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+  // Closes now and reports whether closing succeeded.
+  bool close() {
+    herr_t rc = id_ >= 0 ? close_(id_) : 0;
+    id_ = -1;
+    return rc >= 0;
+  }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+void reclaim_vlen(hid_t memtype, hid_t space, void* buf) {
+#if H5_VERSION_GE(1, 12, 0)
+  H5Treclaim(memtype, space, H5P_DEFAULT, buf);
+#else
+  H5Dvlen_reclaim(memtype, space, H5P_DEFAULT, buf);
+#endif
+}
+
+// Reads a 0-D or 1-D string attribute (is_attr) or dataset into a vector of strings.
+std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string& where) {
+  Id type(is_attr ? H5Aget_type(obj) : H5Dget_type(obj), H5Tclose);
+  Id space(is_attr ? H5Aget_space(obj) : H5Dget_space(obj), H5Sclose);
+  if (!type.ok() || !space.ok()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  if (H5Tget_class(type.get()) != H5T_STRING) throw Error(where + ": expected strings");
+  if (H5Sget_simple_extent_ndims(space.get()) > 1) throw Error(where + ": expected a 1-D array of strings");
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  std::vector<std::string> out;
+  if (n <= 0) return out;
+  auto read = [&](hid_t memtype, void* buf) {
+    herr_t rc = is_attr ? H5Aread(obj, memtype, buf) : H5Dread(obj, memtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    if (rc < 0) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  };
+  Id memtype(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_cset(memtype.get(), H5Tget_cset(type.get()));
+  if (H5Tis_variable_str(type.get()) > 0) {
+    H5Tset_size(memtype.get(), H5T_VARIABLE);
+    std::vector<char*> buf(static_cast<size_t>(n), nullptr);
+    read(memtype.get(), buf.data());
+    for (char* s : buf) out.emplace_back(s ? s : "");
+    reclaim_vlen(memtype.get(), space.get(), buf.data());
+  } else {
+    const size_t size = H5Tget_size(type.get());
+    H5Tset_size(memtype.get(), size);
+    H5Tset_strpad(memtype.get(), H5T_STR_NULLPAD);
+    std::vector<char> buf(static_cast<size_t>(n) * size, '\0');
+    read(memtype.get(), buf.data());
+    for (hssize_t i = 0; i < n; ++i) {
+      const char* s = buf.data() + static_cast<size_t>(i) * size;
+      size_t len = strnlen(s, size);
+      while (len > 0 && s[len - 1] == ' ') --len;  // space-padded strings
+      out.emplace_back(s, len);
+    }
+  }
+  return out;
+}
+
+// Opens dataset `name` of `file`, checking it is an integer array of rank `rank`; returns its dims.
+std::vector<hsize_t> integer_dims(hid_t ds, const std::string& where, int rank, const char* expected) {
+  Id type(H5Dget_type(ds), H5Tclose);
+  Id space(H5Dget_space(ds), H5Sclose);
+  if (!type.ok() || !space.ok()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  if (H5Tget_class(type.get()) != H5T_INTEGER) throw Error(where + ": is not an integer array, expected " + expected);
+  const int ndims = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(ndims, 0)));
+  if (ndims > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (ndims != rank) {
+    std::string shape = "[";
+    for (size_t i = 0; i < dims.size(); ++i) shape += (i ? ", " : "") + std::to_string(dims[i]);
+    throw Error(where + ": has shape " + shape + "], expected " + expected);
+  }
+  return dims;
+}
+
+void write_string_attribute(hid_t obj, const char* name, const std::vector<std::string>& values, bool scalar,
+                            const std::string& where) {
+  Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  hsize_t n = values.size();
+  Id space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr), H5Sclose);
+  Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  std::vector<const char*> ptrs;
+  for (const std::string& v : values) ptrs.push_back(v.c_str());
+  if (!attr.ok() || H5Awrite(attr.get(), type.get(), ptrs.data()) < 0)
+    throw Error(where + ": cannot write attribute '" + name + "' (" + hdf5_reason() + ")");
+}
+
+// Writes an N-D dataset; chunked and deflated when level > 0 (chunks of whole leading-axis rows).
+void write_array(hid_t file, const char* name, hid_t file_type, hid_t mem_type, const std::vector<hsize_t>& dims,
+                 size_t row_bytes, int level, const void* data, const std::string& where) {
+  Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (level > 0 && dims[0] > 0) {
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t rows = std::max<hsize_t>(1, (1u << 20) / std::max<size_t>(row_bytes, 1));
+    chunk[0] = std::min(dims[0], rows);
+    H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_deflate(dcpl.get(), static_cast<unsigned>(level));
+  }
+  Id ds(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+  if (!ds.ok()) throw Error(where + ": cannot create dataset '" + name + "' (" + hdf5_reason() + ")");
+  if (H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    throw Error(where + ": cannot write dataset '" + name + "' (" + hdf5_reason() + ")");
+  if (!ds.close()) throw Error(where + ": cannot write dataset '" + name + "' (" + hdf5_reason() + ")");
+}
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+Dataset read_hdf5_dataset(const std::string& path) {
+  if (!detail::is_file(path)) throw Error(path + ": no such file");
+  if (!is_hdf5_file(path)) throw Error(path + ": not an HDF5 file (no HDF5 signature)");
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  QuietHdf5 quiet;
+  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
+
+  Dataset d;
+  for (const char* name : {"images", "labels"})
+    if (H5Lexists(file.get(), name, H5P_DEFAULT) <= 0)
+      throw Error(path + ": no dataset '/" + name + "' (expected " +
+                  (std::strcmp(name, "images") == 0 ? "uint8 [N, C, H, W]" : "int64 [N]") + ")");
+  {
+    const std::string where = path + ": /images";
+    Id ds(H5Dopen2(file.get(), "images", H5P_DEFAULT), H5Dclose);
+    if (!ds.ok()) throw Error(where + ": cannot open (" + hdf5_reason() + ")");
+    std::vector<hsize_t> dims = integer_dims(ds.get(), where, 4, "uint8 [N, C, H, W]");
+    Id type(H5Dget_type(ds.get()), H5Tclose);
+    if (H5Tget_size(type.get()) != 1 || H5Tget_sign(type.get()) != H5T_SGN_NONE)
+      throw Error(where + ": element type must be uint8");
+    if (dims[1] != 1 && dims[1] != 3)
+      throw Error(where + ": has " + std::to_string(dims[1]) + " channels, expected 1 (gray) or 3 (RGB)");
+    d.images = at::empty({static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1]), static_cast<int64_t>(dims[2]),
+                          static_cast<int64_t>(dims[3])},
+                         at::kByte);
+    if (d.images.numel() > 0 &&
+        H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.images.data_ptr<uint8_t>()) < 0)
+      throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  }
+  {
+    const std::string where = path + ": /labels";
+    Id ds(H5Dopen2(file.get(), "labels", H5P_DEFAULT), H5Dclose);
+    if (!ds.ok()) throw Error(where + ": cannot open (" + hdf5_reason() + ")");
+    std::vector<hsize_t> dims = integer_dims(ds.get(), where, 1, "int64 [N]");
+    if (static_cast<int64_t>(dims[0]) != d.images.size(0))
+      throw Error(path + ": count mismatch: /images holds " + std::to_string(d.images.size(0)) +
+                  " images but /labels holds " + std::to_string(dims[0]) + " labels");
+    d.labels = at::empty({static_cast<int64_t>(dims[0])}, at::kLong);
+    if (dims[0] > 0 &&
+        H5Dread(ds.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.labels.data_ptr<int64_t>()) < 0)
+      throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  }
+  if (H5Aexists(file.get(), "class_names") > 0) {
+    Id attr(H5Aopen(file.get(), "class_names", H5P_DEFAULT), H5Aclose);
+    if (!attr.ok()) throw Error(path + ": attribute class_names: cannot open (" + hdf5_reason() + ")");
+    d.class_names = read_strings(attr.get(), true, path + ": attribute class_names");
+  } else if (H5Lexists(file.get(), "class_names", H5P_DEFAULT) > 0) {
+    Id ds(H5Dopen2(file.get(), "class_names", H5P_DEFAULT), H5Dclose);
+    if (!ds.ok()) throw Error(path + ": /class_names: cannot open (" + hdf5_reason() + ")");
+    d.class_names = read_strings(ds.get(), false, path + ": /class_names");
+  }
+  H5Eclear2(H5E_DEFAULT);
+  d.validate(path);
+  return d;
+}
+
+void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const Hdf5WriteOptions& options) {
+  dataset.validate(path);
+  if (options.compression < 0 || options.compression > 9)
+    throw Error(path + ": compression level must be 0..9, got " + std::to_string(options.compression));
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  QuietHdf5 quiet;
+  try {
+    Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!file.ok()) throw Error(path + ": cannot create (" + hdf5_reason() + ")");
+    const at::Tensor images = dataset.images.contiguous();
+    const at::Tensor labels = dataset.labels.contiguous();
+    std::vector<hsize_t> image_dims;
+    for (int64_t s : images.sizes()) image_dims.push_back(static_cast<hsize_t>(s));
+    const size_t image_bytes = static_cast<size_t>(images.numel() / std::max<int64_t>(images.size(0), 1));
+    write_array(file.get(), "images", H5T_STD_U8LE, H5T_NATIVE_UINT8, image_dims, image_bytes, options.compression,
+                images.data_ptr<uint8_t>(), path);
+    write_array(file.get(), "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, {static_cast<hsize_t>(labels.size(0))}, 8,
+                options.compression, labels.data_ptr<int64_t>(), path);
+    if (!dataset.class_names.empty()) write_string_attribute(file.get(), "class_names", dataset.class_names, false, path);
+    write_string_attribute(file.get(), "format", {"whittle-dataset"}, true, path);
+    {
+      Id space(H5Screate(H5S_SCALAR), H5Sclose);
+      Id attr(H5Acreate2(file.get(), "version", H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      const int64_t version = 1;
+      if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &version) < 0)
+        throw Error(path + ": cannot write attribute 'version' (" + hdf5_reason() + ")");
+    }
+    if (!file.close()) throw Error(path + ": cannot finish writing (" + hdf5_reason() + ")");
+    fsync_path(tmp);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(path + ": cannot rename " + tmp + " into place (" + std::strerror(errno) + ")");
+    fsync_path(detail::parent_dir(path));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+bool is_hdf5_file(const std::string& path) {
+  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  for (std::streamoff offset = 0; offset + 8 <= size; offset = offset == 0 ? 512 : offset * 2) {
+    char buf[8];
+    in.seekg(offset);
+    if (!in.read(buf, 8)) return false;
+    if (std::memcmp(buf, kSignature, 8) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace whittle::data

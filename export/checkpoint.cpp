@@ -1,0 +1,311 @@
+#include "export/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <hdf5.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+
+#include "graph/error.h"
+#include "graph/file_util.h"
+#include "graph/serialize.h"
+#include "graph/version.h"
+
+namespace whittle {
+
+namespace {
+
+// Owns one HDF5 identifier and closes it with the matching H5*close.
+class H5Id {
+ public:
+  H5Id() = default;
+  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  ~H5Id() {
+    if (id_ >= 0 && close_) close_(id_);
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// HDF5 prints its error stack to stderr by default; whittle reports its own messages instead.
+void silence_hdf5() {
+  static bool done = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)done;
+}
+
+hid_t h5_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return H5T_NATIVE_FLOAT;
+    case at::kDouble: return H5T_NATIVE_DOUBLE;
+    case at::kLong: return H5T_NATIVE_INT64;
+    case at::kInt: return H5T_NATIVE_INT32;
+    case at::kShort: return H5T_NATIVE_INT16;
+    case at::kChar: return H5T_NATIVE_INT8;
+    case at::kByte: return H5T_NATIVE_UINT8;
+    case at::kBool: return H5T_NATIVE_UINT8;
+    default: throw Error(std::string("checkpoint: cannot store tensors of dtype ") + c10::toString(t));
+  }
+}
+
+uint32_t crc_of(const void* data, size_t bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {
+    uInt chunk = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    bytes -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+void write_attr_string(hid_t obj, const char* name, const std::string& value) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<size_t>(value.size(), 1));
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  if (!attr.valid() || H5Awrite(attr.get(), type.get(), padded.data()) < 0)
+    throw Error(std::string("checkpoint: cannot write attribute '") + name + "'");
+}
+
+void write_attr_int(hid_t obj, const char* name, int64_t value) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
+    throw Error(std::string("checkpoint: cannot write attribute '") + name + "'");
+}
+
+void write_string_dataset(hid_t parent, const char* name, const std::string& text) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<size_t>(text.size(), 1));
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id ds(H5Dcreate2(parent, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  std::string padded = text.empty() ? std::string(1, '\0') : text;
+  if (!ds.valid() || H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, padded.data()) < 0)
+    throw Error(std::string("checkpoint: cannot write dataset '") + name + "'");
+  write_attr_int(ds.get(), "crc32", crc_of(padded.data(), padded.size()));
+}
+
+void write_tensor(hid_t group, const std::string& name, const at::Tensor& tensor, const char* role) {
+  at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  if (t.scalar_type() == at::kBool) t = t.to(at::kByte);
+  std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
+  H5Id space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+             H5Sclose);
+  // Store little-endian standard types so the file reads the same everywhere.
+  hid_t file_type = H5Tget_native_type(h5_type(tensor.scalar_type()), H5T_DIR_DEFAULT);
+  H5Id ftype(file_type, H5Tclose);
+  H5Id ds(H5Dcreate2(group, name.c_str(), ftype.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  if (!ds.valid() || H5Dwrite(ds.get(), h5_type(tensor.scalar_type()), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0)
+    throw Error("checkpoint: cannot write tensor '" + name + "'");
+  write_attr_int(ds.get(), "crc32", crc_of(t.data_ptr(), static_cast<size_t>(t.nbytes())));
+  write_attr_string(ds.get(), "role", role);
+}
+
+std::string utc_now() {
+  std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// ---------------------------------------------------------------- reading
+
+struct Reader {
+  std::string path;
+  [[noreturn]] void fail(const std::string& what) const { throw Error(path + ": " + what); }
+
+  H5Id open_dataset(hid_t parent, const std::string& name, bool required = true) const {
+    if (H5Lexists(parent, name.c_str(), H5P_DEFAULT) <= 0) {
+      if (required) fail("missing dataset '" + name + "' (not a whittle checkpoint, or damaged)");
+      return H5Id();
+    }
+    H5Id ds(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid()) fail("cannot open dataset '" + name + "' (file damaged)");
+    return ds;
+  }
+
+  bool has_attr(hid_t obj, const char* name) const { return H5Aexists(obj, name) > 0; }
+
+  int64_t read_attr_int(hid_t obj, const char* name, const std::string& where) const {
+    if (!has_attr(obj, name)) fail(where + ": missing attribute '" + name + "'");
+    H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+    H5Id type(attr.valid() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    if (!attr.valid() || !type.valid() || H5Tget_class(type.get()) != H5T_INTEGER)
+      fail(where + ": attribute '" + std::string(name) + "' is not an integer");
+    int64_t v = 0;
+    if (H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0) fail(where + ": cannot read attribute '" + std::string(name) + "'");
+    return v;
+  }
+
+  std::string read_attr_string(hid_t obj, const char* name, const std::string& where) const {
+    if (!has_attr(obj, name)) fail(where + ": missing attribute '" + name + "'");
+    H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+    H5Id type(attr.valid() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    if (!attr.valid() || !type.valid() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0)
+      fail(where + ": attribute '" + std::string(name) + "' is not a fixed-length string");
+    size_t size = H5Tget_size(type.get());
+    if (size == 0 || size > (1u << 20)) fail(where + ": attribute '" + std::string(name) + "' has an implausible size");
+    std::string s(size, '\0');
+    if (H5Aread(attr.get(), type.get(), s.data()) < 0) fail(where + ": cannot read attribute '" + std::string(name) + "'");
+    s.resize(std::strlen(s.c_str()));
+    return s;
+  }
+
+  // Reads a scalar fixed-length string dataset and checks its CRC.
+  std::string read_string(hid_t parent, const std::string& name, bool required) const {
+    H5Id ds = open_dataset(parent, name, required);
+    if (!ds.valid()) return "";
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0 ||
+        H5Sget_simple_extent_type(space.get()) != H5S_SCALAR)
+      fail("dataset '" + name + "' is not a fixed-length string");
+    size_t size = H5Tget_size(type.get());
+    hsize_t storage = H5Dget_storage_size(ds.get());
+    if (size == 0 || storage != size) fail("dataset '" + name + "' is truncated (" + std::to_string(storage) + " of " + std::to_string(size) + " bytes)");
+    std::string s(size, '\0');
+    if (H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) < 0) fail("cannot read dataset '" + name + "' (file damaged)");
+    auto crc = static_cast<uint32_t>(read_attr_int(ds.get(), "crc32", "dataset '" + name + "'"));
+    if (crc_of(s.data(), s.size()) != crc) fail("dataset '" + name + "' is corrupted (CRC-32 mismatch)");
+    s.resize(std::strlen(s.c_str()));
+    return s;
+  }
+
+  at::Tensor read_tensor(hid_t tensors, const std::string& node, TensorRole role, const std::string& name,
+                         const Shape& shape, at::ScalarType dtype) const {
+    const std::string where = "tensor '" + node + "." + name + "'";
+    if (H5Lexists(tensors, node.c_str(), H5P_DEFAULT) <= 0) fail("missing tensors of node '" + node + "'");
+    H5Id group(H5Gopen2(tensors, node.c_str(), H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) fail("cannot open the tensors of node '" + node + "'");
+    H5Id ds = open_dataset(group.get(), name);
+    const std::string want_role = role == TensorRole::kParam ? "param" : "buffer";
+    if (read_attr_string(ds.get(), "role", where) != want_role) fail(where + ": stored as the wrong role (expected " + want_role + ")");
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    const at::ScalarType stored_as = dtype == at::kBool ? at::kByte : dtype;
+    H5Id native(H5Tget_native_type(type.get(), H5T_DIR_DEFAULT), H5Tclose);
+    if (!native.valid() || H5Tequal(native.get(), h5_type(stored_as)) <= 0)
+      fail(where + ": stored dtype differs from the graph's " + dtype_name(dtype));
+    int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0 || rank > 16) fail(where + ": bad dataspace");
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    Shape got(dims.begin(), dims.end());
+    if (got != shape) fail(where + ": stored shape " + shape_str(got) + " differs from the graph's " + shape_str(shape));
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const auto nbytes = static_cast<hsize_t>(numel) * c10::elementSize(stored_as);
+    hsize_t storage = H5Dget_storage_size(ds.get());
+    if (numel > 0 && storage != nbytes)
+      fail(where + ": truncated (" + std::to_string(storage) + " of " + std::to_string(nbytes) + " bytes stored)");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(stored_as));
+    if (t.numel() > 0 && H5Dread(ds.get(), h5_type(stored_as), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0)
+      fail(where + ": cannot read (file truncated or damaged)");
+    auto crc = static_cast<uint32_t>(read_attr_int(ds.get(), "crc32", where));
+    if (crc_of(t.data_ptr(), static_cast<size_t>(t.nbytes())) != crc) fail(where + " is corrupted (CRC-32 mismatch)");
+    return dtype == at::kBool ? t.to(at::kBool) : t;
+  }
+};
+
+}  // namespace
+
+bool is_hdf5_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char sig[8] = {};
+  f.read(sig, 8);
+  return f.gcount() == 8 && std::memcmp(sig, "\x89HDF\r\n\x1a\n", 8) == 0;
+}
+
+void save_checkpoint(const std::string& path, const Graph& graph, const std::string& recipe, const std::string& metrics) {
+  silence_hdf5();
+  const std::string dir = parent_directory(path);
+  if (!is_directory(dir)) throw Error("cannot write checkpoint " + path + ": directory " + dir + " does not exist");
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    {
+      H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+      if (!file.valid()) throw Error("cannot write checkpoint " + path + ": cannot create " + tmp + " (permission denied or disk full?)");
+      write_attr_string(file.get(), "format", "whittle.checkpoint");
+      write_attr_int(file.get(), "format_version", kCheckpointFormatVersion);
+      write_attr_string(file.get(), "whittle_version", version());
+      write_attr_string(file.get(), "torch_version", torch_version());
+      write_attr_string(file.get(), "created", utc_now());
+      write_string_dataset(file.get(), "graph", graph_to_json(graph));
+      if (!recipe.empty()) write_string_dataset(file.get(), "recipe", recipe);
+      if (!metrics.empty()) write_string_dataset(file.get(), "metrics", metrics);
+      H5Id tensors(H5Gcreate2(file.get(), "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      for (const auto& n : graph.nodes()) {
+        if (n.params.empty() && n.buffers.empty()) continue;
+        H5Id g(H5Gcreate2(tensors.get(), n.name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+        if (!g.valid()) throw Error("cannot write checkpoint " + path + ": cannot create group for node '" + n.name + "'");
+        for (const auto& kv : n.params)
+          if (kv.second.defined()) write_tensor(g.get(), kv.first, kv.second, "param");
+        for (const auto& kv : n.buffers)
+          if (kv.second.defined()) write_tensor(g.get(), kv.first, kv.second, "buffer");
+      }
+      if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw Error("cannot write checkpoint " + path + ": flush failed (disk full?)");
+    }
+    rename_path(tmp, path);
+  } catch (const Error& e) {
+    remove_file(tmp);
+    std::string msg = e.what();
+    if (msg.rfind("cannot write checkpoint", 0) == 0) throw;
+    throw Error("cannot write checkpoint " + path + ": " + msg);
+  } catch (const std::exception& e) {
+    remove_file(tmp);
+    throw Error("cannot write checkpoint " + path + ": " + e.what());
+  }
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  silence_hdf5();
+  Reader r{path};
+  if (!path_exists(path)) r.fail("no such file");
+  if (!is_regular_file(path)) r.fail("not a regular file");
+  if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
+  if (r.read_attr_string(file.get(), "format", "file") != "whittle.checkpoint") r.fail("not a whittle checkpoint (format attribute)");
+  Checkpoint ck;
+  ck.format_version = static_cast<int>(r.read_attr_int(file.get(), "format_version", "file"));
+  if (ck.format_version > kCheckpointFormatVersion)
+    r.fail("checkpoint format version " + std::to_string(ck.format_version) + " is newer than this whittle reads (" +
+           std::to_string(kCheckpointFormatVersion) + "); upgrade whittle");
+  if (ck.format_version < 1) r.fail("invalid checkpoint format version " + std::to_string(ck.format_version));
+  ck.whittle_version = r.read_attr_string(file.get(), "whittle_version", "file");
+  ck.torch_version = r.read_attr_string(file.get(), "torch_version", "file");
+  ck.created = r.read_attr_string(file.get(), "created", "file");
+  const std::string structure = r.read_string(file.get(), "graph", true);
+  ck.recipe = r.read_string(file.get(), "recipe", false);
+  ck.metrics = r.read_string(file.get(), "metrics", false);
+  if (H5Lexists(file.get(), "tensors", H5P_DEFAULT) <= 0) r.fail("missing group 'tensors'");
+  H5Id tensors(H5Gopen2(file.get(), "tensors", H5P_DEFAULT), H5Gclose);
+  if (!tensors.valid()) r.fail("cannot open group 'tensors'");
+  TensorSource source = [&](const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
+                            at::ScalarType dtype) { return r.read_tensor(tensors.get(), node, role, name, shape, dtype); };
+  ck.graph = graph_from_json(structure, source, path);
+  return ck;
+}
+
+}  // namespace whittle

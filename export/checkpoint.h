@@ -1,0 +1,51 @@
+#pragma once
+// whittle checkpoints: one HDF5 file holding a model's graph structure, every tensor by node name,
+// the recipe that produced it, its metrics, and the versions that wrote it. Loading never runs
+// code from the file. The layout is documented in docs/checkpoint-format.md:
+//
+//   /                      attrs: format = "whittle.checkpoint", format_version (int),
+//                                 whittle_version, torch_version, created (UTC, ISO 8601)
+//   /graph                 string: the graph structure (graph/serialize.h JSON)   attr crc32
+//   /recipe                string: the recipe YAML (absent when none)             attr crc32
+//   /metrics               string: metrics JSON (absent when none)                attr crc32
+//   /tensors/<node>/<name> dataset with the tensor's dtype and shape, attrs crc32, role ("param"|"buffer")
+//
+// Every dataset carries the CRC-32 (zlib) of its raw bytes; the reader checks it, so flipped bytes
+// are reported instead of silently loaded.
+
+#include <string>
+
+#include "graph/graph.h"
+
+namespace whittle {
+
+/// The checkpoint format version this whittle writes; files with a higher version are refused.
+constexpr int kCheckpointFormatVersion = 1;
+
+/// Everything a checkpoint holds.
+struct Checkpoint {
+  Graph graph;
+  std::string recipe;   ///< recipe YAML text ("" when none)
+  std::string metrics;  ///< metrics JSON text ("" when none)
+  std::string whittle_version;
+  std::string torch_version;
+  std::string created;  ///< UTC time of writing, ISO 8601
+  int format_version = kCheckpointFormatVersion;
+};
+
+/// Writes `graph` (tensors are copied to CPU) with the recipe and metrics to `path`. The file is
+/// written to a temporary name in the same directory and renamed over `path` only when complete,
+/// so a crash or an error never leaves a half-written checkpoint or damages an earlier one.
+/// Throws whittle::Error naming the path when the directory cannot be written.
+void save_checkpoint(const std::string& path, const Graph& graph, const std::string& recipe = "",
+                     const std::string& metrics = "");
+
+/// Reads a checkpoint. Checks the format marker and version, the layout, each dataset's dtype,
+/// shape and CRC-32 against the graph structure before trusting it. Throws whittle::Error naming
+/// the path and what is wrong for a missing, truncated, corrupted or newer-format file.
+Checkpoint load_checkpoint(const std::string& path);
+
+/// True when `path` looks like an HDF5 file (signature check only; no parsing).
+bool is_hdf5_file(const std::string& path);
+
+}  // namespace whittle

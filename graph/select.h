@@ -1,0 +1,23 @@
+#pragma once
+// Selecting nodes by the `targets` / `ignore` patterns that recipes and passes use.
+
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace whittle {
+
+/// Does node `n` match `pattern`? A pattern is an exact node name ("layer1.0.conv1"), an op kind
+/// ("conv2d"), or a regular expression "re:<ECMAScript regex>" matched against the whole node name
+/// ("re:layer[12]\\..*").
+/// Throws whittle::Error for an invalid regular expression, naming it.
+bool node_matches(const Node& n, const std::string& pattern);
+
+/// Nodes matching any of `targets` and none of `ignore`, in graph order. Empty `targets` select
+/// every node. Throws whittle::Error when a target pattern that is a plain name (not an op kind,
+/// not a regex) matches no node, naming the pattern, so that typos do not pass silently.
+std::vector<std::string> select_nodes(const Graph& graph, const std::vector<std::string>& targets,
+                                      const std::vector<std::string>& ignore);
+
+}  // namespace whittle

@@ -1,0 +1,77 @@
+#pragma once
+// Modifiers: the compression methods a recipe schedules (quantize, prune, distill, fuse...). Each
+// registers a name, a description, its settings schema and a factory; the trainer calls its hooks.
+
+#include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph_module.h"
+#include "runner/recipe.h"
+
+namespace whittle::runner {
+
+/// What the trainer lends a modifier's hooks. A modifier that changes the graph (adds quantizer
+/// nodes, removes channels) calls model->sync() and sets `parameters_changed`, and the trainer
+/// rebuilds the optimizer over the new parameter set (keeping its hyper-parameters).
+struct TrainContext {
+  GraphModule model{nullptr};
+  torch::optim::Optimizer* optimizer = nullptr;
+  const Recipe* recipe = nullptr;
+  double epoch = 0.0;        ///< fractional epoch (epoch index + fraction of its batches done)
+  int64_t epoch_index = 0;   ///< current epoch, 0-based
+  int64_t step = 0;          ///< optimizer steps done so far
+  bool parameters_changed = false;
+};
+
+/// Base class of modifiers. Hooks default to doing nothing.
+class Modifier {
+ public:
+  explicit Modifier(ModifierSpec spec) : spec_(std::move(spec)) {}
+  virtual ~Modifier() = default;
+  const ModifierSpec& spec() const { return spec_; }
+  /// Whether the modifier's epoch window [start_epoch, end_epoch) contains `epoch` (end −1: open).
+  bool active_at(double epoch) const {
+    return epoch >= spec_.start_epoch && (spec_.end_epoch < 0 || epoch < spec_.end_epoch);
+  }
+
+  /// Once, before the first epoch (and again after a resume, on the restored model).
+  virtual void on_start(TrainContext&) {}
+  virtual void on_epoch_begin(TrainContext&) {}
+  virtual void on_epoch_end(TrainContext&) {}
+  /// After every optimizer step (e.g. BNN's latent weight clipping).
+  virtual void on_step_end(TrainContext&) {}
+  /// May replace the training loss of a batch (e.g. distillation); `input` N×C×H×W, `target` [N],
+  /// `logits` [N, classes]. Returns the loss to back-propagate.
+  virtual at::Tensor on_loss(TrainContext&, const at::Tensor& loss, const at::Tensor& /*input*/,
+                             const at::Tensor& /*target*/, const at::Tensor& /*logits*/) {
+    return loss;
+  }
+  /// Once, after the last epoch and before the final checkpoint is written.
+  virtual void on_finish(TrainContext&) {}
+
+ private:
+  ModifierSpec spec_;
+};
+
+/// A modifier kind: its recipe name, a one-line description, its settings (validated before any
+/// work starts) and a factory.
+struct ModifierInfo {
+  std::string name;
+  std::string description;
+  std::vector<KeySpec> settings;
+  std::function<std::unique_ptr<Modifier>(const ModifierSpec&)> create;
+};
+
+/// Registers (or replaces) a modifier kind.
+void register_modifier(ModifierInfo info);
+/// The modifier kind `name`; throws whittle::Error (usage) listing the known modifiers.
+const ModifierInfo& modifier_info(const std::string& name);
+/// Registered modifier names, sorted.
+std::vector<std::string> modifier_names();
+
+}  // namespace whittle::runner

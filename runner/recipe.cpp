@@ -1,0 +1,496 @@
+#include "runner/recipe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "graph/error.h"
+#include "graph/file_util.h"
+#include "runner/modifier.h"
+
+namespace whittle::runner {
+
+namespace {
+
+[[noreturn]] void usage_error(const std::string& msg) { throw Error(msg, ErrorKind::kUsage); }
+
+std::string at_line(const std::string& origin, const YAML::Node& node) {
+  const YAML::Mark m = node.Mark();
+  if (m.is_null() || m.line < 0) return origin + " (--set)";
+  return origin + ":" + std::to_string(m.line + 1);
+}
+
+KeySpec key(std::string name, KeyType type, std::string def, std::string desc, std::vector<std::string> choices = {}) {
+  return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, std::move(choices)};
+}
+
+KeySpec section(std::string name, std::string desc, std::vector<KeySpec> children) {
+  return KeySpec{std::move(name), KeyType::kMap, "", std::move(desc), std::move(children), {}};
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+bool scalar_is(const YAML::Node& n, KeyType t) {
+  if (!n.IsScalar()) return false;
+  const std::string s = n.Scalar();
+  try {
+    switch (t) {
+      case KeyType::kString: return true;
+      case KeyType::kInt: {
+        size_t used = 0;
+        (void)std::stoll(s, &used);
+        return used == s.size();
+      }
+      case KeyType::kFloat: {
+        (void)n.as<double>();
+        return true;
+      }
+      case KeyType::kBool: {
+        (void)n.as<bool>();
+        return true;
+      }
+      default: return false;
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+KeyType element_type(KeyType list) {
+  switch (list) {
+    case KeyType::kFloatList: return KeyType::kFloat;
+    case KeyType::kIntList: return KeyType::kInt;
+    default: return KeyType::kString;
+  }
+}
+
+std::string names_of(const std::vector<KeySpec>& keys) {
+  std::string s;
+  for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k.name;
+  return s;
+}
+
+std::vector<KeySpec> build_schema() {
+  std::vector<KeySpec> s;
+  s.push_back(section(
+      "model", "The network to train.",
+      {key("name", KeyType::kString, "—", "zoo model: lenet5, vgg_small, nin, resnet20, resnet32, resnet56, mobilenet_v2, repvgg_a0"),
+       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5"),
+       key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model"),
+       key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph")}));
+  s.push_back(section(
+      "data", "Datasets, preprocessing and loading.",
+      {key("train", KeyType::kString, "required", "training set: MNIST IDX folder or file, CIFAR-10 binary folder, image folder, .tar.gz of image folders, or .h5"),
+       key("test", KeyType::kString, "required", "evaluation set, same kinds"),
+       key("train_split", KeyType::kString, "train", "split read from `train` when it holds several (MNIST: train/t10k, CIFAR: train/test)"),
+       key("test_split", KeyType::kString, "test", "split read from `test`"),
+       key("pack_to", KeyType::kString, "\"\"", "folder for packed HDF5 copies of image-folder datasets, made on first use"),
+       key("mean", KeyType::kFloatList, "[] (none)", "per-channel normalization mean, pixel values in [0, 1]"),
+       key("std", KeyType::kFloatList, "[] (none)", "per-channel normalization standard deviation"),
+       key("random_crop_padding", KeyType::kInt, "0", "training augmentation: pad by N zero pixels, crop back at a random offset"),
+       key("horizontal_flip", KeyType::kBool, "false", "training augmentation: random left-right flip"),
+       key("batch_size", KeyType::kInt, "128", "training batch size"),
+       key("eval_batch_size", KeyType::kInt, "500", "evaluation batch size"),
+       key("num_workers", KeyType::kInt, "2", "loader threads"),
+       key("prefetch", KeyType::kInt, "4", "batches prepared ahead of training"),
+       key("drop_last", KeyType::kBool, "true", "drop the last incomplete training batch"),
+       key("train_limit", KeyType::kInt, "0 (all)", "use only the first N training images"),
+       key("test_limit", KeyType::kInt, "0 (all)", "use only the first N test images")}));
+  s.push_back(section(
+      "training", "The optimization schedule.",
+      {key("epochs", KeyType::kInt, "1", "number of epochs"),
+       section("optimizer", "Optimizer and its hyper-parameters.",
+               {key("name", KeyType::kString, "sgd", "sgd, adam or adamw", {"sgd", "adam", "adamw"}),
+                key("lr", KeyType::kFloat, "0.1", "base learning rate"),
+                key("momentum", KeyType::kFloat, "0.9", "SGD momentum"),
+                key("nesterov", KeyType::kBool, "false", "SGD Nesterov momentum"),
+                key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)"),
+                key("beta1", KeyType::kFloat, "0.9", "Adam β1"),
+                key("beta2", KeyType::kFloat, "0.999", "Adam β2"),
+                key("eps", KeyType::kFloat, "1e-8", "Adam ε")}),
+       section("lr_schedule", "Learning-rate schedule, evaluated every step.",
+               {key("name", KeyType::kString, "constant", "constant, step, multistep, cosine or one_cycle",
+                    {"constant", "step", "multistep", "cosine", "one_cycle"}),
+                key("step_size", KeyType::kFloat, "30", "step: epochs between decays"),
+                key("milestones", KeyType::kFloatList, "[]", "multistep: epochs where lr is multiplied by gamma"),
+                key("gamma", KeyType::kFloat, "0.1", "step/multistep decay factor"),
+                key("min_lr", KeyType::kFloat, "0", "cosine: final learning rate"),
+                key("max_lr", KeyType::kFloat, "0 (= optimizer.lr)", "one_cycle: peak learning rate"),
+                key("pct_start", KeyType::kFloat, "0.3", "one_cycle: fraction of the steps spent rising"),
+                key("warmup_epochs", KeyType::kFloat, "0", "linear warmup from 0 over this many epochs")}),
+       key("label_smoothing", KeyType::kFloat, "0", "cross-entropy label smoothing"),
+       key("grad_accumulation", KeyType::kInt, "1", "optimizer step every N batches"),
+       key("grad_clip_norm", KeyType::kFloat, "0 (off)", "clip the global gradient L2 norm"),
+       key("seed", KeyType::kInt, "0", "seed for initialization, shuffling and augmentation"),
+       key("deterministic", KeyType::kBool, "false", "deterministic kernels; same seed, same run"),
+       key("device", KeyType::kString, "cpu", "cpu, cuda or cuda:N (the command line's --device overrides it)"),
+       key("amp", KeyType::kString, "none", "CUDA autocast: none, bf16 or fp16 (with loss scaling)", {"none", "bf16", "fp16"}),
+       key("channels_last", KeyType::kBool, "false", "CUDA: NHWC memory format"),
+       key("cudnn_benchmark", KeyType::kBool, "true", "CUDA: cuDNN autotuning (off in deterministic mode)"),
+       key("threads", KeyType::kInt, "0 (LibTorch default)", "intra-op CPU threads"),
+       key("log_every", KeyType::kInt, "50", "batches between progress lines when output is not a terminal")}));
+  s.push_back(KeySpec{"modifiers", KeyType::kList, "[]",
+                      "Compression modifiers, each a map with `name`, `start_epoch`, `end_epoch`, `targets`, "
+                      "`ignore` and the modifier's own settings (see below).",
+                      {}, {}});
+  s.push_back(section(
+      "outputs", "Where results go.",
+      {key("dir", KeyType::kString, "runs/<recipe name>", "run directory (the command line's --out overrides it)"),
+       key("checkpoint", KeyType::kString, "model.h5", "checkpoint file name inside the run directory"),
+       key("save_every_epoch", KeyType::kBool, "true", "write checkpoint and training state after every epoch")}));
+  return s;
+}
+
+std::vector<KeySpec> modifier_common_keys() {
+  return {key("name", KeyType::kString, "required", "the modifier"),
+          key("start_epoch", KeyType::kFloat, "0", "epoch (fractional) at which it becomes active"),
+          key("end_epoch", KeyType::kFloat, "-1 (to the end)", "epoch at which it stops"),
+          key("targets", KeyType::kStringList, "the modifier's default", "node names, op kinds or re:<regex>"),
+          key("ignore", KeyType::kStringList, "[]", "node names, op kinds or re:<regex> to leave alone")};
+}
+
+// ---- typed getters (after validation) ----
+template <typename T>
+void get(const YAML::Node& parent, const char* name, T& out) {
+  const YAML::Node n = parent[name];
+  if (n && !n.IsNull()) out = n.as<T>();
+}
+
+void get_path(const YAML::Node& parent, const char* name, std::string& out) { get(parent, name, out); }
+
+void set_override(YAML::Node root, const std::string& assignment, const std::string& origin) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    usage_error("--set '" + assignment + "': expected path.to.key=value");
+  const std::string path = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    usage_error("--set '" + assignment + "': value is not valid YAML (" + e.msg + ")");
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (part.empty()) usage_error("--set '" + assignment + "': empty component in '" + path + "'");
+    parts.push_back(part);
+  }
+  // Walk down, creating maps where missing; sequences are indexed by number.
+  std::function<void(YAML::Node, size_t)> walk = [&](YAML::Node node, size_t i) {
+    const std::string& k = parts[i];
+    const bool last = i + 1 == parts.size();
+    if (node.IsSequence()) {
+      size_t idx = 0;
+      try {
+        size_t used = 0;
+        idx = std::stoul(k, &used);
+        if (used != k.size()) throw std::invalid_argument(k);
+      } catch (const std::exception&) {
+        usage_error("--set '" + assignment + "': '" + k + "' must be a list index (0.." + std::to_string(node.size()) + ")");
+      }
+      if (idx >= node.size())
+        usage_error("--set '" + assignment + "': index " + k + " is past the end of a list of " + std::to_string(node.size()));
+      if (last) node[idx] = value;
+      else walk(node[idx], i + 1);
+      return;
+    }
+    if (!node.IsMap() && !node.IsNull())
+      usage_error("--set '" + assignment + "': '" + parts[i - 1] + "' in " + origin + " is a value, not a section");
+    if (last) {
+      node[k] = value;
+      return;
+    }
+    if (!node[k] || node[k].IsNull()) node[k] = YAML::Node(YAML::NodeType::Map);
+    walk(node[k], i + 1);
+  };
+  walk(root, 0);
+}
+
+}  // namespace
+
+const char* key_type_name(KeyType type) {
+  switch (type) {
+    case KeyType::kString: return "string";
+    case KeyType::kInt: return "integer";
+    case KeyType::kFloat: return "number";
+    case KeyType::kBool: return "boolean";
+    case KeyType::kFloatList: return "list of numbers";
+    case KeyType::kIntList: return "list of integers";
+    case KeyType::kStringList: return "list of strings";
+    case KeyType::kMap: return "section";
+    case KeyType::kList: return "list";
+    case KeyType::kAny: return "any";
+  }
+  return "?";
+}
+
+const std::vector<KeySpec>& recipe_schema() {
+  static const std::vector<KeySpec> schema = build_schema();
+  return schema;
+}
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // Close: at most a third of the word's letters differ (at least one edit allowed), or a prefix.
+  if (best_d <= std::max<size_t>(2, word.size() / 3)) return best;
+  for (const auto& c : candidates)
+    if (!word.empty() && (c.rfind(word, 0) == 0 || word.rfind(c, 0) == 0)) return c;
+  return "";
+}
+
+void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
+                   const std::string& where) {
+  const std::string label = where.empty() ? "the top level" : "'" + where + "'";
+  if (!node.IsMap()) usage_error(at_line(origin, node) + ": " + label + " must be a section (key: value pairs)");
+  std::vector<std::string> names;
+  for (const auto& k : keys) names.push_back(k.name);
+  for (const auto& kv : node) {
+    const std::string name = kv.first.as<std::string>();
+    const std::string path = where.empty() ? name : where + "." + name;
+    auto spec = std::find_if(keys.begin(), keys.end(), [&](const KeySpec& k) { return k.name == name; });
+    if (spec == keys.end()) {
+      std::string hint = closest_match(name, names);
+      usage_error(at_line(origin, kv.first) + ": unknown key '" + path + "'" +
+                  (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (valid keys in " + label + ": " +
+                  names_of(keys) + ")");
+    }
+    const YAML::Node& v = kv.second;
+    const std::string wrong = at_line(origin, v) + ": '" + path + "' must be a " + key_type_name(spec->type);
+    switch (spec->type) {
+      case KeyType::kMap:
+        if (v.IsNull()) break;
+        validate_keys(v, spec->children, origin, path);
+        break;
+      case KeyType::kList:
+        if (!v.IsNull() && !v.IsSequence()) usage_error(wrong);
+        break;
+      case KeyType::kFloatList:
+      case KeyType::kIntList:
+      case KeyType::kStringList: {
+        if (v.IsScalar() && spec->type == KeyType::kStringList) break;  // one string stands for a list of one
+        if (!v.IsSequence()) usage_error(wrong + ", e.g. [1, 2]");
+        for (const auto& e : v)
+          if (!scalar_is(e, element_type(spec->type))) usage_error(wrong + "; element '" + (e.IsScalar() ? e.Scalar() : "...") + "' is not");
+        break;
+      }
+      case KeyType::kAny: break;
+      default:
+        if (!scalar_is(v, spec->type))
+          usage_error(wrong + ", got " + (v.IsScalar() ? "'" + v.Scalar() + "'" : v.IsMap() ? "a section" : "a list"));
+        if (!spec->choices.empty() &&
+            std::find(spec->choices.begin(), spec->choices.end(), v.Scalar()) == spec->choices.end()) {
+          std::string hint = closest_match(v.Scalar(), spec->choices);
+          std::string all;
+          for (const auto& c : spec->choices) all += (all.empty() ? "" : ", ") + c;
+          usage_error(at_line(origin, v) + ": '" + path + "' is '" + v.Scalar() + "'" +
+                      (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (one of: " + all + ")");
+        }
+    }
+  }
+}
+
+Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    usage_error(origin + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
+  if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
+  for (const auto& o : overrides) set_override(root, o, origin);
+  validate_keys(root, recipe_schema(), origin, "");
+  for (const char* required : {"model", "data", "training"})
+    if (!root[required]) usage_error(origin + ": missing section '" + std::string(required) + "'");
+
+  Recipe r;
+  r.path = origin;
+  r.base_dir = base_dir;
+  if (overrides.empty()) {
+    r.text = text;
+  } else {
+    YAML::Emitter out;
+    out << root;
+    r.text = std::string("# ") + origin + " with --set " + [&] {
+      std::string s;
+      for (const auto& o : overrides) s += (s.empty() ? "" : " ") + o;
+      return s;
+    }() + "\n" + out.c_str() + "\n";
+  }
+
+  // model
+  const YAML::Node m = root["model"];
+  get(m, "name", r.model.name);
+  get_path(m, "file", r.model.file);
+  get(m, "num_classes", r.model.num_classes);
+  get(m, "input_shape", r.model.input_shape);
+  if (r.model.name.empty() == r.model.file.empty())
+    usage_error(at_line(origin, m) + ": 'model' needs exactly one of 'name' (a zoo model) or 'file'");
+  if (r.model.num_classes < 1) usage_error(at_line(origin, m["num_classes"]) + ": 'model.num_classes' must be ≥ 1");
+
+  // data
+  const YAML::Node d = root["data"];
+  for (const char* required : {"train", "test"})
+    if (!d[required]) usage_error(at_line(origin, d) + ": missing key 'data." + std::string(required) + "'");
+  get_path(d, "train", r.data.train);
+  get_path(d, "test", r.data.test);
+  get(d, "train_split", r.data.train_split);
+  get(d, "test_split", r.data.test_split);
+  get_path(d, "pack_to", r.data.pack_to);
+  get(d, "mean", r.data.mean);
+  get(d, "std", r.data.std);
+  get(d, "random_crop_padding", r.data.random_crop_padding);
+  get(d, "horizontal_flip", r.data.horizontal_flip);
+  get(d, "batch_size", r.data.batch_size);
+  get(d, "eval_batch_size", r.data.eval_batch_size);
+  get(d, "num_workers", r.data.num_workers);
+  get(d, "prefetch", r.data.prefetch);
+  get(d, "drop_last", r.data.drop_last);
+  get(d, "train_limit", r.data.train_limit);
+  get(d, "test_limit", r.data.test_limit);
+  if (r.data.mean.size() != r.data.std.size())
+    usage_error(at_line(origin, d) + ": 'data.mean' and 'data.std' must have the same length");
+  for (double v : r.data.std)
+    if (!(v > 0)) usage_error(at_line(origin, d["std"]) + ": 'data.std' entries must be > 0");
+  for (const auto& [k, v] : {std::pair<const char*, int64_t>{"batch_size", r.data.batch_size},
+                             {"eval_batch_size", r.data.eval_batch_size}, {"prefetch", r.data.prefetch}})
+    if (v < 1) usage_error(at_line(origin, d[k]) + ": 'data." + k + "' must be ≥ 1");
+  if (r.data.num_workers < 0) usage_error(at_line(origin, d["num_workers"]) + ": 'data.num_workers' must be ≥ 0");
+  for (const auto& [k, p] : {std::pair<const char*, std::string*>{"train", &r.data.train}, {"test", &r.data.test}}) {
+    if (!path_exists(*p))
+      usage_error(at_line(origin, d[k]) + ": 'data." + k + "': " + *p + " does not exist (paths are relative to the directory whittle runs in)");
+  }
+
+  // training
+  const YAML::Node t = root["training"];
+  get(t, "epochs", r.training.epochs);
+  if (r.training.epochs < 1) usage_error(at_line(origin, t["epochs"]) + ": 'training.epochs' must be ≥ 1");
+  if (const YAML::Node o = t["optimizer"]) {
+    auto& op = r.training.optimizer;
+    get(o, "name", op.name);
+    get(o, "lr", op.lr);
+    get(o, "momentum", op.momentum);
+    get(o, "nesterov", op.nesterov);
+    get(o, "weight_decay", op.weight_decay);
+    get(o, "beta1", op.beta1);
+    get(o, "beta2", op.beta2);
+    get(o, "eps", op.eps);
+    if (!(op.lr > 0)) usage_error(at_line(origin, o["lr"]) + ": 'training.optimizer.lr' must be > 0");
+  }
+  if (const YAML::Node s = t["lr_schedule"]) {
+    auto& sc = r.training.lr_schedule;
+    get(s, "name", sc.name);
+    get(s, "step_size", sc.step_size);
+    get(s, "milestones", sc.milestones);
+    get(s, "gamma", sc.gamma);
+    get(s, "min_lr", sc.min_lr);
+    get(s, "max_lr", sc.max_lr);
+    get(s, "pct_start", sc.pct_start);
+    get(s, "warmup_epochs", sc.warmup_epochs);
+    if (sc.name == "step" && !(sc.step_size > 0)) usage_error(at_line(origin, s) + ": 'training.lr_schedule.step_size' must be > 0");
+  }
+  get(t, "label_smoothing", r.training.label_smoothing);
+  get(t, "grad_accumulation", r.training.grad_accumulation);
+  get(t, "grad_clip_norm", r.training.grad_clip_norm);
+  get(t, "seed", r.training.seed);
+  get(t, "deterministic", r.training.deterministic);
+  get(t, "device", r.training.device);
+  get(t, "amp", r.training.amp);
+  get(t, "channels_last", r.training.channels_last);
+  get(t, "cudnn_benchmark", r.training.cudnn_benchmark);
+  get(t, "threads", r.training.threads);
+  get(t, "log_every", r.training.log_every);
+  if (r.training.grad_accumulation < 1) usage_error(at_line(origin, t["grad_accumulation"]) + ": 'training.grad_accumulation' must be ≥ 1");
+  const std::string& dev = r.training.device;
+  if (dev != "cpu" && dev != "cuda" && dev.rfind("cuda:", 0) != 0)
+    usage_error(at_line(origin, t["device"]) + ": 'training.device' is '" + dev + "' (one of: cpu, cuda, cuda:N)");
+
+  // modifiers
+  if (const YAML::Node mods = root["modifiers"]) {
+    const std::vector<KeySpec> common = modifier_common_keys();
+    for (size_t i = 0; i < mods.size(); ++i) {
+      const YAML::Node e = mods[i];
+      const std::string where = "modifiers." + std::to_string(i);
+      if (!e.IsMap()) usage_error(at_line(origin, e) + ": '" + where + "' must be a section with a 'name'");
+      if (!e["name"] || !e["name"].IsScalar()) usage_error(at_line(origin, e) + ": '" + where + "' needs a 'name'");
+      const std::string name = e["name"].Scalar();
+      const ModifierInfo* info = nullptr;
+      try {
+        info = &modifier_info(name);
+      } catch (const Error& err) {
+        usage_error(at_line(origin, e["name"]) + ": '" + where + ".name': " + err.what());
+      }
+      std::vector<KeySpec> all = common;
+      all.insert(all.end(), info->settings.begin(), info->settings.end());
+      validate_keys(e, all, origin, where + " (" + name + ")");
+      ModifierSpec ms;
+      ms.name = name;
+      ms.line = e.Mark().line + 1;
+      get(e, "start_epoch", ms.start_epoch);
+      get(e, "end_epoch", ms.end_epoch);
+      for (const auto& [k, out] : {std::pair<const char*, std::vector<std::string>*>{"targets", &ms.targets}, {"ignore", &ms.ignore}}) {
+        const YAML::Node v = e[k];
+        if (!v) continue;
+        if (v.IsScalar()) out->push_back(v.Scalar());
+        else *out = v.as<std::vector<std::string>>();
+      }
+      if (ms.end_epoch >= 0 && ms.end_epoch < ms.start_epoch)
+        usage_error(at_line(origin, e) + ": '" + where + "': end_epoch " + std::to_string(ms.end_epoch) + " is before start_epoch");
+      YAML::Node settings(YAML::NodeType::Map);
+      for (const auto& kv : e) {
+        const std::string k = kv.first.as<std::string>();
+        if (std::none_of(common.begin(), common.end(), [&](const KeySpec& c) { return c.name == k; })) settings[k] = kv.second;
+      }
+      ms.settings = settings;
+      r.modifiers.push_back(std::move(ms));
+    }
+  }
+
+  // outputs
+  if (const YAML::Node o = root["outputs"]) {
+    get_path(o, "dir", r.outputs.dir);
+    get(o, "checkpoint", r.outputs.checkpoint);
+    get(o, "save_every_epoch", r.outputs.save_every_epoch);
+  }
+  if (r.outputs.dir.empty()) {
+    std::string stem = origin.substr(origin.rfind('/') == std::string::npos ? 0 : origin.rfind('/') + 1);
+    stem = stem.substr(0, stem.rfind('.'));
+    r.outputs.dir = "runs/" + (stem.empty() ? std::string("run") : stem);
+  }
+  if (r.outputs.checkpoint.empty() || r.outputs.checkpoint.find('/') != std::string::npos)
+    usage_error(origin + ": 'outputs.checkpoint' must be a plain file name");
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!path_exists(path)) usage_error(path + ": recipe file does not exist");
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    usage_error(e.what());
+  }
+  return parse_recipe(text, path, parent_directory(path), overrides);
+}
+
+}  // namespace whittle::runner

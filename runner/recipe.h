@@ -1,0 +1,155 @@
+#pragma once
+// Recipes: the YAML files `whittle run` executes. A recipe names the model, the data, the training
+// schedule, the compression modifiers with their epoch windows, and the outputs. Every key is
+// validated against a schema before any work starts (unknown keys name the closest valid key and
+// the line; wrong types and missing files name the key and what was expected). docs/recipes.md
+// documents every key.
+
+#include <yaml-cpp/yaml.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace whittle::runner {
+
+/// `model:` — what to train.
+struct ModelSpec {
+  std::string name;          ///< zoo model name ("lenet5", "resnet20", ...), or
+  std::string file;          ///< a TorchScript .pt or a whittle checkpoint .h5 (resolved against the recipe's folder)
+  int64_t num_classes = 10;  ///< classifier outputs of a zoo model
+  Shape input_shape;         ///< example input [N, C, H, W]; empty: the dataset's image shape with N = 1
+};
+
+/// `data:` — datasets, preprocessing and loading.
+struct DataSpec {
+  std::string train;               ///< training set: MNIST IDX folder/file, CIFAR-10 binary folder, image folder or .h5
+  std::string test;                ///< evaluation set (same kinds)
+  std::string train_split = "train";  ///< MNIST/CIFAR split name of `train` when it is a folder holding both
+  std::string test_split = "test";    ///< split name of `test`
+  std::string pack_to;             ///< image folders: pack to this HDF5 directory on first use ("" = no packing)
+  std::vector<double> mean;        ///< per-channel normalization mean, in [0, 1] pixel units (empty: none)
+  std::vector<double> std;         ///< per-channel normalization std
+  int64_t random_crop_padding = 0; ///< training: zero-pad by this many pixels, then crop back at a random offset (0 = off)
+  bool horizontal_flip = false;    ///< training: flip left-right with probability 1/2
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 500;
+  int64_t num_workers = 2;         ///< loader threads
+  int64_t prefetch = 4;            ///< batches prepared ahead
+  bool drop_last = true;           ///< training: drop the last incomplete batch
+  int64_t train_limit = 0;         ///< use only the first N training images (0 = all); for quick runs
+  int64_t test_limit = 0;          ///< use only the first N test images (0 = all)
+};
+
+/// `training.optimizer:`.
+struct OptimizerSpec {
+  std::string name = "sgd";   ///< sgd | adam | adamw
+  double lr = 0.1;
+  double momentum = 0.9;      ///< sgd
+  bool nesterov = false;      ///< sgd
+  double weight_decay = 0.0;  ///< L2 (sgd, adam) or decoupled (adamw)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adam, adamw
+};
+
+/// `training.lr_schedule:`.
+struct ScheduleSpec {
+  std::string name = "constant";    ///< constant | step | multistep | cosine | one_cycle
+  double step_size = 30;            ///< step: epochs between decays
+  std::vector<double> milestones;   ///< multistep: epochs at which lr *= gamma
+  double gamma = 0.1;               ///< step, multistep
+  double min_lr = 0.0;              ///< cosine: final lr
+  double max_lr = 0.0;              ///< one_cycle: peak lr (0: training.optimizer.lr)
+  double pct_start = 0.3;           ///< one_cycle: fraction of steps spent rising
+  double warmup_epochs = 0.0;       ///< linear warmup from 0 to the schedule's lr over this many epochs
+};
+
+/// `training:`.
+struct TrainingSpec {
+  int64_t epochs = 1;
+  OptimizerSpec optimizer;
+  ScheduleSpec lr_schedule;
+  double label_smoothing = 0.0;
+  int64_t grad_accumulation = 1;  ///< optimizer step every N batches
+  double grad_clip_norm = 0.0;    ///< clip the global gradient norm (0 = off)
+  int64_t seed = 0;
+  bool deterministic = false;     ///< deterministic algorithms, single-threaded data order
+  std::string device = "cpu";     ///< cpu | cuda | cuda:N
+  std::string amp = "none";       ///< none | bf16 | fp16 (CUDA autocast; fp16 uses loss scaling)
+  bool channels_last = false;     ///< CUDA: NHWC memory format
+  bool cudnn_benchmark = true;    ///< CUDA: cuDNN autotuning (off in deterministic mode)
+  int64_t threads = 0;            ///< intra-op CPU threads (0: LibTorch's default)
+  int64_t log_every = 50;         ///< batches between plain progress lines (non-terminal output)
+};
+
+/// One entry of `modifiers:`.
+struct ModifierSpec {
+  std::string name;                  ///< registered modifier name
+  double start_epoch = 0.0;          ///< first epoch (fractional) the modifier is active
+  double end_epoch = -1.0;           ///< epoch it stops (-1 = to the end)
+  std::vector<std::string> targets;  ///< node names, op kinds, or "re:<regex>" (empty: the modifier's default)
+  std::vector<std::string> ignore;   ///< same forms, excluded from targets
+  YAML::Node settings;               ///< the entry's own settings (validated against the modifier's schema)
+  int line = 0;                      ///< 1-based line of the entry in the recipe
+};
+
+/// `outputs:`.
+struct OutputsSpec {
+  std::string dir;                   ///< run directory (default: runs/<recipe file stem>)
+  std::string checkpoint = "model.h5";
+  bool save_every_epoch = true;      ///< write the checkpoint and training state after every epoch
+};
+
+/// A validated recipe.
+struct Recipe {
+  std::string path;      ///< file it came from
+  std::string base_dir;  ///< folder paths in it are relative to (the project root when it lives under recipes/)
+  std::string text;      ///< the effective YAML (after --set overrides), stored in run dirs and checkpoints
+  ModelSpec model;
+  DataSpec data;
+  TrainingSpec training;
+  std::vector<ModifierSpec> modifiers;
+  OutputsSpec outputs;
+};
+
+/// The type of a recipe value, for validation and docs.
+enum class KeyType { kString, kInt, kFloat, kBool, kFloatList, kIntList, kStringList, kMap, kList, kAny };
+
+/// One key of a recipe section: its name, type, default (as text, for docs), and description.
+struct KeySpec {
+  std::string name;
+  KeyType type;
+  std::string default_text;
+  std::string description;
+  std::vector<KeySpec> children;  ///< for kMap
+  std::vector<std::string> choices;  ///< allowed string values (empty: any)
+};
+
+/// The schema of the recipe's sections (model, data, training, modifiers, outputs).
+const std::vector<KeySpec>& recipe_schema();
+
+/// Reads, overrides and validates a recipe. `overrides` are "path.to.key=value" strings (values
+/// parsed as YAML scalars or flow sequences; list entries addressed by index, "modifiers.0.weight_bits=4").
+/// Throws whittle::Error (usage kind) naming the file, line, key and what was expected: an
+/// unknown key (with the closest valid key), a wrong type, a missing required key, an unknown
+/// modifier (listing the known ones), a path that does not exist.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Parses recipe text (as load_recipe, with `origin` naming it in messages and `base_dir` for
+/// relative paths).
+Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
+                    const std::vector<std::string>& overrides = {});
+
+/// Validates `node` against `keys`, throwing whittle::Error (usage) naming `origin`, the line and
+/// the dotted key path `where` on the first problem. Used for recipe sections and modifier settings.
+void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
+                   const std::string& where);
+
+/// The closest of `candidates` to `word` by edit distance ("" when none is close).
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+/// "<type name>" for messages and docs ("float list", ...).
+const char* key_type_name(KeyType type);
+
+}  // namespace whittle::runner
