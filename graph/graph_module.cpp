@@ -81,7 +81,11 @@ void GraphModuleImpl::build_plan() {
   };
   for (const auto& in : graph_.inputs()) input_slots_.push_back(slot(in));
   for (const auto& node : graph_.nodes()) {
-    Step s{&node, {}, {}};
+    Step s{&node, &op_traits(node.op), {}, {}, nullptr, nullptr};
+    if (node.has_attr("weight_transform")) {
+      s.weight_transform = &weight_transform(node.attr_str("weight_transform"));
+      s.shadow = std::make_shared<Node>(node);
+    }
     for (const auto& v : node.inputs) s.inputs.push_back(slot(v));
     for (const auto& v : node.outputs) s.outputs.push_back(slot(v));
     plan_.push_back(std::move(s));
@@ -124,7 +128,15 @@ std::vector<at::Tensor> GraphModuleImpl::forward_with_intermediates(const std::v
   for (const auto& step : plan_) {
     args.clear();
     for (size_t s : step.inputs) args.push_back(env[s]);
-    std::vector<at::Tensor> outs = op_traits(step.node->op).forward(*step.node, args, training);
+    const Node* node = step.node;
+    if (step.weight_transform) {
+      // The shadow shares every tensor with the node; only its weight is the transformed one.
+      step.shadow->params = node->params;
+      step.shadow->buffers = node->buffers;
+      step.shadow->params.set("weight", step.weight_transform->apply(*node, training));
+      node = step.shadow.get();
+    }
+    std::vector<at::Tensor> outs = step.traits->forward(*node, args, training);
     if (outs.size() != step.outputs.size())
       throw Error("node '" + step.node->name + "' (" + step.node->op + "): forward returned " + std::to_string(outs.size()) +
                   " outputs, expected " + std::to_string(step.outputs.size()));

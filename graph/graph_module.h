@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/op_registry.h"
 
 namespace whittle {
 
@@ -19,6 +20,9 @@ namespace whittle {
 /// behave as for any LibTorch module. The node tensors and the registered tensors are the same
 /// objects; to() converts them in place (floating tensors only change dtype; integer buffers
 /// such as num_batches_tracked keep theirs).
+///
+/// A node with a string attribute `weight_transform` runs with its registered WeightTransform's
+/// output in place of its `weight` (quantization-aware training; see op_registry.h).
 ///
 /// Passes mutate graph() and then call sync() to re-register the tensors.
 class GraphModuleImpl : public torch::nn::Module {
@@ -50,8 +54,11 @@ class GraphModuleImpl : public torch::nn::Module {
  private:
   struct Step {
     const Node* node;
+    const OpTraits* traits;
     std::vector<size_t> inputs;
     std::vector<size_t> outputs;
+    const WeightTransform* weight_transform = nullptr;  ///< set when the node has a weight_transform attribute
+    std::shared_ptr<Node> shadow;  ///< copy of the node whose weight is the transformed one, for the op's forward
   };
   void build_plan();
   void register_tensors();

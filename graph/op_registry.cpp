@@ -71,6 +71,34 @@ std::vector<std::string> registered_ops() {
   return out;
 }
 
+namespace {
+std::map<std::string, WeightTransform>& transforms() {
+  static std::map<std::string, WeightTransform> t;
+  return t;
+}
+std::mutex& transforms_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+void register_weight_transform(WeightTransform transform) {
+  if (transform.name.empty() || !transform.apply) throw Error("register_weight_transform: needs a name and a function");
+  std::lock_guard<std::mutex> lock(transforms_mutex());
+  transforms()[transform.name] = std::move(transform);
+}
+
+const WeightTransform& weight_transform(const std::string& name) {
+  std::lock_guard<std::mutex> lock(transforms_mutex());
+  auto it = transforms().find(name);
+  if (it == transforms().end()) {
+    std::string known;
+    for (const auto& kv : transforms()) known += (known.empty() ? "" : ", ") + kv.first;
+    throw Error("unknown weight transform '" + name + "' (known: " + (known.empty() ? "none registered" : known) + ")");
+  }
+  return it->second;
+}
+
 NodeCost node_cost(const Graph& graph, const Node& node) {
   NodeCost c;
   for (const auto& kv : node.params)

@@ -69,6 +69,26 @@ bool has_op(const std::string& kind);
 /// All registered op kinds, sorted.
 std::vector<std::string> registered_ops();
 
+/// A weight transform: computes the weight a node runs with from the node's own tensors and
+/// attributes (e.g. a quantizer with a straight-through gradient applied to the latent float
+/// weight, or the decoding of packed integer codes). A node opts in with the string attribute
+/// `weight_transform` = the transform's name; GraphModule then calls `apply` on every forward and
+/// passes the result to the op as its `weight`. Registered by the modules that implement them
+/// (quantize/), so graph/ does not depend on them.
+struct WeightTransform {
+  std::string name;
+  std::string description;
+  /// Returns the effective weight (same shape as the op expects, differentiable where it makes
+  /// sense). `training` is the module's mode.
+  std::function<at::Tensor(const Node& node, bool training)> apply;
+};
+
+/// Registers (or replaces) a weight transform.
+void register_weight_transform(WeightTransform transform);
+/// The transform `name`; throws whittle::Error listing the known ones when unknown (a checkpoint
+/// naming a transform this build lacks fails here, at load time).
+const WeightTransform& weight_transform(const std::string& name);
+
 /// Cost of one node at the graph's declared shapes.
 struct NodeCost {
   int64_t params = 0;  ///< number of parameter elements (buffers excluded)

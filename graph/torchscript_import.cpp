@@ -122,12 +122,20 @@ std::string first_line(const std::string& s) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
-// "file.py:12" for a node with a source range that names a file; empty otherwise.
+// "file.py:12" for a node with a source range that names a file; empty otherwise. A loaded
+// archive's ranges point into its serialized code; the Python source line that generated it
+// (kept in the archive's debug information) is preferred when present.
 std::string source_location(const jit::Node* n) {
   if (!n) return "";
-  auto flc = n->sourceRange().file_line_col();
-  if (!flc) return "";
-  return std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc));
+  auto describe = [](const jit::SourceRange& r) -> std::string {
+    auto flc = r.file_line_col();
+    if (!flc || std::get<0>(*flc).empty()) return "";
+    return std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc));
+  };
+  const jit::SourceRange& range = n->sourceRange();
+  std::optional<jit::SourceRange> original = range.findSourceRangeThatGenerated();
+  std::string source = original ? describe(*original) : "";
+  return source.empty() ? describe(range) : source;
 }
 
 // One line of the node's IR text, without the trailing scope and source comments.
@@ -258,29 +266,25 @@ class Importer {
 
 // ------------------------------------------------------------------------------------------ errors
 
+// "in module 'layer3.1' of type BasicBlock, at model.py:12; 'layer3.1' called at model.py:40;
+// node: %y : Tensor = aten::fft_fft2(...)".
 std::string Importer::where(const jit::Node* n, int frame) const {
   std::ostringstream os;
-  const Frame& f = frames_[frame];
-  os << "in " << (f.path.empty() ? std::string("the top-level module") : "'" + f.path + "'");
-  if (!f.type_name.empty()) os << " (" << f.type_name << ")";
+  const Frame& f = frames_[static_cast<size_t>(frame)];
+  os << "in " << (f.path.empty() ? std::string("the top-level module") : "module '" + f.path + "'");
+  if (!f.type_name.empty()) os << " of type " << f.type_name;
   std::string loc = source_location(n);
-  if (!loc.empty()) os << " at " << loc;
-  std::vector<std::string> chain;
-  for (int i = frame; i > 0; i = frames_[i].parent) {
-    const Frame& fi = frames_[i];
-    if (!fi.call_site.empty()) chain.push_back((fi.path.empty() ? std::string("<top>") : fi.path) + " called at " + fi.call_site);
-  }
-  if (!chain.empty()) {
-    os << " (";
-    for (size_t i = 0; i < chain.size(); ++i) os << (i ? ", " : "") << chain[i];
-    os << ")";
+  if (!loc.empty()) os << ", at " << loc;
+  for (int i = frame; i > 0; i = frames_[static_cast<size_t>(i)].parent) {
+    const Frame& fi = frames_[static_cast<size_t>(i)];
+    if (!fi.call_site.empty()) os << "; '" << fi.path << "' called at " << fi.call_site;
   }
   if (n) os << "; node: " << node_text(n);
   return os.str();
 }
 
 void Importer::fail(const jit::Node* n, int frame, const std::string& what) const {
-  throw Error("import_torchscript(" + label_ + "): " + what + " " + where(n, frame));
+  throw Error("import_torchscript(" + label_ + "): " + what + " (" + where(n, frame) + ")");
 }
 
 // ------------------------------------------------------------------------------- argument access
@@ -508,7 +512,7 @@ std::vector<AVal> Importer::call_graph(const std::shared_ptr<jit::Graph>& graph,
   std::shared_ptr<jit::Graph> g = prepared(graph);
   if (g->inputs().size() != args.size())
     throw Error("import_torchscript(" + label_ + "): a graph takes " + std::to_string(g->inputs().size()) + " inputs, got " +
-                std::to_string(args.size()) + " " + where(nullptr, frame));
+                std::to_string(args.size()) + " (" + where(nullptr, frame) + ")");
   Env env;
   for (size_t i = 0; i < args.size(); ++i) env[g->inputs()[i]] = std::move(args[i]);
   run_block(g->block(), env, frame);
@@ -1067,7 +1071,7 @@ std::vector<AVal> Importer::map_reshape(const Ctx& c) {
                             std::find(rest.begin(), rest.end(), -1) == rest.end());
   if (!batch_first)
     fail(c, k + " with leading size " + std::to_string(dims[0].first) +
-                " fixes or mixes the batch dimension; use x.size(0) or -1 as the first size");
+                " fixes or mixes the batch dimension (use x.size(0) or -1 as the first size)");
   return {tensor_val(emit(c, "reshape", {x}, {{"shape", rest}})[0])};
 }
 

@@ -174,6 +174,35 @@ TEST_F(GraphTest, UnknownOpListsKnownOps) {
   }
 }
 
+TEST_F(GraphTest, WeightTransformReplacesTheWeightAndPassesGradients) {
+  register_weight_transform({"test_double", "2·w", [](const Node& n, bool) { return n.params.at("weight") * 2.0; }});
+  Graph g = small_net();
+  Graph plain = g.clone();
+  g.node("classifier").attrs["weight_transform"] = std::string("test_double");
+  GraphModule m(g);
+  m->eval();
+  at::Tensor x = at::randn({2, 3, 8, 8});
+  // Reference: the same net with the classifier weight doubled by hand.
+  plain.node("classifier").params.set("weight", plain.node("classifier").params.at("weight") * 2.0);
+  GraphModule ref(plain);
+  ref->eval();
+  EXPECT_TRUE(all_close(m->forward(x), ref->forward(x), 1e-6, 1e-6));
+  // The latent weight is untouched and receives the chain-rule gradient 2·(dL/dw').
+  m->forward(x).sum().backward();
+  std::map<std::string, at::Tensor> cap;
+  ref->forward_with_intermediates({x}, {"flatten"}, &cap);
+  at::Tensor expected = 2.0 * at::ones({2, 10}).t().mm(cap["flatten"]);
+  EXPECT_TRUE(all_close(m->named_parameters()["classifier.weight"].grad(), expected, 1e-5, 1e-5));
+  // An unknown transform is named when the module is built.
+  g.node("classifier").attrs["weight_transform"] = std::string("nope");
+  try {
+    GraphModule bad(g);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown weight transform 'nope'"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(GraphTest, StructureRoundTripsThroughJson) {
   Graph g = small_net();
   g.node("features.3").attrs["ceil_mode"] = int64_t{0};
