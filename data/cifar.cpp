@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "data/io_util.h"
+#include "graph/file_util.h"
 #include "graph/error.h"
 
 namespace whittle::data {
@@ -54,8 +55,8 @@ Dataset read_cifar10(const std::vector<std::string>& batch_files) {
 }
 
 std::string find_cifar10_dir(const std::string& dir) {
-  for (const std::string& d : {dir, detail::join_path(dir, "cifar-10-batches-bin")}) {
-    if (detail::is_file(detail::join_path(d, "data_batch_1.bin")) || detail::is_file(detail::join_path(d, "test_batch.bin")))
+  for (const std::string& d : {dir, join_path(dir, "cifar-10-batches-bin")}) {
+    if (is_regular_file(join_path(d, "data_batch_1.bin")) || is_regular_file(join_path(d, "test_batch.bin")))
       return d;
   }
   return {};
@@ -66,14 +67,14 @@ Dataset load_cifar10(const std::string& dir, const std::string& split) {
   if (root.empty()) root = dir;
   std::vector<std::string> files;
   if (split == "train") {
-    for (int k = 1; k <= 5; ++k) files.push_back(detail::join_path(root, "data_batch_" + std::to_string(k) + ".bin"));
+    for (int k = 1; k <= 5; ++k) files.push_back(join_path(root, "data_batch_" + std::to_string(k) + ".bin"));
   } else if (split == "test") {
-    files.push_back(detail::join_path(root, "test_batch.bin"));
+    files.push_back(join_path(root, "test_batch.bin"));
   } else {
     throw Error(dir + ": unknown CIFAR-10 split '" + split + "' (expected train or test)");
   }
   for (const std::string& f : files)
-    if (!detail::is_file(f)) throw Error(f + ": no such file (CIFAR-10 split '" + split + "')");
+    if (!is_regular_file(f)) throw Error(f + ": no such file (CIFAR-10 split '" + split + "')");
   return read_cifar10(files);
 }
 

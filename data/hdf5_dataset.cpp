@@ -13,10 +13,13 @@
 #include <mutex>
 
 #include "data/io_util.h"
+#include "graph/file_util.h"
 #include "graph/error.h"
 
 namespace whittle::data {
 namespace {
+
+constexpr int64_t kFormatVersion = 1;
 
 // The HDF5 library may be built without thread safety: every call from this module holds one lock.
 std::mutex& hdf5_mutex() {
@@ -183,13 +186,22 @@ void fsync_path(const std::string& path) {
 }  // namespace
 
 Dataset read_hdf5_dataset(const std::string& path) {
-  if (!detail::is_file(path)) throw Error(path + ": no such file");
+  if (!is_regular_file(path)) throw Error(path + ": no such file");
   if (!is_hdf5_file(path)) throw Error(path + ": not an HDF5 file (no HDF5 signature)");
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   QuietHdf5 quiet;
   Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
 
+  if (H5Aexists(file.get(), "format_version") > 0) {
+    Id attr(H5Aopen(file.get(), "format_version", H5P_DEFAULT), H5Aclose);
+    int64_t version = 0;
+    if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, &version) < 0)
+      throw Error(path + ": attribute format_version: cannot read (" + hdf5_reason() + ")");
+    if (version > kFormatVersion)
+      throw Error(path + ": dataset format_version " + std::to_string(version) + " is newer than this whittle reads (" +
+                  std::to_string(kFormatVersion) + "); upgrade whittle");
+  }
   Dataset d;
   for (const char* name : {"images", "labels"})
     if (H5Lexists(file.get(), name, H5P_DEFAULT) <= 0)
@@ -260,19 +272,19 @@ void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const H
     write_array(file.get(), "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, {static_cast<hsize_t>(labels.size(0))}, 8,
                 options.compression, labels.data_ptr<int64_t>(), path);
     if (!dataset.class_names.empty()) write_string_attribute(file.get(), "class_names", dataset.class_names, false, path);
-    write_string_attribute(file.get(), "format", {"whittle-dataset"}, true, path);
+    write_string_attribute(file.get(), "format", {"whittle.dataset"}, true, path);
     {
       Id space(H5Screate(H5S_SCALAR), H5Sclose);
-      Id attr(H5Acreate2(file.get(), "version", H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-      const int64_t version = 1;
-      if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &version) < 0)
-        throw Error(path + ": cannot write attribute 'version' (" + hdf5_reason() + ")");
+      Id attr(H5Acreate2(file.get(), "format_version", H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
+      if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &kFormatVersion) < 0)
+        throw Error(path + ": cannot write attribute 'format_version' (" + hdf5_reason() + ")");
     }
     if (!file.close()) throw Error(path + ": cannot finish writing (" + hdf5_reason() + ")");
     fsync_path(tmp);
     if (std::rename(tmp.c_str(), path.c_str()) != 0)
       throw Error(path + ": cannot rename " + tmp + " into place (" + std::strerror(errno) + ")");
-    fsync_path(detail::parent_dir(path));
+    fsync_path(parent_directory(path));
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "data/io_util.h"
+#include "graph/file_util.h"
 #include "graph/error.h"
 
 namespace whittle::data {

@@ -28,12 +28,14 @@ struct ImageHeader {
 /// A reusable JPEG/PNG decoder. Holds a TurboJPEG handle and scratch memory, so one decoder per
 /// thread decodes many images without allocating; not thread-safe itself.
 ///
-/// Decoding rules (the same as PIL's `Image.open(f).convert("RGB" | "L")`):
-/// - JPEG: libjpeg-turbo's accurate integer IDCT and smooth chroma upsampling; any libjpeg
-///   warning (e.g. a truncated file) is an error; CMYK/YCCK JPEGs are rejected.
-/// - PNG: any bit depth and colour type; 16-bit samples keep their high byte, palette images are
-///   expanded, alpha and tRNS transparency are dropped without compositing, gamma chunks are
-///   ignored (the stored sample values are returned).
+/// Decoding rules (RGB output equals PIL's `Image.open(f).convert("RGB")`, checked bit for bit
+/// by tests/reference/data_hdf5_check.py):
+/// - JPEG: libjpeg-turbo's accurate integer IDCT and smooth chroma upsampling (libjpeg's
+///   defaults); any libjpeg warning (e.g. a truncated file) is an error; CMYK/YCCK JPEGs are
+///   rejected.
+/// - PNG: any bit depth and colour type; 16-bit samples keep their high byte (PIL clips 16-bit
+///   gray to 255 instead), palette images are expanded, alpha and tRNS transparency are dropped
+///   without compositing, gamma chunks are ignored (the stored sample values are returned).
 /// - Colour to gray: ITU-R BT.601 luma (JPEG: the decoded Y plane; PNG:
 ///   (19595·R + 38470·G + 7471·B + 32768) >> 16). Gray to RGB: the value in all three channels.
 class ImageDecoder {

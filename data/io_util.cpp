@@ -1,7 +1,10 @@
 #include "data/io_util.h"
+#include "graph/file_util.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -45,26 +48,21 @@ std::vector<uint8_t> read_maybe_gzip(const std::string& path) {
     if (got < 0) {
       int code = 0;
       const char* msg = gzerror(f, &code);
-      throw Error(path + ": corrupt gzip data (" + (msg ? msg : "unknown error") + ")");
+      std::string reason = msg ? msg : "unknown error";
+      if (reason.rfind(path + ": ", 0) == 0) reason.erase(0, path.size() + 2);  // zlib prefixes the path
+      throw Error(path + ": corrupt gzip data (" + reason + ")");
     }
     bytes.resize(old + static_cast<size_t>(got));
     if (got == 0) break;
   }
   int code = Z_OK;
   const char* msg = gzerror(f, &code);
-  if (code != Z_OK)
-    throw Error(path + ": truncated or corrupt gzip data (" + (msg ? msg : "unknown error") + ")");
+  if (code != Z_OK) {
+    std::string reason = msg ? msg : "unknown error";
+    if (reason.rfind(path + ": ", 0) == 0) reason.erase(0, path.size() + 2);  // zlib prefixes the path
+    throw Error(path + ": truncated or corrupt gzip data (" + reason + ")");
+  }
   return bytes;
-}
-
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 int64_t file_size(const std::string& path) {
@@ -73,30 +71,56 @@ int64_t file_size(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
-std::vector<std::string> list_dir(const std::string& path) {
+std::vector<DirEntry> list_dir_typed(const std::string& path) {
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(path.c_str()), &::closedir);
   if (!dir) throw Error(path + ": cannot list folder (" + std::strerror(errno) + ")");
-  std::vector<std::string> names;
+  std::vector<DirEntry> entries;
   errno = 0;
   while (const dirent* e = ::readdir(dir.get())) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
+    DirEntry entry;
+    entry.name = e->d_name;
+    if (entry.name == "." || entry.name == "..") continue;
+    if (e->d_type == DT_DIR) {
+      entry.is_dir = true;
+    } else if (e->d_type == DT_REG) {
+      entry.is_file = true;
+    } else if (e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) {
+      struct stat st {};
+      if (::stat(whittle::join_path(path, entry.name).c_str(), &st) == 0) {
+        entry.is_dir = S_ISDIR(st.st_mode);
+        entry.is_file = S_ISREG(st.st_mode);
+      }
+    }
+    entries.push_back(std::move(entry));
+    errno = 0;
   }
   if (errno != 0) throw Error(path + ": cannot list folder (" + std::strerror(errno) + ")");
-  return names;
+  return entries;
 }
 
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string join_path(const std::string& dir, const std::string& name) {
-  if (dir.empty()) return name;
-  if (dir.back() == '/') return dir + name;
-  return dir + "/" + name;
+int read_file_at(int dir_fd, const char* name, std::vector<uint8_t>& bytes) {
+  const int fd = ::openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
+  bytes.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return err;
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return 0;
 }
 
 }  // namespace whittle::data::detail

@@ -20,21 +20,23 @@ inline uint32_t load_be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-// No std::filesystem here: the LibTorch wheels export their own copies of some std::filesystem
-// symbols, which interpose on libstdc++'s and crash (std::filesystem::remove_all seen). These
-// helpers use POSIX calls instead.
+// No std::filesystem here (see graph/file_util.h, which has the general path helpers).
 
-/// True when `path` names an existing regular file (after following links).
-bool is_file(const std::string& path);
-/// True when `path` names an existing directory (after following links).
-bool is_dir(const std::string& path);
 /// Size of the file in bytes, or -1 when it cannot be read.
 int64_t file_size(const std::string& path);
-/// Entry names of a folder (no "." and ".."), unsorted. Throws whittle::Error naming `path`.
-std::vector<std::string> list_dir(const std::string& path);
-/// "a/b/c.h5" → "a/b"; "c.h5" → ".".
-std::string parent_dir(const std::string& path);
-/// `dir` + "/" + `name` (no separator doubled).
-std::string join_path(const std::string& dir, const std::string& name);
+
+/// A folder entry with its type, links followed.
+struct DirEntry {
+  std::string name;
+  bool is_dir = false;
+  bool is_file = false;
+};
+/// Entries of a folder (no "." and ".."), unsorted, typed from readdir's d_type where the file
+/// system gives it (no stat per entry), else by stat. Throws whittle::Error naming `path`.
+std::vector<DirEntry> list_dir_typed(const std::string& path);
+
+/// Reads the file `name` in the folder open as `dir_fd` (openat) into `bytes` (resized to the
+/// file's size, capacity reused). Returns 0, or the errno value of the failure.
+int read_file_at(int dir_fd, const char* name, std::vector<uint8_t>& bytes);
 
 }  // namespace whittle::data::detail

@@ -7,6 +7,7 @@
 #include "data/cifar.h"
 #include "data/image_folder.h"
 #include "data/io_util.h"
+#include "graph/file_util.h"
 #include "data/mnist.h"
 #include "graph/error.h"
 
@@ -24,8 +25,8 @@ uint32_t peek_magic(const std::string& path) {
 }
 
 bool has_subfolders(const std::string& dir) {
-  for (const std::string& name : detail::list_dir(dir))
-    if (name[0] != '.' && detail::is_dir(detail::join_path(dir, name))) return true;
+  for (const std::string& name : list_directory(dir))
+    if (name[0] != '.' && is_directory(join_path(dir, name))) return true;
   return false;
 }
 
@@ -55,7 +56,7 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
   auto set = [&](const std::string& p) {
     if (resolved) *resolved = p;
   };
-  if (detail::is_file(path)) {
+  if (is_regular_file(path)) {
     set(path);
     if (is_hdf5_file(path)) return DatasetFormat::kHdf5;
     const uint32_t magic = peek_magic(path);
@@ -67,7 +68,7 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
     throw Error(path + ": unrecognised dataset file (expected HDF5, an MNIST IDX images file, or a CIFAR-10 "
                        "binary batch of 3073-byte records)");
   }
-  if (!detail::is_dir(path)) throw Error(path + ": no such file or folder");
+  if (!is_directory(path)) throw Error(path + ": no such file or folder");
   if (!find_mnist_files(path, "train").first.empty() || !find_mnist_files(path, "t10k").first.empty()) {
     set(path);
     return DatasetFormat::kMnistIdx;
@@ -77,8 +78,8 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
     set(cifar);
     return DatasetFormat::kCifar10Binary;
   }
-  const std::string split_dir = detail::join_path(path, options.split);
-  if (!options.split.empty() && detail::is_dir(split_dir) && has_subfolders(split_dir)) {
+  const std::string split_dir = join_path(path, options.split);
+  if (!options.split.empty() && is_directory(split_dir) && has_subfolders(split_dir)) {
     set(split_dir);
     return DatasetFormat::kImageFolder;
   }
@@ -96,9 +97,9 @@ Dataset load_dataset(const std::string& path, const LoadOptions& options) {
   switch (format) {
     case DatasetFormat::kHdf5: return read_hdf5_dataset(target);
     case DatasetFormat::kMnistIdx: {
-      if (detail::is_file(target)) {
+      if (is_regular_file(target)) {
         const std::string labels = labels_path_for(target);
-        if (labels.empty() || !detail::is_file(labels))
+        if (labels.empty() || !is_regular_file(labels))
           throw Error(target + ": cannot find the matching labels file (expected the name with labels-idx1 in "
                                "place of images-idx3" +
                       (labels.empty() ? std::string() : ": " + labels) + ")");
@@ -107,7 +108,7 @@ Dataset load_dataset(const std::string& path, const LoadOptions& options) {
       return load_mnist(target, options.split);
     }
     case DatasetFormat::kCifar10Binary:
-      return detail::is_file(target) ? read_cifar10({target}) : load_cifar10(target, options.split);
+      return is_regular_file(target) ? read_cifar10({target}) : load_cifar10(target, options.split);
     case DatasetFormat::kImageFolder: {
       ImageFolderOptions o;
       o.channels = options.channels;

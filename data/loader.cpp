@@ -15,6 +15,11 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
     : dataset_(std::move(dataset)), options_(std::move(options)) {
   if (!dataset_) throw Error("DataLoader: no dataset");
   dataset_->validate("DataLoader");
+  if (!dataset_->labels.is_contiguous()) {  // batches index the labels through a raw pointer
+    auto copy = std::make_shared<Dataset>(*dataset_);
+    copy->labels = copy->labels.contiguous();
+    dataset_ = std::move(copy);
+  }
   if (options_.batch_size <= 0)
     throw Error("DataLoader: batch_size must be > 0, got " + std::to_string(options_.batch_size));
   if (options_.num_workers < 0)
@@ -60,6 +65,18 @@ std::vector<int64_t> DataLoader::permutation(int64_t epoch) const {
   return order;
 }
 
+std::shared_ptr<const std::vector<int64_t>> DataLoader::order_for(int64_t epoch) const {
+  {
+    std::lock_guard<std::mutex> lock(order_cache_mutex_);
+    if (cached_order_ && cached_epoch_ == epoch) return cached_order_;
+  }
+  auto order = std::make_shared<const std::vector<int64_t>>(permutation(epoch));
+  std::lock_guard<std::mutex> lock(order_cache_mutex_);
+  cached_epoch_ = epoch;
+  cached_order_ = order;
+  return order;
+}
+
 Batch DataLoader::make_batch(int64_t epoch, const std::vector<int64_t>& order, int64_t index) const {
   const int64_t lo = index * options_.batch_size;
   const int64_t hi = std::min(lo + options_.batch_size, num_samples_);
@@ -89,10 +106,13 @@ Batch DataLoader::batch(int64_t epoch, int64_t index) const {
   if (index < 0 || index >= num_batches_)
     throw Error("DataLoader: batch index " + std::to_string(index) + " is outside [0, " + std::to_string(num_batches_) +
                 ")");
-  return make_batch(epoch, permutation(epoch), index);
+  return make_batch(epoch, *order_for(epoch), index);
 }
 
-void DataLoader::start() {
+void DataLoader::start(int64_t first_batch) {
+  if (first_batch < 0 || first_batch > num_batches_)
+    throw Error("DataLoader: first batch " + std::to_string(first_batch) + " is outside [0, " +
+                std::to_string(num_batches_) + "]");
   std::unique_lock<std::mutex> lock(mutex_);
   if (passes_ > 0 && !epoch_set_) ++epoch_;
   epoch_set_ = false;
@@ -101,12 +121,12 @@ void DataLoader::start() {
   active_ = false;
   const int64_t e = epoch_;
   lock.unlock();
-  auto order = std::make_shared<const std::vector<int64_t>>(permutation(e));
+  auto order = order_for(e);
   lock.lock();
   order_ = std::move(order);
   pass_epoch_ = e;
-  next_claim_ = 0;
-  next_consume_ = 0;
+  next_claim_ = first_batch;
+  next_consume_ = first_batch;
   slots_.clear();
   active_ = true;
   lock.unlock();

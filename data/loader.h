@@ -97,8 +97,10 @@ class DataLoader {
   /// Thread-safe. Throws whittle::Error when index is outside [0, num_batches()).
   Batch batch(int64_t epoch, int64_t index) const;
 
-  /// Begins a pass over the current epoch, abandoning one in progress.
-  void start();
+  /// Begins a pass over the current epoch at batch `first_batch` (0 = the whole epoch; a later
+  /// batch resumes an interrupted epoch), abandoning a pass in progress. Throws whittle::Error
+  /// when first_batch is outside [0, num_batches()].
+  void start(int64_t first_batch = 0);
   /// The next batch of the current pass, or nothing when the pass is over (or none was started).
   std::optional<Batch> next();
 
@@ -139,6 +141,7 @@ class DataLoader {
     std::exception_ptr error;
   };
   Batch make_batch(int64_t epoch, const std::vector<int64_t>& order, int64_t index) const;
+  std::shared_ptr<const std::vector<int64_t>> order_for(int64_t epoch) const;
   void worker_loop();
 
   std::shared_ptr<const Dataset> dataset_;
@@ -163,6 +166,10 @@ class DataLoader {
   int64_t next_consume_ = 0;
   std::map<int64_t, Slot> slots_;
   std::vector<std::thread> workers_;
+  // The last permutation computed, reused by batch() and start() for the same epoch.
+  mutable std::mutex order_cache_mutex_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::shared_ptr<const std::vector<int64_t>> cached_order_;
 };
 
 }  // namespace whittle::data

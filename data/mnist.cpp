@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "data/io_util.h"
+#include "graph/file_util.h"
 #include "graph/error.h"
 
 namespace whittle::data {
@@ -93,8 +94,8 @@ std::pair<std::string, std::string> find_mnist_files(const std::string& dir, con
     throw Error(dir + ": unknown MNIST split '" + split + "' (expected train, t10k or test)");
   auto find = [&](const std::string& stem) -> std::string {
     for (const char* ext : {".gz", ""}) {
-      std::string p = detail::join_path(dir, stem + ext);
-      if (detail::is_file(p)) return p;
+      std::string p = join_path(dir, stem + ext);
+      if (is_regular_file(p)) return p;
     }
     return {};
   };
@@ -106,7 +107,7 @@ Dataset load_mnist(const std::string& dir, const std::string& split) {
   const std::string prefix = split == "train" ? "train" : "t10k";
   if (images.empty() || labels.empty()) {
     std::string missing = images.empty() ? prefix + "-images-idx3-ubyte" : prefix + "-labels-idx1-ubyte";
-    throw Error(detail::join_path(dir, missing) + "[.gz]: no such file (MNIST split '" + split + "')");
+    throw Error(join_path(dir, missing) + "[.gz]: no such file (MNIST split '" + split + "')");
   }
   return read_mnist(images, labels);
 }

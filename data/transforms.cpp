@@ -110,7 +110,7 @@ void Transform::validate(int64_t channels, int64_t h, int64_t w) const {
   if (out_height(h) > h + 2 * padding || out_width(w) > w + 2 * padding)
     throw Error("transform: crop " + std::to_string(out_height(h)) + "x" + std::to_string(out_width(w)) +
                 " is larger than the padded " + std::to_string(h + 2 * padding) + "x" +
-                std::to_string(w + 2 * padding) + " images");
+                std::to_string(w + 2 * padding) + " images (height x width)");
   if (!(flip_probability >= 0.0 && flip_probability <= 1.0))
     throw Error("transform: flip_probability must be in [0, 1], got " + std::to_string(flip_probability));
 }

@@ -5,7 +5,8 @@
 //
 //   /                      attrs: format = "whittle.checkpoint", format_version (int),
 //                                 whittle_version, torch_version, created (UTC, ISO 8601)
-//   /graph                 string: the graph structure (graph/serialize.h JSON)   attr crc32
+//   /graph                 uint8 [n], deflate: the graph structure (graph/serialize.h JSON, UTF-8)   attr crc32
+//   /tensors/<node>/weight_codes, weight_scale   packed quantized weight (quantize/quantize.h pack_graph)
 //   /recipe                string: the recipe YAML (absent when none)             attr crc32
 //   /metrics               string: metrics JSON (absent when none)                attr crc32
 //   /tensors/<node>/<name> dataset with the tensor's dtype and shape, attrs crc32, role ("param"|"buffer")
@@ -20,7 +21,9 @@
 namespace whittle {
 
 /// The checkpoint format version this whittle writes; files with a higher version are refused.
-constexpr int kCheckpointFormatVersion = 1;
+/// Version 2: /graph is deflate-compressed uint8 text, quantized weights are packed codes
+/// (version 1 files, with /graph a scalar string, are still read).
+constexpr int kCheckpointFormatVersion = 2;
 
 /// Everything a checkpoint holds.
 struct Checkpoint {

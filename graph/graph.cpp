@@ -132,7 +132,10 @@ const ValueInfo& Graph::add_input(const std::string& name, Shape shape) {
   return values_[name] = std::move(v);
 }
 
-std::vector<Shape> Graph::run_shape_inference(const Node& node) const {
+std::vector<Shape> Graph::run_shape_inference(const Node& node_in) const {
+  // A node running with a transform-computed weight (packed codes) infers shapes from its recorded weight shape.
+  const std::optional<Node> stand_in = with_placeholder_weight(node_in);
+  const Node& node = stand_in ? *stand_in : node_in;
   const OpTraits& traits = op_traits(node.op);
   const int n_in = static_cast<int>(node.inputs.size());
   if (n_in < traits.min_inputs || (traits.max_inputs >= 0 && n_in > traits.max_inputs)) {

@@ -1,5 +1,7 @@
 #include "graph/op_registry.h"
 
+#include <ATen/ATen.h>
+
 #include <map>
 #include <mutex>
 
@@ -99,7 +101,17 @@ const WeightTransform& weight_transform(const std::string& name) {
   return it->second;
 }
 
-NodeCost node_cost(const Graph& graph, const Node& node) {
+std::optional<Node> with_placeholder_weight(const Node& node) {
+  if (node.params.contains("weight") || !node.has_attr("weight_transform") || !node.has_attr("weight_shape"))
+    return std::nullopt;
+  Node copy = node;
+  copy.params.set("weight", at::empty(node.attr_ints("weight_shape"), at::TensorOptions().device(at::kMeta)));
+  return copy;
+}
+
+NodeCost node_cost(const Graph& graph, const Node& node_in) {
+  const std::optional<Node> stand_in = with_placeholder_weight(node_in);
+  const Node& node = stand_in ? *stand_in : node_in;
   NodeCost c;
   for (const auto& kv : node.params)
     if (kv.second.defined()) c.params += kv.second.numel();

@@ -6,6 +6,7 @@
 #include <ATen/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,12 @@ void register_weight_transform(WeightTransform transform);
 /// The transform `name`; throws whittle::Error listing the known ones when unknown (a checkpoint
 /// naming a transform this build lacks fails here, at load time).
 const WeightTransform& weight_transform(const std::string& name);
+
+/// A node whose weight a transform computes from other tensors (the "packed" transform decodes
+/// integer codes) has no `weight` parameter and records the weight's shape in the ints attribute
+/// `weight_shape`. For shape inference and cost, this returns a copy of such a node holding a
+/// placeholder weight of that shape (meta device, no data); nullopt for any other node.
+std::optional<Node> with_placeholder_weight(const Node& node);
 
 /// Cost of one node at the graph's declared shapes.
 struct NodeCost {

@@ -676,8 +676,7 @@ void Importer::run_node(jit::Node* n, Env& env, int frame) {
     set(0, seq_val(AVal::Kind::kList, *in[0].items));
     return;
   }
-  if (kind == c10::prim::unchecked_cast || kind == c10::aten::contiguous ||
-      (kind == c10::aten::clone && in[0].is_tensor())) {
+  if (kind == c10::prim::unchecked_cast || kind == c10::aten::contiguous) {
     set(0, in[0]);
     return;
   }
@@ -829,6 +828,9 @@ std::vector<AVal> Importer::map_op(const Ctx& c) {
     return map_split(c);
   if (k == "aten::upsample_nearest2d" || k == "aten::upsample_bilinear2d") return map_upsample(c);
 
+  // A copy must not alias its source (a later in-place op would change both), so clone becomes an
+  // identity node rather than disappearing like contiguous.
+  if (k == "aten::clone") return unary("identity");
   if (base("relu")) return unary("relu");
   if (base("relu6")) return unary("relu6");
   if (base("hardtanh")) {

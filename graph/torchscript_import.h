@@ -48,7 +48,8 @@ struct TorchScriptImportOptions {
 /// hardswish, hardsigmoid, gelu, dropout, feature_dropout, softmax, max_pool2d, avg_pool2d,
 /// adaptive_avg_pool2d, flatten, view/reshape, add/mul of two tensors, cat, chunk/split/
 /// split_with_sizes, transpose, permute, contiguous (dropped), upsample_nearest2d/
-/// upsample_bilinear2d, mean (in-place variants too).
+/// upsample_bilinear2d, mean, clone (identity) (in-place variants too; a later use of a tensor
+/// changed in place reads the new value).
 ///
 /// Throws whittle::Error naming `path` when the file is missing or not a TorchScript archive, and
 /// naming the aten/prim op kind, the module path, the source location and the node text when an op

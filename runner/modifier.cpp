@@ -4,6 +4,8 @@
 #include <mutex>
 
 #include "graph/error.h"
+#include "runner/fuse_modifier.h"
+#include "runner/quantize_modifier.h"
 
 namespace whittle::runner {
 
@@ -41,6 +43,15 @@ std::vector<std::string> modifier_names() {
   std::vector<std::string> out;
   for (const auto& kv : registry()) out.push_back(kv.first);
   return out;
+}
+
+void register_builtin_modifiers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Each compression module adds its modifiers here as it lands.
+    register_quantize_modifier();
+    register_fuse_modifier();
+  });
 }
 
 }  // namespace whittle::runner

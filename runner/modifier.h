@@ -74,4 +74,8 @@ const ModifierInfo& modifier_info(const std::string& name);
 /// Registered modifier names, sorted.
 std::vector<std::string> modifier_names();
 
+/// Registers the modifiers that ship with whittle (idempotent). load_recipe and run_recipe call
+/// it; a program registering its own modifiers may call it first.
+void register_builtin_modifiers();
+
 }  // namespace whittle::runner

@@ -15,7 +15,26 @@ namespace {
 
 [[noreturn]] void usage_error(const std::string& msg) { throw Error(msg, ErrorKind::kUsage); }
 
+// Nodes that came from --set overrides (and everything inside them), so that messages about them
+// say "--set" rather than a line of the file. Filled by parse_recipe for the duration of a parse.
+thread_local std::vector<YAML::Node>* t_override_nodes = nullptr;
+
+void collect_nodes(const YAML::Node& n, std::vector<YAML::Node>& out) {
+  out.push_back(n);
+  if (n.IsSequence()) {
+    for (const auto& e : n) collect_nodes(e, out);
+  } else if (n.IsMap()) {
+    for (const auto& kv : n) {
+      collect_nodes(kv.first, out);
+      collect_nodes(kv.second, out);
+    }
+  }
+}
+
 std::string at_line(const std::string& origin, const YAML::Node& node) {
+  if (t_override_nodes)
+    for (const auto& o : *t_override_nodes)
+      if (o.is(node)) return origin + " (--set)";
   const YAML::Mark m = node.Mark();
   if (m.is_null() || m.line < 0) return origin + " (--set)";
   return origin + ":" + std::to_string(m.line + 1);
@@ -169,7 +188,8 @@ void get(const YAML::Node& parent, const char* name, T& out) {
 
 void get_path(const YAML::Node& parent, const char* name, std::string& out) { get(parent, name, out); }
 
-void set_override(YAML::Node root, const std::string& assignment, const std::string& origin) {
+void set_override(YAML::Node root, const std::string& assignment, const std::string& origin,
+                  std::vector<YAML::Node>& created) {
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     usage_error("--set '" + assignment + "': expected path.to.key=value");
@@ -180,6 +200,7 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
   } catch (const YAML::Exception& e) {
     usage_error("--set '" + assignment + "': value is not valid YAML (" + e.msg + ")");
   }
+  collect_nodes(value, created);
   std::vector<std::string> parts;
   std::stringstream ss(path);
   std::string part;
@@ -275,7 +296,7 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
                   names_of(keys) + ")");
     }
     const YAML::Node& v = kv.second;
-    const std::string wrong = at_line(origin, v) + ": '" + path + "' must be a " + key_type_name(spec->type);
+    const std::string wrong = at_line(origin, v) + ": '" + path + "' must be " + std::string(spec->type == KeyType::kInt ? "an " : "a ") + key_type_name(spec->type);
     switch (spec->type) {
       case KeyType::kMap:
         if (v.IsNull()) break;
@@ -318,7 +339,13 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     usage_error(origin + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
-  for (const auto& o : overrides) set_override(root, o, origin);
+  register_builtin_modifiers();
+  std::vector<YAML::Node> override_nodes;
+  for (const auto& o : overrides) set_override(root, o, origin, override_nodes);
+  struct Scope {
+    explicit Scope(std::vector<YAML::Node>* nodes) { t_override_nodes = nodes; }
+    ~Scope() { t_override_nodes = nullptr; }
+  } scope(&override_nodes);
   validate_keys(root, recipe_schema(), origin, "");
   for (const char* required : {"model", "data", "training"})
     if (!root[required]) usage_error(origin + ": missing section '" + std::string(required) + "'");

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -23,6 +24,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "data/hdf5_dataset.h"
+#include "data/image_archive.h"
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
@@ -53,26 +56,33 @@ data::Dataset load_split(const DataSpec& spec, const std::string& path, const st
                          std::ostream& log) {
   data::LoadOptions opts;
   opts.split = split;
+  const bool archive = data::is_image_archive(path);
+  std::string resolved = path;
+  const bool image_folder = archive || data::detect_format(path, opts, &resolved) == data::DatasetFormat::kImageFolder;
+  auto read = [&]() {
+    return archive ? data::read_image_archive(path, split) : data::load_dataset(path, opts);
+  };
   data::Dataset ds;
-  std::string resolved;
-  const data::DatasetFormat format = data::detect_format(path, opts, &resolved);
-  if (!spec.pack_to.empty() && format == data::DatasetFormat::kImageFolder) {
+  if (!spec.pack_to.empty() && image_folder) {
     make_directories(spec.pack_to);
     std::string stem = resolved;
     while (!stem.empty() && stem.back() == '/') stem.pop_back();
-    std::replace(stem.begin(), stem.end(), '/', '_');
-    std::replace(stem.begin(), stem.end(), '.', '_');
+    stem = stem.substr(stem.rfind('/') == std::string::npos ? 0 : stem.rfind('/') + 1);
+    for (const char* ext : {".tar.gz", ".tgz", ".tar"})
+      if (stem.size() > std::strlen(ext) && stem.compare(stem.size() - std::strlen(ext), std::strlen(ext), ext) == 0)
+        stem.resize(stem.size() - std::strlen(ext));
     const std::string packed = join_path(spec.pack_to, stem + "-" + split + ".h5");
     if (is_regular_file(packed)) {
-      ds = data::load_dataset(packed, opts);
+      ds = data::read_hdf5_dataset(packed);
     } else {
       log << "packing " << resolved << " (" << split << ") to " << packed << " (first use)\n" << std::flush;
       auto t0 = Clock::now();
-      ds = data::pack_dataset(path, packed, opts);
+      ds = read();
+      data::write_hdf5_dataset(ds, packed);
       log << "  " << ds.size() << " images in " << std::fixed << std::setprecision(1) << seconds_since(t0) << " s\n";
     }
   } else {
-    ds = data::load_dataset(path, opts);
+    ds = read();
   }
   if (limit > 0 && limit < ds.size()) ds = ds.subset(at::arange(limit, at::kLong));
   return ds;

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential g++ cmake ninja-build ccache pkg-config git python3 python3-venv
   libeigen3-dev libboost-program-options-dev libhdf5-dev libyaml-cpp-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libturbojpeg0-dev libpng-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libturbojpeg0-dev libpng-dev zlib1g-dev libarchive-dev
   clang-format clang-tidy
 )
 # The pinned LibTorch version and the reference-test packages (see requirements.txt).

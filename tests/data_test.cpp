@@ -1,13 +1,15 @@
 // whittle::data: readers (MNIST IDX, CIFAR-10 binary, image folders, HDF5), format detection,
 // transforms and the loader, with byte-exact hand-made inputs and hand-worked expected values.
 
+#include <dirent.h>
 #include <png.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <numeric>
@@ -29,22 +31,60 @@
 namespace whittle::data {
 namespace {
 
-namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 using test::all_close;
+
+// POSIX file helpers (std::filesystem is avoided: the LibTorch wheels export their own copies of
+// some of its symbols, and std::filesystem::remove_all crashes through them).
+
+std::string parent_of(const std::string& path) { return path.substr(0, path.find_last_of('/')); }
+
+void make_dirs(const std::string& path) {
+  if (path.empty()) return;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return;
+  make_dirs(parent_of(path));
+  ::mkdir(path.c_str(), 0755);
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    for (const std::string& name : files_in(path)) remove_tree(path + "/" + name);
+    ::rmdir(path.c_str());
+  } else {
+    ::unlink(path.c_str());
+  }
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
 
 // A fresh, empty scratch folder for the running test: <build>/testdata/data_test/<suite>.<test>.
 std::string scratch_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(test::binary_dir()) / "testdata" / "data_test" /
-                 (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  const std::string dir = test::binary_dir() + "/testdata/data_test/" + info->test_suite_name() + "." + info->name();
+  remove_tree(dir);
+  make_dirs(dir);
+  return dir;
 }
 
 void write_bytes(const std::string& path, const Bytes& bytes) {
-  fs::create_directories(fs::path(path).parent_path());
+  make_dirs(parent_of(path));
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   ASSERT_TRUE(out.good()) << path;
@@ -109,7 +149,7 @@ at::Tensor u8(const std::vector<int>& values, at::IntArrayRef shape) {
 
 // hwc: interleaved rows, channels 1 (gray), 3 (RGB) or 4 (RGBA).
 void write_png(const std::string& path, int width, int height, int channels, const Bytes& hwc) {
-  fs::create_directories(fs::path(path).parent_path());
+  make_dirs(parent_of(path));
   png_image image{};
   image.version = PNG_IMAGE_VERSION;
   image.width = static_cast<png_uint_32>(width);
@@ -352,7 +392,7 @@ FolderImages make_folder(const std::string& root) {
   write_png(root + "/cat/e.png", 8, 8, 4, im.rgba_png);
   write_bytes(root + "/cat/notes.txt", {'h', 'i'});
   write_bytes(root + "/cat/.hidden.png", {'x'});
-  fs::create_directories(root + "/.cache");
+  make_dirs(root + "/.cache");
   return im;
 }
 
@@ -402,29 +442,34 @@ TEST_F(DataImageFolder, OddSizeNamesTheFile) {
 }
 
 TEST_F(DataImageFolder, UndecodableImagesNameTheFirstBadFile) {
-  const std::string root = scratch_dir();
+  const std::string base = scratch_dir();
+  const std::string root = base + "/garbage";
   write_png(root + "/x/0.png", 8, 8, 1, Bytes(64, 1));
   write_bytes(root + "/x/1.jpg", {'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
   write_bytes(root + "/x/2.jpg", {'n', 'o'});
   for (int threads : {1, 2})
     expect_error([&] { read_image_folder(root, {0, threads}); }, {root + "/x/1.jpg", "not a JPEG or PNG"});
 
-  const std::string root2 = scratch_dir() + "/truncated";
+  const std::string root2 = base + "/truncated";
   Bytes jpeg = encode_jpeg(16, 16, 3, Bytes(16 * 16 * 3, 120));
   write_bytes(root2 + "/x/0.jpg", jpeg);
   write_bytes(root2 + "/x/1.jpg", Bytes(jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() * 2 / 3)));
   expect_error([&] { read_image_folder(root2); }, {root2 + "/x/1.jpg", "JPEG"});
+  // Cut inside the entropy-coded data: libjpeg only warns ("premature end"), whittle refuses.
+  write_bytes(root2 + "/x/1.jpg", Bytes(jpeg.begin(), jpeg.end() - 10));
+  expect_error([&] { read_image_folder(root2); }, {root2 + "/x/1.jpg", "undecodable JPEG"});
+  const std::string root3 = base + "/truncated_png";
   Bytes png = read_bytes(root + "/x/0.png");
-  write_bytes(root2 + "/y/0.png", Bytes(png.begin(), png.begin() + static_cast<std::ptrdiff_t>(png.size() - 20)));
-  write_bytes(root2 + "/x/1.jpg", jpeg);
-  expect_error([&] { read_image_folder(root2); }, {root2 + "/y/0.png", "PNG"});
+  write_bytes(root3 + "/x/0.png", png);
+  write_bytes(root3 + "/x/1.png", Bytes(png.begin(), png.begin() + static_cast<std::ptrdiff_t>(png.size() - 20)));
+  expect_error([&] { read_image_folder(root3); }, {root3 + "/x/1.png", "PNG"});
 }
 
 TEST_F(DataImageFolder, EmptyOrMissingFolders) {
   const std::string root = scratch_dir();
   expect_error([&] { read_image_folder(root + "/missing"); }, {root + "/missing", "not a folder"});
   expect_error([&] { read_image_folder(root); }, {root, "no class subfolders"});
-  fs::create_directories(root + "/a");
+  make_dirs(root + "/a");
   expect_error([&] { read_image_folder(root); }, {root, "no .jpg, .jpeg or .png files"});
 }
 
@@ -455,13 +500,6 @@ Dataset random_dataset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t class
   d.labels = at::randint(0, classes, {n}, at::kLong);
   for (int64_t k = 0; k < classes; ++k) d.class_names.push_back("class_" + std::to_string(k));
   return d;
-}
-
-std::vector<std::string> files_in(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 TEST_F(DataHdf5, RoundTripIsExact) {
@@ -520,11 +558,12 @@ TEST_F(DataHdf5, PackImageFolderToHdf5) {
   EXPECT_TRUE(at::equal(r.labels, packed.labels));
   EXPECT_EQ(r.class_names, (std::vector<std::string>{"bird", "cat"}));
   expect_error([&] { pack_dataset(dir + "/nothing", dir + "/no.h5"); }, {dir + "/nothing"});
-  EXPECT_FALSE(fs::exists(dir + "/no.h5"));
+  EXPECT_FALSE(exists(dir + "/no.h5"));
 }
 
-// Run by tests/reference/data_hdf5_check.py, which writes files with h5py into
-// $WHITTLE_DATA_H5PY_DIR first and checks the files written here with h5py afterwards.
+// Run by tests/reference/data_hdf5_check.py, which writes files with h5py (and an image folder
+// with PIL) into $WHITTLE_DATA_H5PY_DIR first and checks the files written here with h5py (and
+// the packed images against PIL's decoding) afterwards.
 // Pattern: images [5, 3, 4, 6] with flat element k = (37·k + 11) mod 256, labels [2, 0, 1, 2, 1].
 TEST(DataHdf5Python, ReadsH5pyFilesAndWritesForH5py) {
   const char* env = std::getenv("WHITTLE_DATA_H5PY_DIR");
@@ -540,8 +579,12 @@ TEST(DataHdf5Python, ReadsH5pyFilesAndWritesForH5py) {
     EXPECT_TRUE(at::equal(r.labels, expected.labels)) << name;
     EXPECT_EQ(r.class_names, expected.class_names) << name;
   }
+  expect_error([&] { read_hdf5_dataset(dir + "/future.h5"); }, {dir + "/future.h5", "format_version 2", "upgrade"});
   write_hdf5_dataset(expected, dir + "/whittle.h5");
   write_hdf5_dataset(expected, dir + "/whittle_gzip.h5", {4});
+  LoadOptions rgb;
+  rgb.channels = 3;
+  pack_dataset(dir + "/pil_folder", dir + "/pil_folder.h5", rgb);
 }
 
 // =====================================================================================
@@ -791,6 +834,16 @@ TEST_F(DataLoaderTest, EpochsAdvanceAndPassesRestart) {
   EXPECT_EQ(again[0].index, 0);
   EXPECT_TRUE(at::equal(again[0].images, loader.batch(9, 0).images));
   EXPECT_FALSE(loader.next().has_value());  // the pass is over
+  // Resuming an epoch at batch 3 gives batches 3 and 4, as a full pass would.
+  loader.set_epoch(9);
+  loader.start(3);
+  std::optional<Batch> b3 = loader.next(), b4 = loader.next();
+  ASSERT_TRUE(b3 && b4);
+  EXPECT_EQ(b3->index, 3);
+  EXPECT_TRUE(at::equal(b3->images, again[3].images));
+  EXPECT_TRUE(at::equal(b4->indices, again[4].indices));
+  EXPECT_FALSE(loader.next().has_value());
+  expect_error([&] { loader.start(6); }, {"first batch 6 is outside [0, 5]"});
 }
 
 TEST_F(DataLoaderTest, RejectsBadOptions) {

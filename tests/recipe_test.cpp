@@ -76,7 +76,7 @@ TEST_F(RecipeTest, UnknownKeyNamesLineAndClosestKey) {
 
 TEST_F(RecipeTest, WrongTypesAndChoicesAreNamed) {
   std::string msg = error_of(base_recipe(), {"training.epochs=three"});
-  EXPECT_NE(msg.find("'training.epochs' must be a integer, got 'three'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'training.epochs' must be an integer, got 'three'"), std::string::npos) << msg;
   msg = error_of(base_recipe(), {"training.optimizer.name=sgdd"});
   EXPECT_NE(msg.find("did you mean 'sgd'?"), std::string::npos) << msg;
   msg = error_of(base_recipe(), {"data.mean=0.5"});

@@ -74,6 +74,8 @@ std::string error_of(F&& f) {
   return "";
 }
 
+void PrintTo(const ModelCase& mc, std::ostream* os) { *os << mc.name << " " << shape_str(mc.shape); }
+
 class TorchScriptImportTest : public test::SeededTest, public ::testing::WithParamInterface<ModelCase> {};
 
 TEST_P(TorchScriptImportTest, MatchesTheTorchScriptModule) {
@@ -93,11 +95,18 @@ TEST_P(TorchScriptImportTest, MatchesTheTorchScriptModule) {
     EXPECT_FALSE(ours[key].is_same(t)) << key << " must be a copy";
   }
   for (const auto& p : m->named_parameters()) EXPECT_TRUE(p.value().requires_grad() && p.value().is_leaf()) << p.key();
+  // These forwards call their modules in declaration order, so even the order agrees.
+  std::vector<std::string> our_order, their_order;
+  for (const auto& p : m->named_parameters()) our_order.push_back(p.key());
+  for (const auto& p : ts.named_parameters(true)) their_order.push_back(p.name);
+  EXPECT_EQ(our_order, their_order);
 
-  // Eval mode at batch 2 (the graph was imported at batch 1). Both sides run the same ATen kernels
-  // in float32, but in different orders and layouts (e.g. in-place vs out-of-place, oneDNN picks
-  // per call), so elements agree to ~1e-6 relative to the output's scale: rtol 1e-4 with atol
-  // 1e-5·max|y| for elements near zero.
+  // Eval mode at batch 2 (the graph was imported at batch 1). Both sides call the same ATen kernels
+  // in float32 (on this CPU the outputs come out bit-identical), but nothing promises the same
+  // kernel choice, in-place/out-of-place variant or summation order on every machine and device;
+  // such differences stay around 1e-6 of the output's scale after ~100 layers. Hence rtol 1e-4,
+  // and atol 1e-5·max|y| so that elements near zero are judged against the output's scale rather
+  // than their own (a relative bound alone fails on cancellations).
   Shape batch2 = mc.shape;
   batch2[0] = 2;
   at::Tensor x = at::randn(batch2);
@@ -124,9 +133,9 @@ TEST_P(TorchScriptImportTest, MatchesTheTorchScriptModule) {
   }
   at::Tensor out = m->forward(xt);
   if (yt.defined()) {
-    // Batch statistics over 2 samples amplify rounding differences in the variance a little more.
+    // Same tolerances as in eval mode; batch statistics use the same ATen batch_norm kernel.
     const double tscale = yt.abs().max().item<double>();
-    EXPECT_TRUE(all_close(out, yt, 1e-4 * tscale, 1e-3));
+    EXPECT_TRUE(all_close(out, yt, 1e-5 * tscale, 1e-4));
     std::printf("[ measure  ] %s train: max|diff| %.3g, max|y| %.3g\n", mc.name.c_str(),
                 (out - yt).detach().abs().max().item<double>(), tscale);
   }
@@ -146,9 +155,9 @@ TEST_P(TorchScriptImportTest, MatchesTheTorchScriptModule) {
     if (p.value().grad().abs().sum().item<double>() == 0.0) ++zero;
   }
   EXPECT_EQ(zero, 0) << "parameters with an all-zero gradient";
-  if (mc.name != "chunk_mix") {
-    EXPECT_GT(bn_checked, 0);
-  }
+  int bn_expected = 0;
+  for (const auto& kv : theirs) bn_expected += kv.first.find(".num_batches_tracked") != std::string::npos;
+  EXPECT_EQ(bn_checked, bn_expected);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchScriptImportTest, ::testing::ValuesIn(kModels),
@@ -235,7 +244,7 @@ TEST_F(TorchScriptImportNamesTest, SmallModelsMapTheirOps) {
 TEST(TorchScriptImportErrors, UnsupportedOpNamesTheOpAndTheModule) {
   std::string msg = error_of([] { import_torchscript(model_path("unsupported_fft"), {1, 3, 16, 16}); });
   EXPECT_NE(msg.find("unsupported op aten::fft_fft2"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'body.1' (FFTBlock)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("in module 'body.1' of type FFTBlock"), std::string::npos) << msg;
   EXPECT_NE(msg.find("make_torchscript_models.py:"), std::string::npos) << msg;  // the source line
   EXPECT_NE(msg.find(model_path("unsupported_fft")), std::string::npos) << msg;
 }
@@ -276,7 +285,7 @@ TEST(TorchScriptImportErrors, UnusedTensorsAreReportedOrSkipped) {
   torch::jit::Module m("Net");
   m.register_module("fc", linear_module("Fc", 4, 3));
   m.register_module("aux", linear_module("Aux", 4, 2));
-  m.define("def forward(self, x):\n  return torch.relu(self.fc(x))\n");
+  m.define("def forward(self, x):\n  return torch.relu(self.fc.forward(x))\n");
   std::string msg = error_of([&] { import_torchscript(m, {1, 4}, {}, "net"); });
   EXPECT_NE(msg.find("aux.weight, aux.bias"), std::string::npos) << msg;
   EXPECT_NE(msg.find("import_torchscript(net)"), std::string::npos) << msg;
@@ -290,10 +299,30 @@ TEST(TorchScriptImportErrors, UnusedTensorsAreReportedOrSkipped) {
   EXPECT_EQ(g->graph().node("relu").op, "relu");
 }
 
+TEST(TorchScriptImportScripted, InPlaceOpsAndBatchFreeViews) {
+  // x.view(-1, 4) keeps the batch free; torch.relu_(z) changes z for its later use, but not the
+  // tensor z was cloned from.
+  torch::jit::Module m("Net");
+  m.register_module("fc", linear_module("Fc", 4, 4));
+  m.define(
+      "def forward(self, x):\n"
+      "  y = self.fc.forward(x.view(-1, 4))\n"
+      "  z = y.clone()\n"
+      "  torch.relu_(z)\n"
+      "  return y + z\n");
+  GraphModule g(import_torchscript(m, {1, 2, 2}));
+  EXPECT_EQ(g->graph().node("reshape").attr_ints("shape"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(g->graph().node("identity").op, "identity");
+  EXPECT_EQ(g->graph().node("add").inputs, (std::vector<std::string>{"fc", "relu"}));
+  at::NoGradGuard no_grad;
+  at::Tensor x = at::randn({3, 2, 2});
+  EXPECT_TRUE(all_close(g->forward(x), m.forward({x}).toTensor(), 1e-6, 1e-5));
+}
+
 TEST(TorchScriptImportErrors, SharedWeightsAreRejected) {
   torch::jit::Module m("Net");
   m.register_module("fc", linear_module("Fc", 4, 4));
-  m.define("def forward(self, x):\n  return self.fc(self.fc(x))\n");
+  m.define("def forward(self, x):\n  return self.fc.forward(self.fc.forward(x))\n");
   std::string msg = error_of([&] { import_torchscript(m, {1, 4}); });
   EXPECT_NE(msg.find("module 'fc' is called more than once"), std::string::npos) << msg;
 }
@@ -301,7 +330,7 @@ TEST(TorchScriptImportErrors, SharedWeightsAreRejected) {
 TEST(TorchScriptImportErrors, AddOfAConstantIsRejected) {
   torch::jit::Module m("Net");
   m.register_module("fc", linear_module("Fc", 4, 4));
-  m.define("def forward(self, x):\n  return self.fc(x) + 1.0\n");
+  m.define("def forward(self, x):\n  return self.fc.forward(x) + 1.0\n");
   std::string msg = error_of([&] { import_torchscript(m, {1, 4}); });
   EXPECT_NE(msg.find("aten::add"), std::string::npos) << msg;
   EXPECT_NE(msg.find("two computed tensors"), std::string::npos) << msg;

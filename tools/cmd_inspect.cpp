@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "graph/error.h"
+#include "graph/file_util.h"
 #include "graph/op_registry.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -40,6 +41,29 @@ double stored_bytes(const Node& n) {
   for (const auto& kv : n.buffers)
     if (kv.second.defined()) bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
   return bytes;
+}
+
+// Theoretical size of a node: `weight_bits` per quantized weight (latent or packed) plus 32 bits
+// per other stored value (scales, biases, BN statistics, full-precision weights).
+double theoretical_bytes(const Node& n) {
+  const bool quantized = n.has_attr("weight_bits");
+  double bits = 0;
+  for (const auto& kv : n.params) {
+    if (!kv.second.defined()) continue;
+    const double count = static_cast<double>(kv.second.numel());
+    bits += (quantized && kv.first == "weight" ? static_cast<double>(n.attr_int("weight_bits")) : 32.0) * count;
+  }
+  for (const auto& kv : n.buffers) {
+    if (!kv.second.defined()) continue;
+    if (kv.first == "weight_codes" && n.has_attr("weight_shape")) {
+      double count = 1;
+      for (int64_t d : n.attr_ints("weight_shape")) count *= static_cast<double>(d);
+      bits += count * static_cast<double>(n.attr_int("weight_bits"));
+    } else {
+      bits += 32.0 * static_cast<double>(kv.second.numel());
+    }
+  }
+  return bits / 8.0;
 }
 
 std::string human(double v, const char* unit) {
@@ -85,12 +109,14 @@ int run_inspect(const std::vector<std::string>& args) {
   req.num_classes = vm["num-classes"].as<int64_t>();
   if (!shape_text.empty()) req.input_shape = parse_shape(shape_text, "--input-shape");
   Graph g = load_model_graph(req);
+  const int64_t file_bytes = is_regular_file(model) ? file_size(model) : -1;
 
   nlohmann::ordered_json j;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   NodeCost total;
-  double total_bytes = 0, float_bytes = 0;
+  double total_bytes = 0, float_bytes = 0, theory_bytes = 0;
   for (const auto& n : g.nodes()) {
+    theory_bytes += theoretical_bytes(n);
     NodeCost c = node_cost(g, n);
     total.params += c.params;
     total.macs += c.macs;
@@ -112,7 +138,9 @@ int run_inspect(const std::vector<std::string>& args) {
     j["input_shape"] = g.value(g.inputs().front()).shape;
     j["nodes"] = rows;
     j["total"] = {{"params", total.params}, {"macs", total.macs}, {"bytes", static_cast<int64_t>(total_bytes + 0.5)},
-                  {"fp32_bytes", static_cast<int64_t>(float_bytes + 0.5)}};
+                  {"fp32_bytes", static_cast<int64_t>(float_bytes + 0.5)},
+                  {"theoretical_bytes", static_cast<int64_t>(theory_bytes + 0.5)}};
+    if (file_bytes >= 0) j["total"]["file_bytes"] = file_bytes;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -135,7 +163,11 @@ int run_inspect(const std::vector<std::string>& args) {
             << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")\n"
             << "MACs:       " << total.macs << " (" << human(static_cast<double>(total.macs), "MAC") << ")\n"
             << "size:       " << human(total_bytes, "B") << " at stored precision (" << human(float_bytes, "B")
-            << " as float32)\n";
+            << " as float32)\n"
+            << "theoretical: " << human(theory_bytes, "B") << " (weight_bits per quantized weight, 32 bits per other value)\n";
+  if (file_bytes >= 0)
+    std::cout << "file:       " << human(static_cast<double>(file_bytes), "B") << " (" << file_bytes << " bytes, "
+              << std::setprecision(2) << static_cast<double>(file_bytes) / std::max(theory_bytes, 1.0) << "x theoretical)\n";
   return 0;
 }
 

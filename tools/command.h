@@ -22,5 +22,7 @@ int run_inspect(const std::vector<std::string>& args);
 int run_run(const std::vector<std::string>& args);
 int run_eval(const std::vector<std::string>& args);
 int run_data(const std::vector<std::string>& args);
+int run_keys(const std::vector<std::string>& args);
+int run_fuse(const std::vector<std::string>& args);
 
 }  // namespace whittle::cli

@@ -17,7 +17,9 @@ const std::vector<Command>& commands() {
       {"run", "train and evaluate a YAML recipe, writing a run directory", run_run},
       {"eval", "evaluate a checkpoint on a dataset", run_eval},
       {"inspect", "per-node table of a model: shapes, parameters, MACs, weight bits", run_inspect},
+      {"fuse", "fold batch norms, merge RepVGG blocks, BN+sign to thresholds: fuse MODEL --out FILE", run_fuse},
       {"data", "dataset tools: data pack SRC --to FILE.h5", run_data},
+      {"keys", "list every recipe key and modifier setting", run_keys},
   };
   return all;
 }

@@ -1,0 +1,132 @@
+"""Training speed, whittle against a plain PyTorch loop, side by side.
+
+Two workloads, CPU, 2 intra-op threads, same model, optimizer, batch size and augmentation:
+  lenet5    one epoch of LeNet-5 on the 8,000 bundled MNIST digits, batch 64
+  resnet20  200 steps of ResNet-20 on CIFAR-10 (the packed HDF5 of the JPEG archive), batch 128
+whittle is timed by its own report (training time only, evaluation excluded); the PyTorch loop
+times the same steps. Prints seconds per step for both and the ratio whittle / PyTorch
+(≤ 1.0: whittle is at least as fast).
+
+usage: .venv/bin/python bench/train_compare.py [--build build] [--only lenet5|resnet20] [--repeat N]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+import zoo_models  # noqa: E402
+
+THREADS = 2
+
+
+def load_idx(path):
+    import gzip
+
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    if magic == 0x803:
+        n, h, w = (int.from_bytes(data[i:i + 4], "big") for i in (4, 8, 12))
+        return np.frombuffer(data, np.uint8, offset=16).reshape(n, 1, h, w)
+    n = int.from_bytes(data[4:8], "big")
+    return np.frombuffer(data, np.uint8, offset=8).astype(np.int64)
+
+
+def whittle_run(build, recipe, sets):
+    out = tempfile.mkdtemp(prefix="whittle-bench-")
+    cmd = [os.path.join(ROOT, build, "whittle"), "run", recipe, "--out", out] + sum((["--set", s] for s in sets), [])
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    rep = json.load(open(os.path.join(out, "report.json")))
+    return rep
+
+
+def torch_loop(model, images, labels, batch, steps, lr, mean, std, crop_pad, flip, nesterov, wd):
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=nesterov, weight_decay=wd)
+    mean_t = torch.tensor(mean).view(1, -1, 1, 1)
+    std_t = torch.tensor(std).view(1, -1, 1, 1)
+    n = images.shape[0]
+    perm = torch.randperm(n)
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        idx = perm[(step * batch) % (n - batch + 1):][:batch]
+        x = images[idx]
+        if crop_pad:
+            x = F.pad(x, (crop_pad,) * 4)
+            h, w = images.shape[2], images.shape[3]
+            out = torch.empty(batch, x.shape[1], h, w, dtype=x.dtype)
+            offs = torch.randint(0, 2 * crop_pad + 1, (batch, 2))
+            for i in range(batch):
+                t, l = offs[i].tolist()
+                out[i] = x[i, :, t:t + h, l:l + w]
+            x = out
+        if flip:
+            m = torch.rand(batch) < 0.5
+            x[m] = x[m].flip(3)
+        x = (x.float() / 255 - mean_t) / std_t
+        y = labels[idx]
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return (time.perf_counter() - t0) / steps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--only", choices=["lenet5", "resnet20"])
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(THREADS)
+    rows = []
+
+    if args.only in (None, "lenet5"):
+        imgs = torch.from_numpy(load_idx(os.path.join(ROOT, "data/mnist10k/train-images-idx3-ubyte.gz")).copy())
+        labs = torch.from_numpy(load_idx(os.path.join(ROOT, "data/mnist10k/train-labels-idx1-ubyte.gz")).copy())
+        steps = imgs.shape[0] // 64
+        for _ in range(args.repeat):
+            rep = whittle_run(args.build, "recipes/mnist/lenet5.yaml",
+                              ["training.epochs=1", "training.threads=2", "data.test_limit=1000"])
+            w = 64 / rep["train_images_per_second"]
+            model = zoo_models.MODELS["lenet5"][0]()
+            p = torch_loop(model, imgs, labs, 64, steps, 0.05, [0.1307], [0.3081], 0, False, True, 5e-4)
+            rows.append(("LeNet-5, 1 epoch MNIST, batch 64", w, p))
+
+    if args.only in (None, "resnet20"):
+        packed = os.path.join(ROOT, "data/cache/cifar10-jpeg-train.h5")
+        if not os.path.exists(packed):
+            whittle_run(args.build, "recipes/cifar10/resnet20.yaml",
+                        ["training.epochs=1", "data.train_limit=128", "data.test_limit=500"])
+        with h5py.File(packed, "r") as f:
+            imgs = torch.from_numpy(f["images"][()])
+            labs = torch.from_numpy(f["labels"][()])
+        for _ in range(args.repeat):
+            rep = whittle_run(args.build, "recipes/cifar10/resnet20.yaml",
+                              ["training.epochs=1", "training.threads=2", f"data.train_limit={200 * 128}",
+                               "data.test_limit=500"])
+            w = 128 / rep["train_images_per_second"]
+            model = zoo_models.MODELS["resnet20"][0]()
+            p = torch_loop(model, imgs, labs, 128, 200, 0.1, [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616], 4,
+                           True, True, 5e-4)
+            rows.append(("ResNet-20, 200 steps CIFAR-10, batch 128", w, p))
+
+    print(f"{'workload':42s} {'whittle s/step':>15s} {'PyTorch s/step':>15s} {'ratio':>7s}")
+    for name, w, p in rows:
+        print(f"{name:42s} {w:15.4f} {p:15.4f} {w / p:7.3f}")
+    print(f"(CPU, {THREADS} threads, torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()

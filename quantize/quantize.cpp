@@ -1,0 +1,414 @@
+#include "quantize/quantize.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "graph/error.h"
+#include "graph/op_registry.h"
+#include "graph/select.h"
+#include "quantize/pack.h"
+
+namespace whittle::quantize {
+
+namespace {
+
+bool is_layer(const Node& n) { return n.op == "conv2d" || n.op == "conv_transpose2d" || n.op == "linear"; }
+
+int64_t layer_axis(const Node& n) { return n.op == "conv_transpose2d" ? 1 : 0; }
+
+Granularity node_granularity(const Node& n, Granularity fallback) {
+  return n.has_attr("granularity") ? granularity_from_name(n.attr_str("granularity")) : fallback;
+}
+
+// Adds the node's attributes to an error message.
+[[noreturn]] void node_fail(const Node& n, const std::string& msg) { throw Error("node '" + n.name + "' (" + n.op + "): " + msg); }
+
+const at::Tensor& latent_weight(const Node& n) {
+  const at::Tensor* w = n.params.find("weight");
+  if (!w || !w->defined()) node_fail(n, "weight transform '" + n.attr_str("weight_transform", "") + "' needs a float 'weight' parameter");
+  return *w;
+}
+
+void register_ops() {
+  OpTraits aq;
+  aq.kind = "act_quant";
+  aq.description = "activation quantizer: method dorefa (quantize_k(clip(x, 0, 1)), activation_bits) or sign (BNN binarizer)";
+  aq.channel_flow = ChannelFlow::kPassThrough;
+  aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    const std::string method = n.attr_str("method", "dorefa");
+    if (method == "sign") return std::vector<at::Tensor>{bnn_sign(in[0])};
+    if (method == "dorefa") return std::vector<at::Tensor>{dorefa_activation(in[0], n.attr_int("activation_bits"))};
+    node_fail(n, "unknown activation quantizer method '" + method + "' (dorefa, sign)");
+  };
+  aq.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    const std::string method = n.attr_str("method", "dorefa");
+    if (method != "sign" && method != "dorefa") node_fail(n, "unknown activation quantizer method '" + method + "' (dorefa, sign)");
+    if (method == "dorefa") {
+      const int64_t k = n.attr_int("activation_bits");
+      if (!((k >= 1 && k <= 8) || k == 32)) node_fail(n, "activation_bits " + std::to_string(k) + " (1..8 or 32)");
+    }
+    return std::vector<Shape>{in[0]};
+  };
+  register_op(std::move(aq));
+
+  OpTraits xs;
+  xs.kind = "xnor_scale";
+  xs.description = "XNOR-Net activation scale K: avg_pool(mean_c |x|) over the layer's window ([N,1,Ho,Wo]; [N,1] for features)";
+  xs.channel_flow = ChannelFlow::kOpaque;
+  xs.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    if (in[0].dim() == 2) return std::vector<at::Tensor>{xnor_activation_scale(in[0], {}, {}, {})};
+    return std::vector<at::Tensor>{xnor_activation_scale(in[0], n.attr_ints("kernel_size"), n.attr_ints("stride"),
+                                                         n.attr_ints("padding"))};
+  };
+  xs.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    if (in[0].size() == 2) return std::vector<Shape>{{in[0][0], 1}};
+    if (in[0].size() != 4) node_fail(n, "expects [N, C, H, W] or [N, F], got " + shape_str(in[0]));
+    const auto& k = n.attr_ints("kernel_size");
+    const auto& s = n.attr_ints("stride");
+    const auto& p = n.attr_ints("padding");
+    if (k.size() != 2 || s.size() != 2 || p.size() != 2) node_fail(n, "kernel_size, stride and padding need 2 values");
+    Shape out{in[0][0], 1, (in[0][2] + 2 * p[0] - k[0]) / s[0] + 1, (in[0][3] + 2 * p[1] - k[1]) / s[1] + 1};
+    return std::vector<Shape>{out};
+  };
+  register_op(std::move(xs));
+}
+
+void register_transforms() {
+  register_weight_transform({"dorefa", "DoReFa weights (weight_bits 1..8)", [](const Node& n, bool) {
+                               return dorefa_weight(latent_weight(n), n.attr_int("weight_bits"),
+                                                    node_granularity(n, Granularity::kPerTensor), n.attr_int("weight_axis", 0));
+                             }});
+  register_weight_transform({"twn", "TWN ternary weights", [](const Node& n, bool) {
+                               return twn_weight(latent_weight(n), node_granularity(n, Granularity::kPerChannel),
+                                                 n.attr_int("weight_axis", 0));
+                             }});
+  register_weight_transform({"bnn", "BNN sign weights", [](const Node& n, bool) { return bnn_sign(latent_weight(n)); }});
+  register_weight_transform({"xnor", "XNOR-Net weights α·sign(W)", [](const Node& n, bool) {
+                               return xnor_weight(latent_weight(n), n.attr_int("xnor_detach_alpha", 0) != 0,
+                                                  node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
+                             }});
+  register_weight_transform(
+      {"packed", "packed integer codes and scales of a checkpoint", [](const Node& n, bool) { return decode_packed_weight(n); }});
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// Ops between a ReLU and a layer through which sign(relu input) may stand in for the ReLU:
+// monotone, channel-preserving, no arithmetic.
+bool sign_commutes(const std::string& op) {
+  return op == "max_pool2d" || op == "flatten" || op == "dropout" || op == "feature_dropout" || op == "identity";
+}
+
+Node make_node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
+               std::map<std::string, Attr> attrs) {
+  Node n;
+  n.name = name;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  return n;
+}
+
+}  // namespace
+
+void register_all() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_ops();
+    register_transforms();
+  });
+}
+
+std::string Report::summary() const {
+  std::ostringstream os;
+  os << "quantized " << quantized.size() << " layers" << (quantized.empty() ? "" : ": " + join(quantized)) << "\n";
+  if (!inserted.empty()) os << "inserted: " << join(inserted) << "\n";
+  if (!replaced.empty()) os << "ReLU replaced by binarizer: " << join(replaced) << "\n";
+  for (const auto& s : skipped) os << "skipped " << s << "\n";
+  return os.str();
+}
+
+Config resolve(const Config& in) {
+  Config c = in;
+  auto bad = [&](const std::string& key, int64_t v, const std::string& allowed) {
+    throw Error("quantize: " + key + " = " + std::to_string(v) + " is not supported by method '" + c.method + "' (" + allowed + ")");
+  };
+  auto dorefa_bits = [](int64_t k) { return (k >= 1 && k <= 8) || k == 32; };
+  if (c.method == "dorefa") {
+    if (c.weight_bits == 0) c.weight_bits = 8;
+    if (c.activation_bits == 0) c.activation_bits = 8;
+    if (!dorefa_bits(c.weight_bits)) bad("weight_bits", c.weight_bits, "1..8 or 32");
+    if (!dorefa_bits(c.activation_bits)) bad("activation_bits", c.activation_bits, "1..8 or 32");
+    if (!c.granularity) c.granularity = Granularity::kPerTensor;
+  } else if (c.method == "twn") {
+    if (c.weight_bits == 0) c.weight_bits = 2;
+    if (c.activation_bits == 0) c.activation_bits = 32;
+    if (c.weight_bits != 2) bad("weight_bits", c.weight_bits, "2: ternary");
+    if (!dorefa_bits(c.activation_bits)) bad("activation_bits", c.activation_bits, "1..8 or 32");
+    if (!c.granularity) c.granularity = Granularity::kPerChannel;
+  } else if (c.method == "bnn" || c.method == "xnor") {
+    if (c.weight_bits == 0) c.weight_bits = 1;
+    if (c.activation_bits == 0) c.activation_bits = 1;
+    if (c.weight_bits != 1 && c.weight_bits != 32) bad("weight_bits", c.weight_bits, "1 or 32");
+    if (c.activation_bits != 1 && c.activation_bits != 32) bad("activation_bits", c.activation_bits, "1 or 32");
+    if (!c.granularity) c.granularity = c.method == "xnor" ? Granularity::kPerChannel : Granularity::kPerTensor;
+  } else {
+    throw Error("quantize: unknown method '" + c.method + "' (dorefa, twn, bnn, xnor)");
+  }
+  if (c.xnor_scale_k && c.method != "xnor") throw Error("quantize: xnor_scale_k applies to method 'xnor' only");
+  return c;
+}
+
+Report apply(Graph& graph, const Config& config_in) {
+  register_all();
+  const Config c = resolve(config_in);
+  Report report;
+
+  // 1. Collect the layers to quantize, in graph order.
+  std::vector<std::string> layers;
+  for (const auto& n : graph.nodes())
+    if (is_layer(n)) layers.push_back(n.name);
+  if (layers.empty()) return report;
+  const std::set<std::string> named(c.targets.begin(), c.targets.end());
+  std::vector<std::string> chosen;
+  for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
+    const Node& n = graph.node(name);
+    if (!is_layer(n)) continue;
+    if ((name == layers.front() || name == layers.back()) && !named.count(name)) {
+      report.skipped.push_back(name + ": first or last layer stays in full precision (name it in targets to quantize it)");
+      continue;
+    }
+    if (n.has_attr("weight_transform")) {
+      report.skipped.push_back(name + ": already has weight transform '" + n.attr_str("weight_transform") + "'");
+      continue;
+    }
+    chosen.push_back(name);
+  }
+  const bool quant_weights = c.weight_bits != 32;
+  const bool quant_acts = c.activation_bits != 32;
+  if (!quant_weights && !quant_acts) return report;
+
+  // 2. Weights: attributes only; the transform runs in GraphModule's forward.
+  if (quant_weights) {
+    for (const auto& name : chosen) {
+      Node& n = graph.node(name);
+      n.attrs["weight_transform"] = c.method;
+      n.attrs["weight_bits"] = c.method == "twn" ? int64_t{2} : c.weight_bits;
+      n.attrs["weight_axis"] = layer_axis(n);
+      if (c.method != "bnn") n.attrs["granularity"] = std::string(granularity_name(*c.granularity));
+      if (c.method == "xnor") n.attrs["xnor_detach_alpha"] = int64_t{c.xnor_detach_alpha ? 1 : 0};
+    }
+  }
+
+  // 3. Activations: one quantizer per distinct input value, shared by the layers reading it.
+  const bool binary = quant_acts && (c.method == "bnn" || c.method == "xnor");
+  const std::set<std::string> chosen_set(chosen.begin(), chosen.end());
+  std::map<std::string, std::string> quantized_value;  // original input value → quantized value
+  std::map<std::string, std::string> real_source;      // layer → real-valued value its binary input comes from ("" unknown)
+  if (quant_acts) {
+    for (const auto& name : chosen) {
+      const std::string v = graph.node(name).inputs.at(0);
+      auto done = quantized_value.find(v);
+      if (done != quantized_value.end()) {
+        graph.node(name).inputs[0] = done->second;
+        real_source[name] = real_source[done->first];
+        continue;
+      }
+      if (!binary) {
+        Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v},
+                           {{"method", std::string("dorefa")}, {"activation_bits", c.activation_bits}});
+        const std::string out = graph.insert_node_before(name, q);
+        report.inserted.push_back(q.name);
+        quantized_value[v] = out;
+        graph.node(name).inputs[0] = out;
+        continue;
+      }
+      // Binary: find the ReLU feeding the layer, possibly through sign-commuting single-use ops.
+      std::string cur = v;
+      std::vector<std::string> chain;
+      while (true) {
+        const ValueInfo& vi = graph.value(cur);
+        if (vi.producer.empty()) break;
+        const Node& p = graph.node(vi.producer);
+        if (!sign_commutes(p.op) || p.inputs.size() != 1 || graph.users(cur).size() != 1 || graph.is_output(cur)) break;
+        chain.push_back(p.name);
+        cur = p.inputs[0];
+      }
+      const ValueInfo& ci = graph.value(cur);
+      const Node* relu = ci.producer.empty() ? nullptr : &graph.node(ci.producer);
+      if (relu && relu->op != "relu" && relu->op != "relu6") relu = nullptr;
+      if (relu && !graph.is_output(cur)) {
+        // Every use of the ReLU must be a binarized layer, or the chain leading to this layer.
+        bool all_binarized = true;
+        for (const auto& u : graph.users(cur))
+          if (!chosen_set.count(u) && (chain.empty() || u != chain.back())) all_binarized = false;
+        if (all_binarized) {
+          Node& r = graph.node(relu->name);
+          const std::string source = r.inputs[0];
+          r.op = "act_quant";
+          r.attrs = {{"method", std::string("sign")}, {"activation_bits", int64_t{1}}};
+          report.replaced.push_back(r.name);
+          quantized_value[v] = v;
+          quantized_value[cur] = cur;
+          real_source[name] = chain.empty() ? source : "";
+          continue;
+        }
+        if (chain.empty()) {
+          const std::string source = relu->inputs[0];
+          Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {source},
+                             {{"method", std::string("sign")}, {"activation_bits", int64_t{1}}});
+          const std::string out = graph.insert_node_before(name, q);
+          report.inserted.push_back(q.name);
+          quantized_value[v] = out;
+          graph.node(name).inputs[0] = out;
+          real_source[name] = source;
+          continue;
+        }
+      }
+      Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v},
+                         {{"method", std::string("sign")}, {"activation_bits", int64_t{1}}});
+      const std::string out = graph.insert_node_before(name, q);
+      report.inserted.push_back(q.name);
+      quantized_value[v] = out;
+      graph.node(name).inputs[0] = out;
+      real_source[name] = v;
+    }
+  }
+
+  // 4. XNOR-Net K: the layer's output times K computed from its real-valued input.
+  if (binary && c.xnor_scale_k) {
+    for (const auto& name : chosen) {
+      const std::string src = real_source[name];
+      const Node& n = graph.node(name);
+      if (src.empty() || n.op == "conv_transpose2d" ||
+          (n.op == "conv2d" && (n.attr_ints("dilation", {1, 1}) != std::vector<int64_t>{1, 1} || n.attr_int("groups", 1) != 1))) {
+        report.skipped.push_back(name + ": no XNOR K scale (input pooled after the ReLU, transposed, dilated or grouped)");
+        continue;
+      }
+      std::map<std::string, Attr> attrs;
+      if (n.op == "conv2d") {
+        const auto w = n.params.at("weight").sizes();
+        auto two = [&](const char* key, int64_t fallback) {
+          std::vector<int64_t> v = n.has_attr(key) && std::holds_alternative<int64_t>(n.attrs.at(key))
+                                       ? std::vector<int64_t>(2, n.attr_int(key))
+                                       : n.attr_ints(key, {fallback, fallback});
+          if (v.size() == 1) v.push_back(v[0]);
+          return v;
+        };
+        attrs = {{"kernel_size", std::vector<int64_t>{w[2], w[3]}}, {"stride", two("stride", 1)}, {"padding", two("padding", 0)}};
+      }
+      Node k = make_node(graph.unique_name(name + ".xnor_scale"), "xnor_scale", {src}, attrs);
+      graph.insert_node_before(name, k);
+      const size_t at = graph.node_index(name);
+      Node m = make_node(graph.unique_name(name + ".xnor_mul"), "mul", {name, k.name}, {});
+      const std::string mul_name = m.name;
+      if (at + 1 < graph.nodes().size()) graph.insert_node_before(graph.nodes()[at + 1].name, m);
+      else graph.add_node(m);
+      graph.replace_all_uses(name, mul_name, mul_name);
+      report.inserted.push_back(k.name);
+      report.inserted.push_back(mul_name);
+    }
+  }
+
+  for (const auto& name : chosen) report.quantized.push_back(name);
+  graph.infer_shapes();
+  graph.validate();
+  return report;
+}
+
+Report apply(GraphModule& module, const Config& config) {
+  Report r = apply(module->graph(), config);
+  module->sync();
+  return r;
+}
+
+int64_t clip_latent_weights(Graph& graph) {
+  at::NoGradGuard no_grad;
+  int64_t count = 0;
+  for (auto& n : graph.nodes()) {
+    if (n.attr_str("weight_transform", "") != "bnn") continue;
+    if (at::Tensor* w = n.params.find("weight"); w && w->defined()) {
+      w->clamp_(-1.0, 1.0);
+      ++count;
+    }
+  }
+  return count;
+}
+
+int64_t storage_bits(int64_t bits) {
+  if (bits <= 1) return 1;
+  if (bits == 2) return 2;
+  if (bits <= 4) return 4;
+  return 8;
+}
+
+bool has_quantized_weight(const Node& n) {
+  const std::string t = n.attr_str("weight_transform", "");
+  if (t != "dorefa" && t != "twn" && t != "bnn" && t != "xnor") return false;
+  const at::Tensor* w = n.params.find("weight");
+  return w && w->defined() && at::isFloatingType(w->scalar_type());
+}
+
+EncodedWeight encode_node_weight(const Node& n) {
+  if (!has_quantized_weight(n)) node_fail(n, "has no quantized weight to encode");
+  const std::string t = n.attr_str("weight_transform");
+  const at::Tensor& w = n.params.at("weight");
+  const int64_t axis = n.attr_int("weight_axis", 0);
+  if (t == "dorefa") return dorefa_encode(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor), axis);
+  if (t == "twn") return twn_encode(w, node_granularity(n, Granularity::kPerChannel), axis);
+  if (t == "bnn") return bnn_encode(w, axis);
+  return xnor_encode(w, node_granularity(n, Granularity::kPerChannel), axis);
+}
+
+Graph pack_graph(const Graph& graph) {
+  register_all();
+  Graph out = graph.clone(/*clone_tensors=*/false);
+  for (auto& n : out.nodes()) {
+    if (!has_quantized_weight(n)) continue;
+    const at::Tensor w = n.params.at("weight");
+    EncodedWeight e = encode_node_weight(n);
+    n.params.erase("weight");
+    n.buffers.set("weight_codes", pack_codes(e.codes, storage_bits(e.bits)));
+    n.buffers.set("weight_scale", e.scale.detach().to(at::kFloat).contiguous());
+    n.attrs["quant_method"] = n.attr_str("weight_transform");
+    n.attrs["weight_transform"] = std::string("packed");
+    n.attrs["weight_encoding"] = std::string(encoding_name(e.encoding));
+    n.attrs["weight_bits"] = e.bits;
+    n.attrs["weight_shape"] = w.sizes().vec();
+    n.attrs["weight_axis"] = e.axis;
+  }
+  return out;
+}
+
+at::Tensor decode_packed_weight(const Node& n) {
+  const at::Tensor* codes = n.buffers.find("weight_codes");
+  const at::Tensor* scale = n.buffers.find("weight_scale");
+  if (!codes || !scale || !codes->defined() || !scale->defined())
+    node_fail(n, "packed weight needs buffers 'weight_codes' and 'weight_scale'");
+  if (!n.has_attr("weight_shape") || !n.has_attr("weight_bits") || !n.has_attr("weight_encoding"))
+    node_fail(n, "packed weight needs attributes weight_shape, weight_bits and weight_encoding");
+  const Shape shape = n.attr_ints("weight_shape");
+  const int64_t bits = n.attr_int("weight_bits");
+  const Encoding enc = encoding_from_name(n.attr_str("weight_encoding"));
+  const int64_t axis = n.attr_int("weight_axis", 0);
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  try {
+    at::Tensor c = unpack_codes(*codes, storage_bits(bits), count).reshape(shape);
+    const at::ScalarType dtype = at::isFloatingType(scale->scalar_type()) ? scale->scalar_type() : at::kFloat;
+    return decode_weight(c, *scale, enc, bits, axis, dtype);
+  } catch (const Error& e) {
+    node_fail(n, std::string("packed weight: ") + e.what());
+  }
+}
+
+}  // namespace whittle::quantize

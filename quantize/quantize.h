@@ -1,0 +1,120 @@
+#pragma once
+// The quantization-aware training pass: attaches the quantizers of quantizers.h to a model graph.
+//
+// For every selected conv2d / conv_transpose2d / linear node ("layer") the pass
+//   - sets the weight attributes: `weight_transform` = "dorefa" | "twn" | "bnn" | "xnor" (the
+//     GraphModule then runs the layer with the quantized weight; see graph/op_registry.h),
+//     `weight_bits` (1 binary, 2 ternary, k for DoReFa), `granularity`, `weight_axis` (the
+//     output-channel axis: 0, or 1 for conv_transpose2d) and, for XNOR, `xnor_detach_alpha`;
+//   - quantizes the layer's input: DoReFa activations insert an `act_quant` node
+//     (quantize_k(clip(a, 0, 1))) named `<layer>.act_quant` in front of it; binary activations
+//     (BNN, XNOR with activation_bits 1) binarize the ReLU's input instead of its output, as in the
+//     papers: a ReLU whose every use is a binarized layer (directly or through max pooling /
+//     flatten / dropout) becomes the sign binarizer in place; a ReLU that also feeds something else
+//     (a residual add) stays, and a binarizer `<layer>.act_quant` reading the ReLU's input (the
+//     BN output) feeds the layer; without a ReLU the layer's input is binarized as it is.
+//     XNOR's optional K scaling inserts `<layer>.xnor_scale` (K) and `<layer>.xnor_mul`
+//     (the layer's output times K).
+// The first and the last layer in graph order (the stem conv and the classifier) stay in full
+// precision unless `targets` names them exactly. Layers that already carry a weight transform are
+// left alone (reported as skipped), so applying the pass twice changes nothing.
+//
+// Ops registered by register_all(): "act_quant" (attrs: method "dorefa" | "sign",
+// activation_bits) and "xnor_scale" (attrs: kernel_size, stride, padding; output [N, 1, Ho, Wo] or
+// [N, 1]). Weight transforms: "dorefa", "twn", "bnn", "xnor", and "packed" (integer codes and
+// scales of a packed checkpoint, see pack_graph()).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "graph/graph_module.h"
+#include "quantize/quantizers.h"
+
+namespace whittle::quantize {
+
+/// Registers the quantization ops and weight transforms (idempotent, thread-safe). apply() and the
+/// checkpoint reader call it; call it yourself before building a GraphModule from a graph that
+/// holds quantized nodes by other means.
+void register_all();
+
+/// Options of apply(). Defaults per method: dorefa W8A8, twn W2 (ternary) A32, bnn W1A1, xnor W1A1.
+struct Config {
+  /// "dorefa" | "twn" | "bnn" | "xnor".
+  std::string method = "dorefa";
+  /// Weight bits; 0 = the method's default. dorefa: 1..8 or 32 (full precision); twn: 2; bnn,
+  /// xnor: 1 (or 32 to quantize only activations).
+  int64_t weight_bits = 0;
+  /// Activation bits; 0 = the method's default. dorefa, twn: 1..8 or 32 (DoReFa activation
+  /// quantizer); bnn, xnor: 1 (sign binarizer) or 32.
+  int64_t activation_bits = 0;
+  /// Scale granularity of methods with a scale (TWN, XNOR, DoReFa 1-bit) and of DoReFa's max.
+  /// Unset: per_channel for TWN and XNOR, per_tensor for DoReFa; BNN has no scale.
+  std::optional<Granularity> granularity;
+  /// XNOR-Net: stop the gradient through α = mean|W| (default false: α is differentiable).
+  bool xnor_detach_alpha = false;
+  /// XNOR-Net: scale the output of each binarized layer by K (default false).
+  bool xnor_scale_k = false;
+  /// Node names, op kinds or "re:<regex>" (graph/select.h); empty: every conv2d,
+  /// conv_transpose2d and linear node.
+  std::vector<std::string> targets;
+  /// Patterns excluded from targets.
+  std::vector<std::string> ignore;
+};
+
+/// What apply() changed.
+struct Report {
+  std::vector<std::string> quantized;  ///< layers given a quantized weight and/or input, in graph order
+  std::vector<std::string> inserted;   ///< nodes inserted (act_quant, xnor_scale, mul)
+  std::vector<std::string> replaced;   ///< ReLU nodes turned into sign binarizers
+  std::vector<std::string> skipped;    ///< "<layer>: <reason>" for selected layers left alone
+  /// One line per change, for logs.
+  std::string summary() const;
+};
+
+/// Validates `config` and fills in the method's defaults. Throws whittle::Error naming the key
+/// ("method", "weight_bits", "activation_bits") and the allowed values.
+Config resolve(const Config& config);
+
+/// Quantizes the layers of `graph` as described at the top of this file, then validates it.
+/// Throws whittle::Error for an invalid config (see resolve) or an unknown target name.
+Report apply(Graph& graph, const Config& config);
+
+/// apply() on the module's graph, then module->sync(). Parameters are unchanged (the quantized
+/// weight is computed from the latent float weight on every forward), but build the optimizer
+/// after this call since sync() re-registers them.
+Report apply(GraphModule& module, const Config& config);
+
+/// BNN: clips the latent float weights of the "bnn" layers to [−1, 1] in place, without gradient
+/// tracking (Hubara et al. 2016; call after each optimizer step). Returns the number of layers
+/// clipped.
+int64_t clip_latent_weights(Graph& graph);
+
+// ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)
+
+/// Bits a `bits`-wide code occupies when packed: 1, 2, 4 or 8 (3 → 4, 5..7 → 8).
+int64_t storage_bits(int64_t bits);
+
+/// True when `node` runs with a quantized weight computed from a latent float weight
+/// (weight_transform dorefa, twn, bnn or xnor with a float `weight` parameter).
+bool has_quantized_weight(const Node& node);
+
+/// The integer codes and scales the node's weight_transform uses in its forward pass.
+/// Throws whittle::Error naming the node when it has no quantized weight.
+EncodedWeight encode_node_weight(const Node& node);
+
+/// A copy of `graph` (tensors shared) in which every node with a quantized weight holds packed
+/// codes instead of its float weight: the `weight` parameter is removed; buffers `weight_codes`
+/// (uint8 [packed_size], codes packed with pack_codes at storage_bits) and `weight_scale`
+/// (float32 [1] or [C]) are added; attributes `weight_transform` = "packed", `quant_method` (the
+/// original transform), `weight_encoding`, `weight_bits`, `weight_shape`, `weight_axis` are set.
+/// The packed transform decodes to bitwise the weight the original transform gives. Nodes that are
+/// already packed are kept as they are (their codes are never re-quantized).
+Graph pack_graph(const Graph& graph);
+
+/// The float weight a packed node runs with (decode of its codes and scales), on the codes' device.
+/// Throws whittle::Error naming the node when its buffers or attributes are missing or inconsistent.
+at::Tensor decode_packed_weight(const Node& node);
+
+}  // namespace whittle::quantize

@@ -1,0 +1,288 @@
+#include "quantize/quantizers.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "graph/error.h"
+#include "graph/graph.h"
+
+namespace whittle::quantize {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Variable;
+using torch::autograd::variable_list;
+
+const char* granularity_name(Granularity g) { return g == Granularity::kPerTensor ? "per_tensor" : "per_channel"; }
+
+Granularity granularity_from_name(const std::string& text) {
+  if (text == "per_tensor") return Granularity::kPerTensor;
+  if (text == "per_channel") return Granularity::kPerChannel;
+  throw Error("unknown granularity '" + text + "' (per_tensor, per_channel)");
+}
+
+const char* encoding_name(Encoding e) {
+  switch (e) {
+    case Encoding::kDoReFa: return "dorefa";
+    case Encoding::kSign: return "sign";
+    case Encoding::kTernary: return "ternary";
+  }
+  return "?";
+}
+
+Encoding encoding_from_name(const std::string& text) {
+  if (text == "dorefa") return Encoding::kDoReFa;
+  if (text == "sign") return Encoding::kSign;
+  if (text == "ternary") return Encoding::kTernary;
+  throw Error("unknown weight encoding '" + text + "' (dorefa, sign, ternary)");
+}
+
+namespace {
+
+void check_axis(const at::Tensor& w, int64_t axis, const char* who) {
+  if (w.dim() < 1 || axis < 0 || axis >= w.dim())
+    throw Error(std::string(who) + ": channel axis " + std::to_string(axis) + " out of range for a weight of shape " +
+                shape_str(w.sizes().vec()));
+}
+
+// `t` [..., C at axis, ...] as [C, rest].
+at::Tensor channel_rows(const at::Tensor& t, int64_t axis) { return t.movedim(axis, 0).reshape({t.size(axis), -1}); }
+
+// mean|w| over the tensor ([1]) or per channel ([C]).
+at::Tensor abs_mean(const at::Tensor& w, Granularity g, int64_t axis) {
+  if (g == Granularity::kPerTensor) return w.abs().mean().reshape({1});
+  return channel_rows(w.abs(), axis).mean(1);
+}
+
+at::Tensor abs_max(const at::Tensor& w, Granularity g, int64_t axis) {
+  if (g == Granularity::kPerTensor) return w.abs().max().reshape({1});
+  return std::get<0>(channel_rows(w.abs(), axis).max(1));
+}
+
+// A [1] or [C] scale shaped to broadcast against a tensor of rank `rank` along `axis`.
+at::Tensor along(const at::Tensor& s, int64_t rank, int64_t axis) {
+  std::vector<int64_t> shape(static_cast<size_t>(rank), 1);
+  if (rank > 0) shape[static_cast<size_t>(axis)] = s.numel();
+  return s.reshape(shape);
+}
+
+void check_bits(int64_t bits, int64_t lo, int64_t hi, bool allow32, const char* who) {
+  if ((bits >= lo && bits <= hi) || (allow32 && bits == 32)) return;
+  throw Error(std::string(who) + ": unsupported bit width " + std::to_string(bits) + " (" + std::to_string(lo) + ".." +
+              std::to_string(hi) + (allow32 ? " or 32)" : ")"));
+}
+
+// ---- autograd functions: forward rounds, backward is each method's straight-through surrogate.
+
+// DoReFa weights, k = 1..8. k ≥ 2: d w_q / d w = (1 − tanh²w) / max|tanh w| (max held constant);
+// k = 1: identity.
+struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
+  static Variable forward(AutogradContext* ctx, const Variable& w, int64_t bits, int64_t granularity, int64_t axis) {
+    const auto g = static_cast<Granularity>(granularity);
+    EncodedWeight e = dorefa_encode(w, bits, g, axis);
+    ctx->saved_data["bits"] = bits;
+    ctx->saved_data["granularity"] = granularity;
+    ctx->saved_data["axis"] = axis;
+    if (bits >= 2) ctx->save_for_backward({w});
+    return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const int64_t bits = ctx->saved_data["bits"].toInt();
+    if (bits < 2) return {grad[0], Variable(), Variable(), Variable()};
+    const Variable w = ctx->get_saved_variables()[0];
+    const auto g = static_cast<Granularity>(ctx->saved_data["granularity"].toInt());
+    const int64_t axis = ctx->saved_data["axis"].toInt();
+    at::Tensor t = at::tanh(w);
+    at::Tensor m = along(abs_max(t, g, axis).clamp_min(1e-12), w.dim(), axis);
+    return {grad[0] * (1 - t * t) / m, Variable(), Variable(), Variable()};
+  }
+};
+
+// DoReFa activations: gradient 1 on [0, 1], 0 outside.
+struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn> {
+  static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits) {
+    ctx->save_for_backward({x});
+    return quantize_k(x.clamp(0.0, 1.0), bits);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const Variable x = ctx->get_saved_variables()[0];
+    return {grad[0] * at::logical_and(x >= 0, x <= 1), Variable()};
+  }
+};
+
+// TWN: gradient passed straight through.
+struct TwnFn : public torch::autograd::Function<TwnFn> {
+  static Variable forward(AutogradContext*, const Variable& w, int64_t granularity, int64_t axis) {
+    EncodedWeight e = twn_encode(w, static_cast<Granularity>(granularity), axis);
+    return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], Variable(), Variable()}; }
+};
+
+// BNN sign: +1 for x ≥ 0, −1 otherwise; gradient 1 where |x| ≤ 1.
+struct SignFn : public torch::autograd::Function<SignFn> {
+  static Variable forward(AutogradContext* ctx, const Variable& x) {
+    ctx->save_for_backward({x});
+    return at::where(x >= 0, at::ones({}, x.options()), at::full({}, -1.0, x.options()));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const Variable x = ctx->get_saved_variables()[0];
+    return {grad[0] * (x.abs() <= 1)};
+  }
+};
+
+bool needs_grad(const at::Tensor& t) { return t.requires_grad() && at::GradMode::is_enabled(); }
+
+}  // namespace
+
+at::Tensor decode_weight(const at::Tensor& codes, const at::Tensor& scale, Encoding encoding, int64_t bits, int64_t axis,
+                         at::ScalarType dtype) {
+  check_axis(codes, axis, "decode_weight");
+  if (scale.numel() != 1 && scale.numel() != codes.size(axis))
+    throw Error("decode_weight: scale has " + std::to_string(scale.numel()) + " elements; expected 1 or " +
+                std::to_string(codes.size(axis)) + " (channels along axis " + std::to_string(axis) + ")");
+  at::Tensor c = codes.to(dtype);
+  at::Tensor s = along(scale.to(dtype), codes.dim(), axis);
+  switch (encoding) {
+    case Encoding::kDoReFa: {
+      const double n = static_cast<double>((int64_t{1} << bits) - 1);
+      return (c / n * 2 - 1) * s;
+    }
+    case Encoding::kSign: return (c * 2 - 1) * s;
+    case Encoding::kTernary: return (c - 1) * s;
+  }
+  throw Error("decode_weight: unknown encoding");
+}
+
+at::Tensor quantize_k(const at::Tensor& r, int64_t bits) {
+  check_bits(bits, 1, 16, false, "quantize_k");
+  const double n = static_cast<double>((int64_t{1} << bits) - 1);
+  return at::round(r * n) / n;
+}
+
+EncodedWeight dorefa_encode(const at::Tensor& w_in, int64_t bits, Granularity granularity, int64_t axis) {
+  check_bits(bits, 1, 8, false, "DoReFa weights");
+  check_axis(w_in, axis, "DoReFa weights");
+  at::NoGradGuard no_grad;
+  const at::Tensor w = w_in.detach();
+  EncodedWeight e;
+  e.axis = axis;
+  e.bits = bits;
+  if (bits == 1) {
+    e.encoding = Encoding::kSign;
+    e.codes = (w >= 0).to(w.scalar_type());
+    e.scale = abs_mean(w, granularity, axis);
+    return e;
+  }
+  e.encoding = Encoding::kDoReFa;
+  const double n = static_cast<double>((int64_t{1} << bits) - 1);
+  at::Tensor t = at::tanh(w);
+  at::Tensor m = along(abs_max(t, granularity, axis).clamp_min(1e-12), w.dim(), axis);
+  e.codes = at::round((t / (m * 2) + 0.5) * n).clamp(0.0, n);
+  e.scale = at::ones({1}, w.options());
+  return e;
+}
+
+at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granularity, int64_t axis) {
+  check_bits(bits, 1, 8, true, "DoReFa weights");
+  if (bits == 32) return w;
+  if (!needs_grad(w)) {
+    EncodedWeight e = dorefa_encode(w, bits, granularity, axis);
+    return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+  }
+  return DoReFaWeightFn::apply(w, bits, static_cast<int64_t>(granularity), axis);
+}
+
+at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits) {
+  check_bits(bits, 1, 8, true, "DoReFa activations");
+  if (bits == 32) return x;
+  if (!needs_grad(x)) return quantize_k(x.clamp(0.0, 1.0), bits);
+  return DoReFaActivationFn::apply(x, bits);
+}
+
+TwnThreshold twn_threshold(const at::Tensor& w_in, Granularity granularity, int64_t axis) {
+  check_axis(w_in, axis, "TWN");
+  at::NoGradGuard no_grad;
+  const at::Tensor a = w_in.detach().abs();
+  TwnThreshold r;
+  r.delta = abs_mean(a, granularity, axis) * 0.7;
+  at::Tensor mask = (a > along(r.delta, a.dim(), axis)).to(a.scalar_type());
+  at::Tensor sum, count;
+  if (granularity == Granularity::kPerTensor) {
+    sum = (a * mask).sum().reshape({1});
+    count = mask.sum().reshape({1});
+  } else {
+    sum = channel_rows(a * mask, axis).sum(1);
+    count = channel_rows(mask, axis).sum(1);
+  }
+  r.alpha = at::where(count > 0, sum / count.clamp_min(1), at::zeros_like(sum));
+  return r;
+}
+
+EncodedWeight twn_encode(const at::Tensor& w_in, Granularity granularity, int64_t axis) {
+  TwnThreshold th = twn_threshold(w_in, granularity, axis);
+  at::NoGradGuard no_grad;
+  const at::Tensor w = w_in.detach();
+  at::Tensor d = along(th.delta, w.dim(), axis);
+  EncodedWeight e;
+  e.encoding = Encoding::kTernary;
+  e.bits = 2;
+  e.axis = axis;
+  e.codes = (w > d).to(w.scalar_type()) - (w < -d).to(w.scalar_type()) + 1;
+  e.scale = th.alpha;
+  return e;
+}
+
+at::Tensor twn_weight(const at::Tensor& w, Granularity granularity, int64_t axis) {
+  if (!needs_grad(w)) {
+    EncodedWeight e = twn_encode(w, granularity, axis);
+    return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+  }
+  return TwnFn::apply(w, static_cast<int64_t>(granularity), axis);
+}
+
+EncodedWeight bnn_encode(const at::Tensor& w, int64_t axis) {
+  check_axis(w, axis, "BNN");
+  at::NoGradGuard no_grad;
+  EncodedWeight e;
+  e.encoding = Encoding::kSign;
+  e.bits = 1;
+  e.axis = axis;
+  e.codes = (w.detach() >= 0).to(w.scalar_type());
+  e.scale = at::ones({1}, w.options());
+  return e;
+}
+
+at::Tensor bnn_sign(const at::Tensor& x) {
+  if (!needs_grad(x)) return at::where(x >= 0, at::ones({}, x.options()), at::full({}, -1.0, x.options()));
+  return SignFn::apply(x);
+}
+
+EncodedWeight xnor_encode(const at::Tensor& w, Granularity granularity, int64_t axis) {
+  check_axis(w, axis, "XNOR-Net");
+  at::NoGradGuard no_grad;
+  EncodedWeight e;
+  e.encoding = Encoding::kSign;
+  e.bits = 1;
+  e.axis = axis;
+  e.codes = (w.detach() >= 0).to(w.scalar_type());
+  e.scale = abs_mean(w.detach(), granularity, axis);
+  return e;
+}
+
+at::Tensor xnor_weight(const at::Tensor& w, bool detach_alpha, Granularity granularity, int64_t axis) {
+  check_axis(w, axis, "XNOR-Net");
+  at::Tensor alpha = abs_mean(detach_alpha ? w.detach() : w, granularity, axis);
+  // ±1 times α is exact, so this equals decode_weight(sign codes, α) bitwise.
+  return bnn_sign(w) * along(alpha, w.dim(), axis);
+}
+
+at::Tensor xnor_activation_scale(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                                 at::IntArrayRef padding) {
+  if (x.dim() == 2) return x.abs().mean(1, /*keepdim=*/true);
+  if (x.dim() != 4)
+    throw Error("XNOR-Net activation scale: input must be [N, C, H, W] or [N, F], got " + shape_str(x.sizes().vec()));
+  at::Tensor a = x.abs().mean(1, /*keepdim=*/true);
+  return at::avg_pool2d(a, kernel, stride, padding, /*ceil_mode=*/false, /*count_include_pad=*/true);
+}
+
+}  // namespace whittle::quantize

@@ -1,0 +1,120 @@
+#include "runner/fuse_modifier.h"
+
+#include <iostream>
+
+#include "fuse/fuse.h"
+#include "graph/error.h"
+#include "runner/modifier.h"
+
+namespace whittle::runner {
+
+namespace {
+
+// mode inference: at the end of training, in eval form, runs fuse::fuse_for_inference (RepVGG
+// merging, BN folding, BN→threshold as configured), so the checkpoint holds no foldable BN.
+// mode qat: when its window opens, turns layer+BN pairs into conv_bn_qat nodes (after the quantize
+// modifier attached its quantizers, which then see the folded weight); freezes the BN statistics
+// at freeze_bn_epoch; at the end folds for good (finalize_qat_batchnorm, then the inference passes).
+class FuseBatchNormModifier : public Modifier {
+ public:
+  explicit FuseBatchNormModifier(const ModifierSpec& spec) : Modifier(spec) {
+    const YAML::Node& s = spec.settings;
+    try {
+      if (s["mode"]) mode_ = s["mode"].as<std::string>();
+      if (s["freeze_bn_epoch"]) freeze_epoch_ = s["freeze_bn_epoch"].as<double>();
+      if (s["repvgg"]) options_.repvgg = s["repvgg"].as<bool>();
+      if (s["threshold"]) options_.threshold = s["threshold"].as<bool>();
+    } catch (const YAML::Exception& e) {
+      throw Error(where() + ": " + e.what(), ErrorKind::kUsage);
+    }
+    if (mode_ != "inference" && mode_ != "qat")
+      throw Error(where() + ", key 'mode': '" + mode_ + "' is not one of inference, qat", ErrorKind::kUsage);
+    if (mode_ == "inference" && freeze_epoch_ >= 0)
+      throw Error(where() + ", key 'freeze_bn_epoch': applies to mode qat only", ErrorKind::kUsage);
+    options_.targets = spec.targets;
+    options_.ignore = spec.ignore;
+  }
+
+  void on_start(TrainContext& tc) override {
+    if (mode_ != "qat") return;
+    check_order(tc);
+    if (spec().start_epoch <= 0) prepare(tc);
+  }
+
+  void on_epoch_begin(TrainContext& tc) override {
+    if (mode_ != "qat") return;
+    if (!prepared_ && active_at(tc.epoch)) prepare(tc);
+    if (prepared_ && !frozen_ && freeze_epoch_ >= 0 && tc.epoch >= freeze_epoch_) {
+      const int64_t n = fuse::freeze_qat_batchnorm(tc.model->graph());
+      tc.model->sync();  // the parameters stay the same tensors, so the optimizer keeps its state
+      frozen_ = true;
+      std::cout << "fuse_batchnorm: BN statistics frozen in " << n << " layers at epoch " << tc.epoch << "\n" << std::flush;
+    }
+  }
+
+  void on_finish(TrainContext& tc) override {
+    tc.model->eval();
+    fuse::Report r = fuse::fuse_for_inference(tc.model, options_);
+    tc.parameters_changed = true;
+    std::cout << r.summary() << std::flush;
+  }
+
+ private:
+  std::string where() const { return "recipe line " + std::to_string(spec().line) + ": modifier 'fuse_batchnorm'"; }
+
+  // The quantizers must be on the layers before they are folded (quantize skips conv_bn_qat
+  // nodes), so a quantize modifier must come earlier in the list and start no later.
+  void check_order(const TrainContext& tc) const {
+    if (!tc.recipe) return;
+    bool seen_self = false;
+    for (const auto& m : tc.recipe->modifiers) {
+      if (m.line == spec().line && m.name == spec().name) {
+        seen_self = true;
+        continue;
+      }
+      if (m.name != "quantize") continue;
+      if (seen_self || m.start_epoch > spec().start_epoch)
+        throw Error(where() + ": mode qat folds the BN into the layers, so the 'quantize' modifier (line " +
+                        std::to_string(m.line) + ") must come before it in the modifiers list and start no later",
+                    ErrorKind::kUsage);
+    }
+  }
+
+  void prepare(TrainContext& tc) {
+    fuse::QatOptions q;
+    q.targets = options_.targets;
+    q.ignore = options_.ignore;
+    fuse::Report r = fuse::prepare_qat_batchnorm(tc.model, q);
+    prepared_ = true;
+    tc.parameters_changed = true;
+    std::cout << r.summary() << std::flush;
+  }
+
+  std::string mode_ = "inference";
+  double freeze_epoch_ = -1;
+  fuse::InferenceOptions options_;
+  bool prepared_ = false;
+  bool frozen_ = false;
+};
+
+}  // namespace
+
+void register_fuse_modifier() {
+  ModifierInfo info;
+  info.name = "fuse_batchnorm";
+  info.description = "BN folding: for inference at the end of training, or simulated during QAT (mode: qat)";
+  info.settings = {
+      KeySpec{"mode", KeyType::kString, "inference",
+              "inference: fold at the end of training; qat: train with the folded weight (batch statistics with "
+              "the σ_running/σ_batch correction) so the quantizers see it, fold for good at the end",
+              {}, {"inference", "qat"}},
+      KeySpec{"freeze_bn_epoch", KeyType::kFloat, "-1 (never)",
+              "qat: from this epoch on, train with the running statistics and stop updating them", {}, {}},
+      KeySpec{"repvgg", KeyType::kBool, "true", "at the end, also merge RepVGG blocks into single 3×3 convs", {}, {}},
+      KeySpec{"threshold", KeyType::kBool, "true", "at the end, also turn BN + sign binarizer into thresholds", {}, {}},
+  };
+  info.create = [](const ModifierSpec& spec) { return std::make_unique<FuseBatchNormModifier>(spec); };
+  register_modifier(std::move(info));
+}
+
+}  // namespace whittle::runner

@@ -1,0 +1,76 @@
+// The recipe modifier `quantize`: the shipped recipes validate, a short BNN run trains with
+// clipped latent weights and writes a packed checkpoint, bad settings name the key.
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <sstream>
+
+#include "export/checkpoint.h"
+#include "graph/error.h"
+#include "graph/file_util.h"
+#include "runner/recipe.h"
+#include "runner/trainer.h"
+#include "support.h"
+
+namespace whittle::test {
+namespace {
+
+TEST(QuantizeRecipe, ShippedRecipesValidate) {
+  const std::string root = source_dir();
+  for (const std::string dataset : {"mnist", "cifar10"}) {
+    for (const auto& name : list_directory(join_path(root, "recipes/" + dataset))) {
+      if (name.find('_') == std::string::npos) continue;  // the FP32 baselines
+      const std::string path = join_path(root, "recipes/" + dataset + "/" + name);
+      if (dataset == "cifar10" && !path_exists(join_path(root, "../shared/data/cifar10-jpeg/cifar10-jpeg.tar.gz"))) {
+        std::cout << "skipping " << path << ": CIFAR-10 archive absent\n";
+        continue;
+      }
+      EXPECT_NO_THROW(runner::load_recipe(path)) << path;
+    }
+  }
+}
+
+TEST(QuantizeRecipe, ShortBnnRunWritesPackedCheckpoint) {
+  const std::string out = join_path(binary_dir(), "testdata/quantize/recipe_bnn");
+  remove_tree(out);
+  runner::Recipe r = runner::load_recipe(join_path(source_dir(), "recipes/mnist/lenet5_bnn.yaml"),
+                                         {"training.epochs=1", "data.train_limit=512", "data.test_limit=200",
+                                          "data.num_workers=1"});
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  runner::RunResult res = runner::run_recipe(r, opt);
+  EXPECT_GT(res.test.top1, 0.3) << log.str();
+  Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
+  for (const std::string layer : {"conv2", "fc1", "fc2"}) {
+    const Node& n = ck.graph.node(layer);
+    EXPECT_EQ(n.attr_str("weight_transform"), "packed") << layer;
+    EXPECT_EQ(n.attr_str("quant_method"), "bnn") << layer;
+    EXPECT_EQ(n.attr_int("weight_bits"), 1) << layer;
+    EXPECT_FALSE(n.params.contains("weight")) << layer;
+  }
+  EXPECT_EQ(ck.graph.node("relu1").op, "act_quant");
+  EXPECT_TRUE(ck.graph.node("conv1").params.contains("weight"));
+}
+
+TEST(QuantizeRecipe, BadSettingsNameTheKey) {
+  const std::string text = R"(model: {name: lenet5}
+data: {train: data/mnist10k, test: data/mnist10k, test_split: t10k}
+modifiers:
+  - name: quantize
+    method: bnn
+    weigth_bits: 1
+)";
+  try {
+    runner::parse_recipe(text, "inline.yaml", source_dir());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weigth_bits"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("weight_bits"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace whittle::test

@@ -1,0 +1,171 @@
+"""End-to-end checks of the `whittle` program: versions, docs in sync, a short training run, eval,
+inspect against PyTorch, SIGINT + resume, and bad inputs (exit codes and messages).
+
+Run by CTest with WHITTLE_BIN, WHITTLE_SOURCE_DIR and WHITTLE_BINARY_DIR set.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+BIN = os.environ["WHITTLE_BIN"]
+SRC = os.environ["WHITTLE_SOURCE_DIR"]
+OUT = os.path.join(os.environ["WHITTLE_BINARY_DIR"], "testdata", "cli")
+MNIST = os.path.join(SRC, "data", "mnist10k")
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def run(*args, **kw):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=SRC, **kw)
+
+
+def recipe(name, extra=""):
+    """A quick LeNet-5 recipe on a slice of the bundled digits."""
+    path = os.path.join(OUT, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(f"""model: {{name: lenet5}}
+data:
+  train: {MNIST}
+  test: {MNIST}
+  test_split: t10k
+  mean: [0.1307]
+  std: [0.3081]
+  batch_size: 50
+  eval_batch_size: 500
+  train_limit: 2000
+  test_limit: 1000
+training:
+  epochs: 3
+  optimizer: {{name: sgd, lr: 0.05, momentum: 0.9}}
+  lr_schedule: {{name: cosine}}
+  deterministic: true
+  log_every: 5
+  threads: 1
+outputs:
+  dir: {os.path.join(OUT, "runs", name)}
+{extra}""")
+    return path
+
+
+def last_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+
+# --version names whittle's and LibTorch's versions.
+r = run("--version")
+check(r.returncode == 0 and "whittle 0." in r.stdout and "LibTorch 2." in r.stdout, "--version: " + r.stdout.strip())
+
+# docs/recipes.md holds the current key tables.
+r = run("keys", "--markdown")
+doc = open(os.path.join(SRC, "docs", "recipes.md")).read()
+check(r.returncode == 0 and r.stdout.strip() in doc, "docs/recipes.md is up to date (scripts/update_recipe_docs.sh)")
+
+# inspect: ResNet-20's parameter count equals PyTorch's sum(p.numel()) of the reference model.
+sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402
+import zoo_models  # noqa: E402
+
+r = run("inspect", "resnet20", "--input-shape", "1,3,32,32", "--json")
+info = json.loads(r.stdout)
+ref = zoo_models.MODELS["resnet20"][0]()
+check(info["total"]["params"] == sum(p.numel() for p in ref.parameters()),
+      f"inspect resnet20 params {info['total']['params']} == PyTorch {sum(p.numel() for p in ref.parameters())}")
+check(40_000_000 < info["total"]["macs"] < 42_000_000, f"inspect resnet20 MACs {info['total']['macs']} about 41 M")
+
+# A short run writes the run directory; eval reproduces its accuracy.
+base = recipe("base")
+r = run("run", base)
+check(r.returncode == 0, "run quick recipe exits 0" + ("" if r.returncode == 0 else ": " + r.stderr[-2000:]))
+run_dir = os.path.join(OUT, "runs", "base")
+for f in ["recipe.yaml", "model.h5", "train_state.pt", "metrics.jsonl", "report.json"]:
+    check(os.path.isfile(os.path.join(run_dir, f)), "run directory has " + f)
+report = json.load(open(os.path.join(run_dir, "report.json")))
+check(report["test_top1"] > 0.85, f"quick run top-1 {report['test_top1']:.4f} > 0.85")
+r = run("eval", os.path.join(run_dir, "model.h5"), "--json")
+ev = json.loads(r.stdout) if r.returncode == 0 else {}
+# eval reads the full 2,000-image test split; the run evaluated the first 1,000.
+check(r.returncode == 0 and ev.get("samples") == 2000 and ev["top1"] > 0.85, f"eval checkpoint: {ev}")
+
+# SIGINT mid-run saves the training state; --resume ends with the same metrics as the
+# uninterrupted run (deterministic mode, CPU).
+intr = recipe("interrupted")
+p = subprocess.Popen([BIN, "run", intr], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=SRC)
+sent = False
+lines = []
+for line in p.stdout:
+    lines.append(line)
+    if not sent and line.startswith("epoch 2/3") and " 10/" in line:
+        p.send_signal(signal.SIGINT)
+        sent = True
+p.wait()
+check(sent and p.returncode == 130, f"SIGINT during epoch 2 exits 130 (got {p.returncode})")
+check(any("training state saved" in l for l in lines), "SIGINT saves the training state")
+r = run("run", intr, "--resume")
+check(r.returncode == 0, "resume exits 0" + ("" if r.returncode == 0 else ": " + r.stderr[-2000:]))
+a = last_metrics(run_dir)[-1]
+b = last_metrics(os.path.join(OUT, "runs", "interrupted"))[-1]
+check(a["test_top1"] == b["test_top1"] and a["test_loss"] == b["test_loss"],
+      f"resumed run ends with the same metrics: {a['test_top1']} {a['test_loss']} vs {b['test_top1']} {b['test_loss']}")
+
+# Bad inputs: exit code 2 for usage/recipe errors, 1 for runtime failures, and a message naming
+# what was wrong.
+def expect(args, code, needle, what):
+    r = run(*args)
+    msg = (r.stderr + r.stdout).strip().splitlines()
+    check(r.returncode == code and needle in r.stderr, f"{what}: exit {r.returncode}, '{msg[-1] if msg else ''}'")
+
+
+bad = recipe("bad_key", "trainng: {epochs: 1}\n")
+expect(["run", bad], 2, "unknown key 'trainng'; did you mean 'training'?", "unknown recipe key")
+expect(["run", base, "--set", "training.epochs=two"], 2, "(--set): 'training.epochs' must be an integer", "wrong type")
+expect(["run", base, "--set", "data.train=/no/such/data"], 2, "/no/such/data does not exist", "missing data path")
+expect(["run", os.path.join(OUT, "nope.yaml")], 2, "recipe file does not exist", "missing recipe")
+expect(["run", base, "--set", "modifiers=[{name: quantise}]"], 2, "unknown modifier 'quantise'", "unknown modifier")
+expect(["frobnicate"], 2, "unknown command", "unknown command")
+expect(["inspect", "resnet21"], 2, "unknown model 'resnet21'", "unknown model")
+
+ckpt = os.path.join(run_dir, "model.h5")
+data = open(ckpt, "rb").read()
+trunc = os.path.join(OUT, "truncated.h5")
+open(trunc, "wb").write(data[: len(data) // 2])
+expect(["eval", trunc], 1, "truncated.h5", "truncated checkpoint")
+flipped = os.path.join(OUT, "flipped.h5")
+b = bytearray(data)
+b[len(b) - 200] ^= 0xFF  # inside the last tensor's bytes
+open(flipped, "wb").write(bytes(b))
+expect(["eval", flipped], 1, "corrupted (CRC-32 mismatch)", "flipped bytes in a checkpoint")
+expect(["inspect", flipped], 1, "corrupted", "inspect of a corrupted checkpoint")
+
+# An output directory that cannot be written: exit 1 before training, earlier checkpoint intact.
+blocker = os.path.join(OUT, "a_file")
+open(blocker, "w").write("x")
+expect(["run", base, "--out", os.path.join(blocker, "run")], 1, "cannot be written", "unwritable output directory")
+# A run that fails at run time (a test set whose images do not fit the model) in a directory that
+# already holds a checkpoint: exit 1, and the earlier checkpoint is untouched.
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+rgb = os.path.join(OUT, "rgb.h5")
+with h5py.File(rgb, "w") as f:
+    f["images"] = np.zeros((4, 3, 28, 28), np.uint8)
+    f["labels"] = np.zeros((4,), np.int64)
+before = open(ckpt, "rb").read()
+r = run("run", base, "--set", "data.test=" + rgb)
+check(r.returncode == 1 and "input" in r.stderr, f"run failing at run time exits 1: {r.stderr.strip()[-300:]}")
+check(open(ckpt, "rb").read() == before, "the earlier checkpoint is not damaged")
+
+print(f"{len(failures)} failed" if failures else "all passed")
+sys.exit(1 if failures else 0)

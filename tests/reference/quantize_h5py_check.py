@@ -1,0 +1,118 @@
+"""Decodes whittle's packed checkpoints with h5py and numpy alone (docs/checkpoint-format.md).
+
+1. Runs quantize_checkpoint_test's WriteForPython case, which writes, for each method, a packed
+   ResNet-20 checkpoint <method>.h5 and <method>_decoded.h5 with the weights the model runs with,
+   as plain float32 tensors.
+2. For every node of <method>.h5 with a packed weight: unpacks the bytes (little-endian within a
+   byte), maps codes to values by the documented encoding, and compares with the decoded file.
+   Values must agree to float32 rounding of the documented formulas (a few ulp).
+3. Checks that no float weight of a quantized layer is stored and that the packed dataset's byte
+   count is ceil(count * packed_bits / 8).
+
+Usage: quantize_h5py_check.py <path to quantize_checkpoint_test>
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+
+def fail(message):
+    print("FAIL: " + message)
+    sys.exit(1)
+
+
+def unpack(data, packed_bits, count):
+    per = 8 // packed_bits
+    shifts = np.arange(per, dtype=np.uint8) * packed_bits
+    codes = (data[:, None] >> shifts[None, :]) & ((1 << packed_bits) - 1)
+    return codes.reshape(-1)[:count].astype(np.uint8)
+
+
+def decode(codes, scale, encoding, bits, axis, shape):
+    c = codes.reshape(shape).astype(np.float32)
+    s_shape = [1] * len(shape)
+    s_shape[axis] = scale.size
+    s = scale.astype(np.float32).reshape(s_shape)
+    if encoding == "dorefa":
+        n = np.float32((1 << bits) - 1)
+        return (c / n * np.float32(2) - np.float32(1)) * s
+    if encoding == "sign":
+        return (c * np.float32(2) - np.float32(1)) * s
+    if encoding == "ternary":
+        return (c - np.float32(1)) * s
+    fail("unknown encoding " + encoding)
+
+
+def check(packed_path, decoded_path):
+    checked = 0
+    with h5py.File(packed_path, "r") as f, h5py.File(decoded_path, "r") as ref:
+        graph = json.loads(f["graph"][()].tobytes().decode())
+        for node in graph["nodes"]:
+            attrs = {k: v["value"] for k, v in node["attrs"].items()}
+            if attrs.get("weight_transform") != "packed":
+                continue
+            group = f["tensors"][node["name"]]
+            if "weight" in group:
+                fail(f"{packed_path}: {node['name']} stores a float weight")
+            ds = group["weight_codes"]
+            bits = int(ds.attrs["bits"])
+            packed_bits = int(ds.attrs["packed_bits"])
+            shape = [int(d) for d in ds.attrs["shape"]]
+            encoding = ds.attrs["encoding"]
+            encoding = encoding.decode() if isinstance(encoding, bytes) else str(encoding)
+            axis = int(ds.attrs["axis"])
+            if bits != attrs["weight_bits"] or shape != attrs["weight_shape"] or encoding != attrs["weight_encoding"]:
+                fail(f"{node['name']}: dataset attributes disagree with the graph attributes")
+            data = ds[()]
+            if data.dtype != np.uint8:
+                fail(f"{node['name']}: codes are {data.dtype}, expected uint8")
+            count = int(np.prod(shape))
+            if data.size != (count * packed_bits + 7) // 8:
+                fail(f"{node['name']}: {data.size} bytes for {count} codes of {packed_bits} bits")
+            scale = group["weight_scale"][()]
+            if scale.dtype != np.float32:
+                fail(f"{node['name']}: scale is {scale.dtype}")
+            w = decode(unpack(data, packed_bits, count), scale, encoding, bits, axis, shape)
+            want = ref["tensors"][node["name"]]["weight"][()]
+            if want.shape != w.shape:
+                fail(f"{node['name']}: shape {w.shape} vs {want.shape}")
+            err = np.abs(w - want).max()
+            tol = 4 * np.finfo(np.float32).eps * max(1.0, float(np.abs(want).max()))
+            if err > tol:
+                fail(f"{packed_path}: {node['name']} ({encoding}, {bits} bits): max |diff| {err} > {tol}")
+            checked += 1
+    if checked == 0:
+        fail(f"{packed_path}: no packed layer found")
+    return checked
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: quantize_h5py_check.py <quantize_checkpoint_test>")
+    out = tempfile.mkdtemp(prefix="whittle_quant_h5py_")
+    try:
+        env = dict(os.environ, WHITTLE_QUANT_H5PY_DIR=out)
+        r = subprocess.run([sys.argv[1], "--gtest_filter=PackedCheckpointTest.WriteForPython"], env=env,
+                           capture_output=True, text=True)
+        if r.returncode != 0 or "[  PASSED  ] 1 test" not in r.stdout:
+            fail("WriteForPython failed:\n" + r.stdout + r.stderr)
+        names = sorted(n[:-3] for n in os.listdir(out) if n.endswith(".h5") and not n.endswith("_decoded.h5"))
+        if len(names) < 8:
+            fail("expected 8 checkpoints, got " + ", ".join(names))
+        for name in names:
+            n = check(os.path.join(out, name + ".h5"), os.path.join(out, name + "_decoded.h5"))
+            print(f"{name}: {n} packed layers decoded with h5py + numpy match")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()
