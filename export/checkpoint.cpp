@@ -145,9 +145,6 @@ void write_compressed_text(hid_t parent, const char* name, const std::string& te
   write_attr_string(ds.get(), "encoding", "utf-8");
 }
 
-// Tensors up to this many bytes are stored in compact layout (HDF5 allows up to 64 kB).
-constexpr size_t kCompactBytes = 16 * 1024;
-
 void write_tensor(hid_t group, const std::string& name, const at::Tensor& tensor, const char* role) {
   at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
   if (t.scalar_type() == at::kBool) t = t.to(at::kByte);
@@ -157,12 +154,11 @@ void write_tensor(hid_t group, const std::string& name, const at::Tensor& tensor
   // Store little-endian standard types so the file reads the same everywhere.
   hid_t file_type = H5Tget_native_type(h5_type(tensor.scalar_type()), H5T_DIR_DEFAULT);
   H5Id ftype(file_type, H5Tclose);
-  // Small tensors (BN statistics, biases, scales, packed codes of small layers) are stored compact,
-  // inside the dataset's object header, and no dataset records modification times: both save
-  // per-dataset overhead that would otherwise dominate a packed checkpoint.
+  // No modification times: less per-dataset overhead (it dominates small packed checkpoints).
+  // Data stays contiguous, outside the (checksummed) object header, so that a damaged tensor is
+  // reported by its own CRC-32 with its name.
   H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_obj_track_times(dcpl.get(), false);
-  if (t.nbytes() > 0 && t.nbytes() <= kCompactBytes) H5Pset_layout(dcpl.get(), H5D_COMPACT);
   H5Id ds(H5Dcreate2(group, name.c_str(), ftype.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
   if (!ds.valid() || H5Dwrite(ds.get(), h5_type(tensor.scalar_type()), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0)
     throw Error("checkpoint: cannot write tensor '" + name + "'");

@@ -185,7 +185,7 @@ TEST(PackedCheckpointTest, ResNet20TensorDataSize) {
 
 // The bound on the whole file. Not met yet: one HDF5 dataset per tensor costs ~250 bytes
 // of object header each (149 datasets in ResNet-20), ~37 kB in all, while the BNN file's whole
-// budget over its 50.8 kB theoretical size is 15 kB (measured: W2A2 1.70×, BNN 2.17×). Meeting it
+// budget over its 50.8 kB theoretical size is 15 kB (measured: W2A2 1.72×, BNN 2.19×). Meeting it
 // needs a layout that groups a node's small tensors into one dataset (a checkpoint format change).
 TEST(PackedCheckpointTest, DISABLED_ResNet20WholeFileSize) {
   for (const auto& [name, cfg] : {std::pair<std::string, q::Config>{"resnet20_w2a2", config("dorefa", 2, 2)},

@@ -124,8 +124,16 @@ int run_inspect(const std::vector<std::string>& args) {
     total_bytes += b;
     for (const auto& kv : n.params)
       if (kv.second.defined()) float_bytes += static_cast<double>(kv.second.numel()) * 4.0;
-    for (const auto& kv : n.buffers)
-      if (kv.second.defined()) float_bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
+    for (const auto& kv : n.buffers) {
+      if (!kv.second.defined()) continue;
+      if (kv.first == "weight_codes" && n.has_attr("weight_shape")) {  // packed: the float32 weight it stands for
+        double count = 1;
+        for (int64_t d : n.attr_ints("weight_shape")) count *= static_cast<double>(d);
+        float_bytes += 4.0 * count;
+      } else if (kv.first != "weight_scale" || !n.has_attr("weight_shape")) {
+        float_bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
+      }
+    }
     rows.push_back({{"name", n.name},
                     {"op", n.op},
                     {"output_shape", g.value(n.outputs.front()).shape},
