@@ -13,6 +13,8 @@
 #include "quantize/quantizers.h"
 #include "quantize/pack.h"
 #include "quantize/quantize.h"
+#include "fuse/fold_math.h"
+#include "fuse/fuse.h"
 #include "export/checkpoint.h"
 #include "data/dataset.h"
 #include "data/mnist.h"
