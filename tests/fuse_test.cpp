@@ -608,6 +608,38 @@ TEST_F(QatFold, DoReFaW4A4Resnet20ExportsWithoutBatchNormAndMatchesItsEvalOutput
   EXPECT_TRUE(run_eval(m, x).equal(eval_out));  // finalize itself is exact
 }
 
+TEST_F(QatFold, InferenceModeModifierFoldsAtTheEnd) {
+  runner::register_builtin_modifiers();
+  runner::Recipe recipe = runner::parse_recipe(
+      std::string("model: {name: repvgg_a0}\n") +
+      "data: {train: " + join_path(source_dir(), "data/mnist10k") + ", test: " + join_path(source_dir(), "data/mnist10k") + "}\n"
+      "training: {epochs: 1}\n"
+      "modifiers:\n"
+      "  - {name: fuse_batchnorm}\n",
+      "<test>", source_dir());
+  auto mod = runner::modifier_info("fuse_batchnorm").create(recipe.modifiers.at(0));
+  ZooOptions zo;
+  zo.seed = 2;
+  Graph g = build_model("repvgg_a0", zo);
+  randomize_batchnorm(g);
+  runner::TrainContext tc;
+  tc.model = GraphModule(g);
+  tc.recipe = &recipe;
+  mod->on_start(tc);
+  EXPECT_EQ(count_op(tc.model->graph(), "batch_norm"), 61);  // 22 blocks × 2 + 17 identity BNs: untouched until the end
+  const at::Tensor x = at::randn({2, 3, 32, 32});
+  const at::Tensor before = run_eval(tc.model, x);
+  tc.model->train();  // as the trainer leaves it
+  mod->on_finish(tc);
+  EXPECT_EQ(count_op(tc.model->graph(), "batch_norm"), 0);
+  EXPECT_EQ(count_op(tc.model->graph(), "conv2d"), 22);
+  EXPECT_TRUE(same_function(run_eval(tc.model, x), before));
+  // freeze_bn_epoch belongs to mode qat.
+  runner::ModifierSpec bad = recipe.modifiers.at(0);
+  bad.settings["freeze_bn_epoch"] = 3;
+  EXPECT_THROW(runner::modifier_info("fuse_batchnorm").create(bad), Error);
+}
+
 TEST_F(QatFold, ModifierRejectsQuantizeListedAfterIt) {
   runner::register_builtin_modifiers();
   runner::Recipe recipe = runner::parse_recipe(
