@@ -16,15 +16,15 @@ std::string conv_bn(GraphBuilder& b, const std::string& conv_name, const std::st
   return b.batch_norm(bn_name, b.conv2d(conv_name, x, out, kernel, stride, padding, groups, bias));
 }
 
-// LeNet-5 (LeCun et al., 1998) with BN after the convolutions; see zoo.h.
+// LeNet-5 (LeCun et al., 1998) with BN after every layer but the classifier; see zoo.h.
 std::string lenet5(GraphBuilder& b, const std::string& x, int64_t classes) {
   std::string h = b.relu("relu1", conv_bn(b, "conv1", "bn1", x, 6, 5, 1, 2));
   h = b.max_pool2d("pool1", h, 2);
   h = b.relu("relu2", conv_bn(b, "conv2", "bn2", h, 16, 5, 1, 0));
   h = b.max_pool2d("pool2", h, 2);
   h = b.flatten("flatten", h);
-  h = b.relu("relu3", b.linear("fc1", h, 120));
-  h = b.relu("relu4", b.linear("fc2", h, 84));
+  h = b.relu("relu3", b.batch_norm("bn3", b.linear("fc1", h, 120, /*bias=*/false)));
+  h = b.relu("relu4", b.batch_norm("bn4", b.linear("fc2", h, 84, /*bias=*/false)));
   return b.linear("fc3", h, classes);
 }
 

@@ -10,7 +10,7 @@
 // The graph input is named "input"; the single output is the classifier's logits [N, num_classes].
 //
 // Models (default input shape; parameters and MACs at that shape with 10 classes):
-//   lenet5        LeCun et al., 1998, with BN. [1,1,28,28]. 61,728 params, 0.42 M MACs.
+//   lenet5        LeCun et al., 1998, BN after conv1, conv2, fc1, fc2. [1,1,28,28]. 61,932 params, 0.42 M MACs.
 //                 conv1(in→6, 5×5, pad 2)-bn1-relu-maxpool2, conv2(6→16, 5×5)-bn2-relu-maxpool2,
 //                 flatten, fc1(400→120)-relu, fc2(120→84)-relu, fc3(84→classes). Convs have no bias
 //                 (BN follows); no BN on the fully connected layers.

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 
 
 class LeNet5(nn.Module):
-    """LeNet-5 (LeCun et al., 1998) for 28x28 MNIST, with BatchNorm after both convolutions.
+    """LeNet-5 (LeCun et al., 1998) for 28x28 MNIST, with BatchNorm after every layer but the last.
 
     conv1(in->6, 5x5, pad 2) - bn1 - relu - maxpool 2
     conv2(6->16, 5x5)        - bn2 - relu - maxpool 2
-    flatten - fc1(400->120) - relu - fc2(120->84) - relu - fc3(84->num_classes)
-    Convolutions have no bias (BN follows); the fully connected layers have no BN.
+    flatten - fc1(400->120) - bn3 - relu - fc2(120->84) - bn4 - relu - fc3(84->num_classes)
+    Layers followed by BN have no bias. (BN in front of every quantized or binarized layer's
+    activation keeps its input in the quantizer's range, as BNN and XNOR-Net require.)
     """
 
     def __init__(self, num_classes=10, in_channels=1, input_hw=(28, 28)):
@@ -28,16 +29,18 @@ class LeNet5(nn.Module):
         self.bn2 = nn.BatchNorm2d(16)
         h = ((input_hw[0] // 2) - 4) // 2
         w = ((input_hw[1] // 2) - 4) // 2
-        self.fc1 = nn.Linear(16 * h * w, 120)
-        self.fc2 = nn.Linear(120, 84)
+        self.fc1 = nn.Linear(16 * h * w, 120, bias=False)
+        self.bn3 = nn.BatchNorm1d(120)
+        self.fc2 = nn.Linear(120, 84, bias=False)
+        self.bn4 = nn.BatchNorm1d(84)
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
         x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
+        x = F.relu(self.bn3(self.fc1(x)))
+        x = F.relu(self.bn4(self.fc2(x)))
         return self.fc3(x)
 
 
