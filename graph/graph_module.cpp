@@ -81,7 +81,7 @@ void GraphModuleImpl::build_plan() {
   };
   for (const auto& in : graph_.inputs()) input_slots_.push_back(slot(in));
   for (const auto& node : graph_.nodes()) {
-    Step s{&node, &op_traits(node.op), {}, {}, nullptr, nullptr};
+    Step s{&node, &op_traits(node.op), {}, {}, nullptr, nullptr, {}};
     if (node.has_attr("weight_transform")) {
       s.weight_transform = &weight_transform(node.attr_str("weight_transform"));
       s.shadow = std::make_shared<Node>(node);
@@ -92,6 +92,14 @@ void GraphModuleImpl::build_plan() {
   }
   for (const auto& out : graph_.outputs()) output_slots_.push_back(slot(out));
   num_slots_ = next;
+  // Drop each intermediate value after its last use, as eager PyTorch does, so that memory not
+  // held by autograd is freed during the forward (graph outputs are kept).
+  std::vector<size_t> last_use(num_slots_, plan_.size());
+  for (size_t i = 0; i < plan_.size(); ++i)
+    for (size_t s : plan_[i].inputs) last_use[s] = i;
+  for (size_t s : output_slots_) last_use[s] = plan_.size();
+  for (size_t s = 0; s < num_slots_; ++s)
+    if (last_use[s] < plan_.size()) plan_[last_use[s]].release.push_back(s);
 }
 
 at::Tensor GraphModuleImpl::forward(const at::Tensor& input) {
@@ -141,6 +149,9 @@ std::vector<at::Tensor> GraphModuleImpl::forward_with_intermediates(const std::v
       throw Error("node '" + step.node->name + "' (" + step.node->op + "): forward returned " + std::to_string(outs.size()) +
                   " outputs, expected " + std::to_string(step.outputs.size()));
     for (size_t i = 0; i < outs.size(); ++i) env[step.outputs[i]] = std::move(outs[i]);
+    if (!captured)
+      for (size_t s : step.release) env[s].reset();
+    args.clear();
   }
   if (captured) {
     for (const auto& name : capture) {

@@ -59,6 +59,7 @@ class GraphModuleImpl : public torch::nn::Module {
     std::vector<size_t> outputs;
     const WeightTransform* weight_transform = nullptr;  ///< set when the node has a weight_transform attribute
     std::shared_ptr<Node> shadow;  ///< copy of the node whose weight is the transformed one, for the op's forward
+    std::vector<size_t> release;   ///< slots whose last use is this step (dropped after it runs)
   };
   void build_plan();
   void register_tensors();
