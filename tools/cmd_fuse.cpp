@@ -35,15 +35,7 @@ int run_fuse(const std::vector<std::string>& args) {
       "verify", "run the model before and after on a random batch of 4 and print the largest difference")(
       "input-shape", po::value<std::string>(&shape_text), "example input shape of a TorchScript model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
-  po::options_description hidden;
-  hidden.add_options()("model", po::value<std::string>(&model));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("model", 1);
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
+  po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;

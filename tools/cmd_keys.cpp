@@ -47,9 +47,7 @@ int run_keys(const std::vector<std::string>& args) {
       "Lists every recipe key and every modifier's settings with type, default and meaning.\n\n"
       "example:\n  whittle keys\n\noptions");
   opts.add_options()("help,h", "this text")("markdown", "print the Markdown tables of docs/recipes.md");
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(opts).run(), vm);
-  po::notify(vm);
+  po::variables_map vm = parse_command_line(args, opts);
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;

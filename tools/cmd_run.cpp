@@ -21,20 +21,6 @@ namespace po = boost::program_options;
 
 namespace whittle::cli {
 
-namespace {
-
-po::variables_map parse(const std::vector<std::string>& args, const po::options_description& visible,
-                        const po::options_description& hidden, const po::positional_options_description& pos) {
-  po::options_description all;
-  all.add(visible).add(hidden);
-  po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  return vm;
-}
-
-}  // namespace
-
 int run_run(const std::vector<std::string>& args) {
   po::options_description opts(
       "usage: whittle run RECIPE [--out DIR] [--set key=value]... [--resume] [--device cpu|cuda]\n\n"
@@ -47,11 +33,7 @@ int run_run(const std::vector<std::string>& args) {
   opts.add_options()("help,h", "this text")("out", po::value<std::string>(&out), "run directory (default: recipe outputs.dir)")(
       "set", po::value<std::vector<std::string>>(&sets)->composing(), "override a recipe key: path.to.key=value (repeatable)")(
       "resume", "continue the run in the run directory")("device", po::value<std::string>(&device), "cpu, cuda or cuda:N");
-  po::options_description hidden;
-  hidden.add_options()("recipe", po::value<std::string>(&recipe_path));
-  po::positional_options_description pos;
-  pos.add("recipe", 1);
-  po::variables_map vm = parse(args, opts, hidden, pos);
+  po::variables_map vm = parse_command_line(args, opts, {{"recipe", &recipe_path}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
@@ -79,11 +61,7 @@ int run_eval(const std::vector<std::string>& args) {
       "split", po::value<std::string>(&split), "split of --data (default: the recipe's test split, else 'test')")(
       "batch-size", po::value<int64_t>(&batch_size)->default_value(500), "evaluation batch size")(
       "device", po::value<std::string>(&device)->default_value("cpu"), "cpu, cuda or cuda:N")("json", "print JSON");
-  po::options_description hidden;
-  hidden.add_options()("checkpoint", po::value<std::string>(&ckpt_path));
-  po::positional_options_description pos;
-  pos.add("checkpoint", 1);
-  po::variables_map vm = parse(args, opts, hidden, pos);
+  po::variables_map vm = parse_command_line(args, opts, {{"checkpoint", &ckpt_path}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
@@ -141,11 +119,7 @@ int run_data(const std::vector<std::string>& args) {
   std::string action, src, to, split = "train";
   opts.add_options()("help,h", "this text")("to", po::value<std::string>(&to), "output HDF5 file")(
       "split", po::value<std::string>(&split)->default_value("train"), "split to read (train, test, t10k)");
-  po::options_description hidden;
-  hidden.add_options()("action", po::value<std::string>(&action))("src", po::value<std::string>(&src));
-  po::positional_options_description pos;
-  pos.add("action", 1).add("src", 1);
-  po::variables_map vm = parse(args, opts, hidden, pos);
+  po::variables_map vm = parse_command_line(args, opts, {{"action", &action}, {"src", &src}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;

@@ -2,8 +2,12 @@
 // Subcommands of the `whittle` program. Each takes the arguments after its name and returns
 // the process exit code: 0 on success, 1 on a runtime failure, 2 on a usage or recipe error.
 
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/variables_map.hpp>
+
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace whittle::cli {
@@ -14,6 +18,14 @@ struct Command {
   std::string summary;
   std::function<int(const std::vector<std::string>& args)> run;
 };
+
+/// Parses a subcommand's arguments against `options` (what --help shows) plus positional
+/// arguments, each stored into its string, in order ({"model", &model}). Throws
+/// boost::program_options::error for unknown options, missing values or extra positionals
+/// (reported by main as a usage error, exit code 2).
+boost::program_options::variables_map parse_command_line(
+    const std::vector<std::string>& args, const boost::program_options::options_description& options,
+    const std::vector<std::pair<const char*, std::string*>>& positionals = {});
 
 /// All subcommands, in the order `whittle --help` lists them.
 const std::vector<Command>& commands();

@@ -12,6 +12,24 @@
 
 namespace whittle::cli {
 
+boost::program_options::variables_map parse_command_line(
+    const std::vector<std::string>& args, const boost::program_options::options_description& options,
+    const std::vector<std::pair<const char*, std::string*>>& positionals) {
+  namespace po = boost::program_options;
+  po::options_description hidden;
+  po::positional_options_description pos;
+  for (const auto& [name, target] : positionals) {
+    hidden.add_options()(name, po::value<std::string>(target));
+    pos.add(name, 1);
+  }
+  po::options_description all;
+  all.add(options).add(hidden);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::notify(vm);
+  return vm;
+}
+
 const std::vector<Command>& commands() {
   static const std::vector<Command> all = {
       {"run", "train and evaluate a YAML recipe, writing a run directory", run_run},
