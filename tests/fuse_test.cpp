@@ -38,14 +38,7 @@ using Threshold = SeededTest;
 using Repvgg = SeededTest;
 using QatFold = SeededTest;
 
-Node make(std::string name, std::string op, std::vector<std::string> inputs, std::map<std::string, Attr> attrs = {}) {
-  Node n;
-  n.name = std::move(name);
-  n.op = std::move(op);
-  n.inputs = std::move(inputs);
-  n.attrs = std::move(attrs);
-  return n;
-}
+using test::make;
 
 at::Tensor vec(std::vector<float> v) { return at::tensor(v); }
 

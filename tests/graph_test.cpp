@@ -17,14 +17,7 @@ using test::all_close;
 
 class GraphTest : public test::SeededTest {};
 
-Node make(std::string name, std::string op, std::vector<std::string> inputs, std::map<std::string, Attr> attrs = {}) {
-  Node n;
-  n.name = std::move(name);
-  n.op = std::move(op);
-  n.inputs = std::move(inputs);
-  n.attrs = std::move(attrs);
-  return n;
-}
+using test::make;
 
 using test::small_net;
 

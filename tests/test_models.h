@@ -7,18 +7,20 @@
 
 namespace whittle::test {
 
+/// A node with the given name, op, inputs and attributes (no tensors yet).
+inline Node make(std::string name, std::string op, std::vector<std::string> inputs,
+                 std::map<std::string, Attr> attrs = {}) {
+  Node n;
+  n.name = std::move(name);
+  n.op = std::move(op);
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  return n;
+}
+
 /// conv(3→8, k3, p1, bias) → batch_norm → relu → max_pool2d(2) → flatten → linear(128 → 10), input
 /// [2, 3, 8, 8]; random weights and non-trivial running statistics from LibTorch's global generator.
 inline Graph small_net() {
-  auto make = [](std::string name, std::string op, std::vector<std::string> inputs,
-                 std::map<std::string, Attr> attrs = {}) {
-    Node n;
-    n.name = std::move(name);
-    n.op = std::move(op);
-    n.inputs = std::move(inputs);
-    n.attrs = std::move(attrs);
-    return n;
-  };
   Graph g;
   g.add_input("x", {2, 3, 8, 8});
   Node conv = make("features.0", "conv2d", {"x"}, {{"padding", std::vector<int64_t>{1, 1}}});
