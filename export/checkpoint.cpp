@@ -5,9 +5,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -94,26 +97,6 @@ void write_attr_int(hid_t obj, const char* name, int64_t value) {
     throw Error(std::string("checkpoint: cannot write attribute '") + name + "'");
 }
 
-void write_attr_ints(hid_t obj, const char* name, const std::vector<int64_t>& values) {
-  const hsize_t n = values.size();
-  H5Id space(n == 0 ? H5Screate(H5S_NULL) : H5Screate_simple(1, &n, nullptr), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.valid() || (n > 0 && H5Awrite(attr.get(), H5T_NATIVE_INT64, values.data()) < 0))
-    throw Error(std::string("checkpoint: cannot write attribute '") + name + "'");
-}
-
-// Describes a packed weight on its codes dataset, so that h5py users need not parse the graph:
-// bits (code width), packed_bits (bits each code takes in the bytes), shape, encoding, axis.
-void write_packed_attrs(hid_t group, const Node& n) {
-  H5Id ds(H5Dopen2(group, "weight_codes", H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) throw Error("checkpoint: cannot reopen packed weight of node '" + n.name + "'");
-  write_attr_int(ds.get(), "bits", n.attr_int("weight_bits"));
-  write_attr_int(ds.get(), "packed_bits", quantize::storage_bits(n.attr_int("weight_bits")));
-  write_attr_ints(ds.get(), "shape", n.attr_ints("weight_shape"));
-  write_attr_string(ds.get(), "encoding", n.attr_str("weight_encoding"));
-  write_attr_int(ds.get(), "axis", n.attr_int("weight_axis", 0));
-}
-
 void write_string_dataset(hid_t parent, const char* name, const std::string& text) {
   H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.get(), std::max<size_t>(text.size(), 1));
@@ -145,26 +128,55 @@ void write_compressed_text(hid_t parent, const char* name, const std::string& te
   write_attr_string(ds.get(), "encoding", "utf-8");
 }
 
-void write_tensor(hid_t group, const std::string& name, const at::Tensor& tensor, const char* role) {
-  at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-  if (t.scalar_type() == at::kBool) t = t.to(at::kByte);
-  std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
-  H5Id space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-             H5Sclose);
-  // Store little-endian standard types so the file reads the same everywhere.
-  hid_t file_type = H5Tget_native_type(h5_type(tensor.scalar_type()), H5T_DIR_DEFAULT);
-  H5Id ftype(file_type, H5Tclose);
-  // No modification times: less per-dataset overhead (it dominates small packed checkpoints).
-  // Data stays contiguous, outside the (checksummed) object header, so that a damaged tensor is
-  // reported by its own CRC-32 with its name.
-  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  H5Pset_obj_track_times(dcpl.get(), false);
-  H5Id ds(H5Dcreate2(group, name.c_str(), ftype.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid() || H5Dwrite(ds.get(), h5_type(tensor.scalar_type()), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0)
-    throw Error("checkpoint: cannot write tensor '" + name + "'");
-  write_attr_int(ds.get(), "crc32", crc_of(t.data_ptr(), static_cast<size_t>(t.nbytes())));
-  write_attr_string(ds.get(), "role", role);
-}
+// All tensors of a checkpoint go into one contiguous uint8 dataset, /tensors/data, each at an
+// 8-byte aligned offset; /tensors/index (compressed JSON) says where each one is. One dataset for
+// all tensors keeps HDF5's per-object overhead (a few hundred bytes each) out of small packed
+// checkpoints, so the file stays close to the bits it stores.
+struct TensorBlob {
+  std::string bytes;
+  nlohmann::ordered_json index = nlohmann::ordered_json::array();
+
+  void add(const Node& n, const std::string& name, const at::Tensor& tensor, const char* role) {
+    const at::ScalarType dtype = tensor.scalar_type();
+    (void)h5_type(dtype);  // rejects dtypes a checkpoint cannot hold
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    if (t.scalar_type() == at::kBool) t = t.to(at::kByte);
+    while (bytes.size() % 8) bytes.push_back('\0');
+    const size_t offset = bytes.size();
+    const auto nbytes = static_cast<size_t>(t.nbytes());
+    bytes.append(static_cast<const char*>(t.data_ptr()), nbytes);
+    nlohmann::ordered_json e{{"node", n.name},
+                             {"name", name},
+                             {"role", role},
+                             {"dtype", dtype_name(dtype)},
+                             {"shape", t.sizes().vec()},
+                             {"offset", offset},
+                             {"nbytes", nbytes},
+                             {"crc32", crc_of(t.data_ptr(), nbytes)}};
+    if (name == "weight_codes" && n.attr_str("weight_transform", "") == "packed") {
+      // Enough to decode the codes without parsing the graph (docs/checkpoint-format.md).
+      e["packed"] = {{"bits", n.attr_int("weight_bits")},
+                     {"packed_bits", quantize::storage_bits(n.attr_int("weight_bits"))},
+                     {"shape", n.attr_ints("weight_shape")},
+                     {"encoding", n.attr_str("weight_encoding")},
+                     {"axis", n.attr_int("weight_axis", 0)}};
+    }
+    index.push_back(std::move(e));
+  }
+
+  void write(hid_t file) const {
+    H5Id group(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) throw Error("checkpoint: cannot create group 'tensors'");
+    write_compressed_text(group.get(), "index", index.dump());
+    const hsize_t n = bytes.size();
+    H5Id space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_obj_track_times(dcpl.get(), false);
+    H5Id ds(H5Dcreate2(group.get(), "data", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) < 0))
+      throw Error("checkpoint: cannot write the tensor data");
+  }
+};
 
 std::string utc_now() {
   std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -260,38 +272,73 @@ struct Reader {
     return s;
   }
 
-  at::Tensor read_tensor(hid_t tensors, const std::string& node, TensorRole role, const std::string& name,
-                         const Shape& shape, at::ScalarType dtype) const {
-    const std::string where = "tensor '" + node + "." + name + "'";
-    if (H5Lexists(tensors, node.c_str(), H5P_DEFAULT) <= 0) fail("missing tensors of node '" + node + "'");
-    H5Id group(H5Gopen2(tensors, node.c_str(), H5P_DEFAULT), H5Gclose);
-    if (!group.valid()) fail("cannot open the tensors of node '" + node + "'");
-    H5Id ds = open_dataset(group.get(), name);
-    const std::string want_role = role == TensorRole::kParam ? "param" : "buffer";
-    if (read_attr_string(ds.get(), "role", where) != want_role) fail(where + ": stored as the wrong role (expected " + want_role + ")");
-    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+  // The tensor index (node, name → where in /tensors/data) and the data itself, checked against
+  // each other before anything is trusted.
+  struct Stored {
+    std::string role, dtype;
+    Shape shape;
+    uint64_t offset = 0, nbytes = 0;
+    uint32_t crc = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Stored> index;
+  std::string data;
+
+  void read_tensors(hid_t file) {
+    if (H5Lexists(file, "tensors", H5P_DEFAULT) <= 0) fail("missing group 'tensors'");
+    H5Id group(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) fail("cannot open group 'tensors'");
+    const std::string text = read_text(group.get(), "index");
+    H5Id ds = open_dataset(group.get(), "data");
     H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id native(type.valid() ? H5Tget_native_type(type.get(), H5T_DIR_DEFAULT) : -1, H5Tclose);
+    if (!native.valid() || H5Tequal(native.get(), H5T_NATIVE_UINT8) <= 0 || H5Sget_simple_extent_ndims(space.get()) != 1)
+      fail("dataset 'tensors/data' is not 1-D uint8");
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+    const hsize_t storage = H5Dget_storage_size(ds.get());
+    if (storage != n) fail("tensor data truncated (" + std::to_string(storage) + " of " + std::to_string(n) + " bytes stored)");
+    data.assign(static_cast<size_t>(n), '\0');
+    if (n > 0 && H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
+      fail("cannot read the tensor data (file truncated or damaged)");
+    try {
+      for (const auto& e : nlohmann::json::parse(text)) {
+        const std::string node = e.at("node").get<std::string>(), name = e.at("name").get<std::string>();
+        Stored st;
+        st.role = e.at("role").get<std::string>();
+        st.dtype = e.at("dtype").get<std::string>();
+        st.shape = e.at("shape").get<Shape>();
+        st.offset = e.at("offset").get<uint64_t>();
+        st.nbytes = e.at("nbytes").get<uint64_t>();
+        st.crc = e.at("crc32").get<uint32_t>();
+        if (st.offset > data.size() || st.nbytes > data.size() - st.offset)
+          fail("tensor '" + node + "." + name + "' lies outside the tensor data (file damaged)");
+        index[{node, name}] = std::move(st);
+      }
+    } catch (const nlohmann::json::exception& ex) {
+      fail(std::string("malformed tensor index (") + ex.what() + ")");
+    }
+  }
+
+  at::Tensor read_tensor(const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
+                         at::ScalarType dtype) const {
+    const std::string where = "tensor '" + node + "." + name + "'";
+    auto it = index.find({node, name});
+    if (it == index.end()) fail("missing " + where);
+    const Stored& st = it->second;
+    const std::string want_role = role == TensorRole::kParam ? "param" : "buffer";
+    if (st.role != want_role) fail(where + ": stored as the wrong role (expected " + want_role + ")");
+    if (st.dtype != dtype_name(dtype)) fail(where + ": stored dtype " + st.dtype + " differs from the graph's " + dtype_name(dtype));
+    if (st.shape != shape) fail(where + ": stored shape " + shape_str(st.shape) + " differs from the graph's " + shape_str(shape));
     const at::ScalarType stored_as = dtype == at::kBool ? at::kByte : dtype;
-    H5Id native(H5Tget_native_type(type.get(), H5T_DIR_DEFAULT), H5Tclose);
-    if (!native.valid() || H5Tequal(native.get(), h5_type(stored_as)) <= 0)
-      fail(where + ": stored dtype differs from the graph's " + dtype_name(dtype));
-    int rank = H5Sget_simple_extent_ndims(space.get());
-    if (rank < 0 || rank > 16) fail(where + ": bad dataspace");
-    std::vector<hsize_t> dims(static_cast<size_t>(rank));
-    if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    Shape got(dims.begin(), dims.end());
-    if (got != shape) fail(where + ": stored shape " + shape_str(got) + " differs from the graph's " + shape_str(shape));
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
-    const auto nbytes = static_cast<hsize_t>(numel) * c10::elementSize(stored_as);
-    hsize_t storage = H5Dget_storage_size(ds.get());
-    if (numel > 0 && storage != nbytes)
-      fail(where + ": truncated (" + std::to_string(storage) + " of " + std::to_string(nbytes) + " bytes stored)");
+    if (st.nbytes != static_cast<uint64_t>(numel) * c10::elementSize(stored_as))
+      fail(where + ": " + std::to_string(st.nbytes) + " bytes stored for " + shape_str(shape) + " " + st.dtype);
+    const char* src = data.data() + st.offset;
+    if (crc_of(src, static_cast<size_t>(st.nbytes)) != st.crc) fail(where + " is corrupted (CRC-32 mismatch)");
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(stored_as));
-    if (t.numel() > 0 && H5Dread(ds.get(), h5_type(stored_as), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()) < 0)
-      fail(where + ": cannot read (file truncated or damaged)");
-    auto crc = static_cast<uint32_t>(read_attr_int(ds.get(), "crc32", where));
-    if (crc_of(t.data_ptr(), static_cast<size_t>(t.nbytes())) != crc) fail(where + " is corrupted (CRC-32 mismatch)");
+    if (st.nbytes > 0) std::memcpy(t.data_ptr(), src, static_cast<size_t>(st.nbytes));
     return dtype == at::kBool ? t.to(at::kBool) : t;
   }
 };
@@ -329,17 +376,14 @@ void save_checkpoint(const std::string& path, const Graph& graph_in, const std::
       write_compressed_text(file.get(), "graph", graph_to_json(graph));
       if (!recipe.empty()) write_string_dataset(file.get(), "recipe", recipe);
       if (!metrics.empty()) write_string_dataset(file.get(), "metrics", metrics);
-      H5Id tensors(H5Gcreate2(file.get(), "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      TensorBlob blob;
       for (const auto& n : graph.nodes()) {
-        if (n.params.empty() && n.buffers.empty()) continue;
-        H5Id g(H5Gcreate2(tensors.get(), n.name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-        if (!g.valid()) throw Error("cannot write checkpoint " + path + ": cannot create group for node '" + n.name + "'");
         for (const auto& kv : n.params)
-          if (kv.second.defined()) write_tensor(g.get(), kv.first, kv.second, "param");
+          if (kv.second.defined()) blob.add(n, kv.first, kv.second, "param");
         for (const auto& kv : n.buffers)
-          if (kv.second.defined()) write_tensor(g.get(), kv.first, kv.second, "buffer");
-        if (n.attr_str("weight_transform", "") == "packed" && n.buffers.contains("weight_codes")) write_packed_attrs(g.get(), n);
+          if (kv.second.defined()) blob.add(n, kv.first, kv.second, "buffer");
       }
+      blob.write(file.get());
       if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw Error("cannot write checkpoint " + path + ": flush failed (disk full?)");
     }
     rename_path(tmp, path);
@@ -354,11 +398,32 @@ void save_checkpoint(const std::string& path, const Graph& graph_in, const std::
   }
 }
 
+std::vector<std::string> checkpoint_tensor_names(const std::string& path) {
+  silence_hdf5();
+  Reader r;
+  r.path = path;
+  if (!is_regular_file(path)) r.fail("no such file");
+  if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
+  H5Id group(H5Gopen2(file.get(), "tensors", H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) r.fail("missing group 'tensors'");
+  std::vector<std::string> names;
+  try {
+    for (const auto& e : nlohmann::json::parse(r.read_text(group.get(), "index")))
+      names.push_back(e.at("node").get<std::string>() + "." + e.at("name").get<std::string>());
+  } catch (const nlohmann::json::exception& ex) {
+    r.fail(std::string("malformed tensor index (") + ex.what() + ")");
+  }
+  return names;
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   silence_hdf5();
   quantize::register_all();  // ops and weight transforms a quantized checkpoint may name
   fuse::register_all();      // threshold_sign, conv_bn_qat and bn_fold in fused checkpoints
-  Reader r{path};
+  Reader r;
+  r.path = path;
   if (!path_exists(path)) r.fail("no such file");
   if (!is_regular_file(path)) r.fail("not a regular file");
   if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
@@ -370,18 +435,18 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (ck.format_version > kCheckpointFormatVersion)
     r.fail("checkpoint format version " + std::to_string(ck.format_version) + " is newer than this whittle reads (" +
            std::to_string(kCheckpointFormatVersion) + "); upgrade whittle");
-  if (ck.format_version < 1) r.fail("invalid checkpoint format version " + std::to_string(ck.format_version));
+  if (ck.format_version < kCheckpointFormatVersion)
+    r.fail("checkpoint format version " + std::to_string(ck.format_version) +
+           " was written by a development version of whittle with another layout; write it again");
   ck.whittle_version = r.read_attr_string(file.get(), "whittle_version", "file");
   ck.torch_version = r.read_attr_string(file.get(), "torch_version", "file");
   ck.created = r.read_attr_string(file.get(), "created", "file");
   const std::string structure = r.read_text(file.get(), "graph");
   ck.recipe = r.read_string(file.get(), "recipe", false);
   ck.metrics = r.read_string(file.get(), "metrics", false);
-  if (H5Lexists(file.get(), "tensors", H5P_DEFAULT) <= 0) r.fail("missing group 'tensors'");
-  H5Id tensors(H5Gopen2(file.get(), "tensors", H5P_DEFAULT), H5Gclose);
-  if (!tensors.valid()) r.fail("cannot open group 'tensors'");
+  r.read_tensors(file.get());
   TensorSource source = [&](const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
-                            at::ScalarType dtype) { return r.read_tensor(tensors.get(), node, role, name, shape, dtype); };
+                            at::ScalarType dtype) { return r.read_tensor(node, role, name, shape, dtype); };
   ck.graph = graph_from_json(structure, source, path);
   return ck;
 }

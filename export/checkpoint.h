@@ -3,27 +3,29 @@
 // the recipe that produced it, its metrics, and the versions that wrote it. Loading never runs
 // code from the file. The layout is documented in docs/checkpoint-format.md:
 //
-//   /                      attrs: format = "whittle.checkpoint", format_version (int),
-//                                 whittle_version, torch_version, created (UTC, ISO 8601)
-//   /graph                 uint8 [n], deflate: the graph structure (graph/serialize.h JSON, UTF-8)   attr crc32
-//   /tensors/<node>/weight_codes, weight_scale   packed quantized weight (quantize/quantize.h pack_graph)
-//   /recipe                string: the recipe YAML (absent when none)             attr crc32
-//   /metrics               string: metrics JSON (absent when none)                attr crc32
-//   /tensors/<node>/<name> dataset with the tensor's dtype and shape, attrs crc32, role ("param"|"buffer")
-//
-// Every dataset carries the CRC-32 (zlib) of its raw bytes; the reader checks it, so flipped bytes
-// are reported instead of silently loaded.
+//   /                attrs: format = "whittle.checkpoint", format_version (int),
+//                           whittle_version, torch_version, created (UTC, ISO 8601)
+//   /graph           uint8 [n], deflate: the graph structure (graph/serialize.h JSON)   attr crc32
+//   /recipe          string: the recipe YAML (absent when none)                           attr crc32
+//   /metrics         string: metrics JSON (absent when none)                              attr crc32
+//   /tensors/index   uint8 [n], deflate: JSON list of {node, name, role, dtype, shape, offset,
+//                    nbytes, crc32[, packed]} for every tensor                            attr crc32
+//   /tensors/data    uint8 [n]: all tensors' bytes, each at its offset
+// Quantized weights are stored as packed codes plus scales (quantize/quantize.h pack_graph).
+// Every tensor's CRC-32 (zlib) is checked on reading, so flipped bytes are reported instead of
+// silently loaded.
 
 #include <string>
+#include <vector>
 
 #include "graph/graph.h"
 
 namespace whittle {
 
 /// The checkpoint format version this whittle writes; files with a higher version are refused.
-/// Version 2: /graph is deflate-compressed uint8 text, quantized weights are packed codes
-/// (version 1 files, with /graph a scalar string, are still read).
-constexpr int kCheckpointFormatVersion = 2;
+/// Version 3: every tensor in one /tensors/data dataset described by /tensors/index; quantized
+/// weights as packed codes. Earlier development layouts are refused with a clear error.
+constexpr int kCheckpointFormatVersion = 3;
 
 /// Everything a checkpoint holds.
 struct Checkpoint {
@@ -47,6 +49,10 @@ void save_checkpoint(const std::string& path, const Graph& graph, const std::str
 /// shape and CRC-32 against the graph structure before trusting it. Throws whittle::Error naming
 /// the path and what is wrong for a missing, truncated, corrupted or newer-format file.
 Checkpoint load_checkpoint(const std::string& path);
+
+/// The tensors a checkpoint stores, as "node.name" in storage order (from its tensor index,
+/// without loading the data). Throws whittle::Error like load_checkpoint for unreadable files.
+std::vector<std::string> checkpoint_tensor_names(const std::string& path);
 
 /// True when `path` looks like an HDF5 file (signature check only; no parsing).
 bool is_hdf5_file(const std::string& path);

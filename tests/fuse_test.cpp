@@ -24,6 +24,7 @@
 #include "runner/recipe.h"
 #include "runner/trainer.h"
 #include "fuse_test_util.h"
+#include "graph/serialize.h"
 #include "support.h"
 #include "test_models.h"
 
@@ -374,11 +375,16 @@ TEST_F(Threshold, DontFuseWhenTheBatchNormOutputHasAnotherUser) {
 
 // BNN and XNOR LeNet-5 trained by their recipes (one epoch, cached under the build folder),
 // evaluated on the 2,000 bundled MNIST test digits before and after fusion.
+// The cache is keyed by the recipe text, the model's graph and the checkpoint format, so a
+// changed recipe, zoo model or layout trains again.
 std::string trained_checkpoint(const std::string& method) {
-  const std::string dir = join_path(binary_dir(), "testdata/fuse/lenet5_" + method);
+  const std::string recipe_path = join_path(source_dir(), "recipes/mnist/lenet5_" + method + ".yaml");
+  const size_t key = std::hash<std::string>{}(read_file(recipe_path) + graph_to_json(build_model("lenet5")) +
+                                              std::to_string(kCheckpointFormatVersion));
+  const std::string dir = join_path(binary_dir(), "testdata/fuse/lenet5_" + method + "_" + std::to_string(key % 1000000007));
   const std::string ckpt = join_path(dir, "model.h5");
   if (is_regular_file(ckpt)) return ckpt;
-  runner::Recipe r = runner::load_recipe(join_path(source_dir(), "recipes/mnist/lenet5_" + method + ".yaml"),
+  runner::Recipe r = runner::load_recipe(recipe_path,
                                          {"training.epochs=1", "data.num_workers=1",
                                           "data.train=" + join_path(source_dir(), "data/mnist10k"),
                                           "data.test=" + join_path(source_dir(), "data/mnist10k")});

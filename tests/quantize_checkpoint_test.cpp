@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <algorithm>
+
 #include <torch/optim/sgd.h>
 
 #include <cstdlib>
@@ -52,12 +54,10 @@ void train_a_little(GraphModule& m, const Shape& in, int steps = 3) {
   m->eval();
 }
 
-bool dataset_exists(const std::string& path, const std::string& name) {
-  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) return false;
-  const bool ok = H5Lexists(f, name.c_str(), H5P_DEFAULT) > 0;
-  H5Fclose(f);
-  return ok;
+// Whether the checkpoint stores tensor `node.name` (its /tensors/index lists it).
+bool tensor_stored(const std::string& path, const std::string& name) {
+  const auto names = checkpoint_tensor_names(path);
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 // Theoretical size: `bits` per quantized weight plus 32 bits per other stored value (every other
@@ -94,9 +94,9 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
   }
   const std::string path = scratch(method + ".h5");
   save_checkpoint(path, m->graph());
-  EXPECT_FALSE(dataset_exists(path, "tensors/conv2/weight"));
-  EXPECT_TRUE(dataset_exists(path, "tensors/conv2/weight_codes"));
-  EXPECT_TRUE(dataset_exists(path, "tensors/conv1/weight"));  // first layer: full precision
+  EXPECT_FALSE(tensor_stored(path, "conv2.weight"));
+  EXPECT_TRUE(tensor_stored(path, "conv2.weight_codes"));
+  EXPECT_TRUE(tensor_stored(path, "conv1.weight"));  // first layer: full precision
 
   Checkpoint ck = load_checkpoint(path);
   const Node& conv2 = ck.graph.node("conv2");
@@ -140,28 +140,20 @@ TEST(PackedCheckpointTest, DecodesTheTrainedWeightNotARequantization) {
   EXPECT_FALSE(q::dorefa_weight(trained, 4).equal(trained));
 }
 
-// Bytes of tensor data stored in the file (every dataset under /tensors), without HDF5 metadata.
+// Bytes of tensor data stored in the file (the /tensors/data dataset), without HDF5 metadata.
 double tensor_data_bytes(const std::string& path) {
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  double total = 0;
-  auto visit = [](hid_t obj, const char* name, const H5O_info_t* info, void* out) -> herr_t {
-    if (info->type != H5O_TYPE_DATASET) return 0;
-    hid_t ds = H5Dopen2(obj, name, H5P_DEFAULT);
-    *static_cast<double*>(out) += static_cast<double>(H5Dget_storage_size(ds));
-    H5Dclose(ds);
-    return 0;
-  };
-  hid_t tensors = H5Gopen2(f, "tensors", H5P_DEFAULT);
-  H5Ovisit(tensors, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &total);
-  H5Gclose(tensors);
+  hid_t ds = H5Dopen2(f, "tensors/data", H5P_DEFAULT);
+  const double total = static_cast<double>(H5Dget_storage_size(ds));
+  H5Dclose(ds);
   H5Fclose(f);
   return total;
 }
 
 // ResNet-20, W2A2 and BNN: the stored tensor data is the theoretical size (packing really packs:
-// ≤ 1.05×, the slack being int64 counters and byte padding), and the file reloads bitwise.
-// The whole file must also be ≤ 1.3× theoretical; see DISABLED_ResNet20WholeFileSize.
-TEST(PackedCheckpointTest, ResNet20TensorDataSize) {
+// ≤ 1.05×, the slack being int64 counters and 8-byte alignment), the whole file (graph, index,
+// HDF5 metadata included) is ≤ 1.3× theoretical, and the file reloads bitwise.
+TEST(PackedCheckpointTest, ResNet20FileSize) {
   for (const auto& [name, cfg] : {std::pair<std::string, q::Config>{"resnet20_w2a2", config("dorefa", 2, 2)},
                                   std::pair<std::string, q::Config>{"resnet20_bnn", config("bnn")}}) {
     GraphModule m(build_model("resnet20"));
@@ -171,33 +163,10 @@ TEST(PackedCheckpointTest, ResNet20TensorDataSize) {
     save_checkpoint(path, m->graph());
     const double theory = theoretical_bytes(q::pack_graph(m->graph()));
     const double data = tensor_data_bytes(path);
-    std::cout << name << ": tensor data " << data << " bytes, file " << file_size(path) << " bytes, theoretical " << theory
-              << " bytes\n";
-    EXPECT_LE(data, 1.05 * theory) << name;
-    at::Tensor x = at::randn({4, 3, 32, 32});
-    at::NoGradGuard ng;
-    at::Tensor expected = m->forward(x);
-    GraphModule loaded(load_checkpoint(path).graph);
-    loaded->eval();
-    EXPECT_TRUE(loaded->forward(x).equal(expected)) << name;
-  }
-}
-
-// The bound on the whole file. Not met yet: one HDF5 dataset per tensor costs ~250 bytes
-// of object header each (149 datasets in ResNet-20), ~37 kB in all, while the BNN file's whole
-// budget over its 50.8 kB theoretical size is 15 kB (measured: W2A2 1.72×, BNN 2.19×). Meeting it
-// needs a layout that groups a node's small tensors into one dataset (a checkpoint format change).
-TEST(PackedCheckpointTest, DISABLED_ResNet20WholeFileSize) {
-  for (const auto& [name, cfg] : {std::pair<std::string, q::Config>{"resnet20_w2a2", config("dorefa", 2, 2)},
-                                  std::pair<std::string, q::Config>{"resnet20_bnn", config("bnn")}}) {
-    GraphModule m(build_model("resnet20"));
-    q::apply(m, cfg);
-    train_a_little(m, {1, 3, 32, 32}, 1);
-    const std::string path = scratch(name + ".h5");
-    save_checkpoint(path, m->graph());
-    const double theory = theoretical_bytes(q::pack_graph(m->graph()));
     const double real = static_cast<double>(file_size(path));
-    std::cout << name << ": file " << real << " bytes, theoretical " << theory << " bytes, ratio " << real / theory << "\n";
+    std::cout << name << ": tensor data " << data << " bytes, file " << real << " bytes, theoretical " << theory
+              << " bytes, file/theoretical " << real / theory << "\n";
+    EXPECT_LE(data, 1.05 * theory) << name;
     EXPECT_LE(real, 1.3 * theory) << name;
     at::Tensor x = at::randn({4, 3, 32, 32});
     at::NoGradGuard ng;

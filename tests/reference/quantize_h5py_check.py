@@ -50,37 +50,54 @@ def decode(codes, scale, encoding, bits, axis, shape):
     fail("unknown encoding " + encoding)
 
 
+def read_tensors(f):
+    """All tensors of a whittle checkpoint as {(node, name): (array, index entry)}, from
+    /tensors/index (JSON) and /tensors/data (one uint8 array), checking each CRC-32."""
+    import zlib
+
+    index = json.loads(f["tensors/index"][()].tobytes().decode())
+    blob = f["tensors/data"][()]
+    out = {}
+    for e in index:
+        raw = blob[e["offset"]:e["offset"] + e["nbytes"]].tobytes()
+        if zlib.crc32(raw) != e["crc32"]:
+            fail(f"{e['node']}.{e['name']}: CRC-32 mismatch")
+        dtype = np.uint8 if e["dtype"] == "bool" else np.dtype(e["dtype"])
+        out[(e["node"], e["name"])] = (np.frombuffer(raw, dtype=dtype).reshape(e["shape"]), e)
+    return out
+
+
 def check(packed_path, decoded_path):
     checked = 0
     with h5py.File(packed_path, "r") as f, h5py.File(decoded_path, "r") as ref:
         graph = json.loads(f["graph"][()].tobytes().decode())
+        tensors = read_tensors(f)
+        ref_tensors = read_tensors(ref)
         for node in graph["nodes"]:
             attrs = {k: v["value"] for k, v in node["attrs"].items()}
             if attrs.get("weight_transform") != "packed":
                 continue
-            group = f["tensors"][node["name"]]
-            if "weight" in group:
+            if (node["name"], "weight") in tensors:
                 fail(f"{packed_path}: {node['name']} stores a float weight")
-            ds = group["weight_codes"]
-            bits = int(ds.attrs["bits"])
-            packed_bits = int(ds.attrs["packed_bits"])
-            shape = [int(d) for d in ds.attrs["shape"]]
-            encoding = ds.attrs["encoding"]
-            encoding = encoding.decode() if isinstance(encoding, bytes) else str(encoding)
-            axis = int(ds.attrs["axis"])
+            data, entry = tensors[(node["name"], "weight_codes")]
+            packed = entry["packed"]
+            bits = int(packed["bits"])
+            packed_bits = int(packed["packed_bits"])
+            shape = [int(d) for d in packed["shape"]]
+            encoding = packed["encoding"]
+            axis = int(packed["axis"])
             if bits != attrs["weight_bits"] or shape != attrs["weight_shape"] or encoding != attrs["weight_encoding"]:
-                fail(f"{node['name']}: dataset attributes disagree with the graph attributes")
-            data = ds[()]
+                fail(f"{node['name']}: index entry disagrees with the graph attributes")
             if data.dtype != np.uint8:
                 fail(f"{node['name']}: codes are {data.dtype}, expected uint8")
             count = int(np.prod(shape))
             if data.size != (count * packed_bits + 7) // 8:
                 fail(f"{node['name']}: {data.size} bytes for {count} codes of {packed_bits} bits")
-            scale = group["weight_scale"][()]
+            scale = tensors[(node["name"], "weight_scale")][0]
             if scale.dtype != np.float32:
                 fail(f"{node['name']}: scale is {scale.dtype}")
             w = decode(unpack(data, packed_bits, count), scale, encoding, bits, axis, shape)
-            want = ref["tensors"][node["name"]]["weight"][()]
+            want = ref_tensors[(node["name"], "weight")][0]
             if want.shape != w.shape:
                 fail(f"{node['name']}: shape {w.shape} vs {want.shape}")
             err = np.abs(w - want).max()
