@@ -11,7 +11,9 @@
 
 #include "graph/error.h"
 #include "graph/file_util.h"
+#include "fuse/fuse.h"
 #include "graph/op_registry.h"
+#include "quantize/quantize.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
 
@@ -80,7 +82,7 @@ std::string human(double v, const char* unit) {
 
 int run_inspect(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n\n"
+      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n       whittle inspect --ops\n\n"
       "MODEL is a zoo model name (" + join(zoo_model_names(), ", ") + "),\n"
       "a TorchScript file (.pt, needs --input-shape), or a whittle checkpoint (.h5).\n\n"
       "example:\n  whittle inspect resnet20 --input-shape 1,3,32,32 --json\n\noptions");
@@ -88,10 +90,21 @@ int run_inspect(const std::vector<std::string>& args) {
   opts.add_options()("help,h", "this text")
       ("input-shape", po::value<std::string>(&shape_text), "example input shape, comma-separated (batch first)")
       ("num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model")
-      ("json", "print JSON instead of the table");
+      ("json", "print JSON instead of the table")
+      ("ops", "list the registered ops (kind, channel flow, description) and exit");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
+    return 0;
+  }
+  if (vm.count("ops")) {
+    quantize::register_all();
+    fuse::register_all();
+    for (const auto& kind : registered_ops()) {
+      const OpTraits& t = op_traits(kind);
+      std::cout << std::left << std::setw(22) << kind << std::setw(19) << channel_flow_name(t.channel_flow)
+                << t.description << "\n";
+    }
     return 0;
   }
   if (model.empty()) throw Error("inspect: missing MODEL (see whittle inspect --help)", ErrorKind::kUsage);

@@ -85,6 +85,11 @@ check(info["total"]["params"] == sum(p.numel() for p in ref.parameters()),
       f"inspect resnet20 params {info['total']['params']} == PyTorch {sum(p.numel() for p in ref.parameters())}")
 check(40_000_000 < info["total"]["macs"] < 42_000_000, f"inspect resnet20 MACs {info['total']['macs']} about 41 M")
 
+# inspect --ops lists the registry, compression modules' ops included.
+r = run("inspect", "--ops")
+check(r.returncode == 0 and "conv2d" in r.stdout and "producer_consumer" in r.stdout and "act_quant" in r.stdout
+      and "threshold_sign" in r.stdout, "inspect --ops lists the registered ops")
+
 # A short run writes the run directory; eval reproduces its accuracy.
 base = recipe("base")
 r = run("run", base)
