@@ -240,16 +240,21 @@ at::Tensor twn_weight(const at::Tensor& w, Granularity granularity, int64_t axis
   return TwnFn::apply(w, static_cast<int64_t>(granularity), axis);
 }
 
-EncodedWeight bnn_encode(const at::Tensor& w, int64_t axis) {
-  check_axis(w, axis, "BNN");
-  at::NoGradGuard no_grad;
+// Sign codes (1 where w ≥ 0, so sign(0) = +1) with the given scale: BNN and XNOR-Net share them.
+static EncodedWeight sign_encoding(const at::Tensor& w, int64_t axis, at::Tensor scale) {
   EncodedWeight e;
   e.encoding = Encoding::kSign;
   e.bits = 1;
   e.axis = axis;
   e.codes = (w.detach() >= 0).to(w.scalar_type());
-  e.scale = at::ones({1}, w.options());
+  e.scale = std::move(scale);
   return e;
+}
+
+EncodedWeight bnn_encode(const at::Tensor& w, int64_t axis) {
+  check_axis(w, axis, "BNN");
+  at::NoGradGuard no_grad;
+  return sign_encoding(w, axis, at::ones({1}, w.options()));
 }
 
 at::Tensor bnn_sign(const at::Tensor& x) {
@@ -260,13 +265,7 @@ at::Tensor bnn_sign(const at::Tensor& x) {
 EncodedWeight xnor_encode(const at::Tensor& w, Granularity granularity, int64_t axis) {
   check_axis(w, axis, "XNOR-Net");
   at::NoGradGuard no_grad;
-  EncodedWeight e;
-  e.encoding = Encoding::kSign;
-  e.bits = 1;
-  e.axis = axis;
-  e.codes = (w.detach() >= 0).to(w.scalar_type());
-  e.scale = abs_mean(w.detach(), granularity, axis);
-  return e;
+  return sign_encoding(w, axis, abs_mean(w.detach(), granularity, axis));
 }
 
 at::Tensor xnor_weight(const at::Tensor& w, bool detach_alpha, Granularity granularity, int64_t axis) {
