@@ -27,7 +27,6 @@ TEST_F(QuantizeRecipe, ShippedRecipesValidate) {
   const std::string root = source_dir();
   for (const std::string dataset : {"mnist", "cifar10"}) {
     for (const auto& name : list_directory(join_path(root, "recipes/" + dataset))) {
-      if (name.find('_') == std::string::npos) continue;  // the FP32 baselines
       const std::string path = join_path(root, "recipes/" + dataset + "/" + name);
       if (dataset == "cifar10" && !path_exists(join_path(root, "../shared/data/cifar10-jpeg/cifar10-jpeg.tar.gz"))) {
         std::cout << "skipping " << path << ": CIFAR-10 archive absent\n";
@@ -36,6 +35,27 @@ TEST_F(QuantizeRecipe, ShippedRecipesValidate) {
       EXPECT_NO_THROW(runner::load_recipe(path)) << path;
     }
   }
+}
+
+// A quantized recipe's header names the FP32 run it can start from (`model: {file:
+// runs/<dataset>/<baseline>/model.h5}`); that baseline recipe must ship too.
+TEST_F(QuantizeRecipe, QuantizedRecipesNameAShippedBaseline) {
+  const std::string root = source_dir();
+  int checked = 0;
+  for (const std::string dataset : {"mnist", "cifar10"}) {
+    for (const auto& name : list_directory(join_path(root, "recipes/" + dataset))) {
+      const std::string text = read_file(join_path(root, "recipes/" + dataset + "/" + name));
+      const std::string prefix = "model: {file: runs/" + dataset + "/";
+      const auto at = text.find(prefix);
+      if (at == std::string::npos) continue;
+      const auto begin = at + prefix.size();
+      const std::string baseline = text.substr(begin, text.find('/', begin) - begin);
+      EXPECT_TRUE(path_exists(join_path(root, "recipes/" + dataset + "/" + baseline + ".yaml")))
+          << dataset << "/" << name << " names the baseline " << baseline << ".yaml, which is not shipped";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 18);  // 6 methods x (lenet5, resnet20, nin)
 }
 
 TEST_F(QuantizeRecipe, ShortBnnRunWritesPackedCheckpoint) {
