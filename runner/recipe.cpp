@@ -105,7 +105,7 @@ std::vector<KeySpec> build_schema() {
   s.push_back(section(
       "model", "The network to train.",
       {key("name", KeyType::kString, "—", "zoo model: lenet5, vgg_small, nin, resnet20, resnet32, resnet56, mobilenet_v2, repvgg_a0"),
-       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5"),
+       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`)"),
        key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model"),
        key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph")}));
   s.push_back(section(
@@ -341,7 +341,19 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
   register_builtin_modifiers();
   std::vector<YAML::Node> override_nodes;
-  for (const auto& o : overrides) set_override(root, o, origin, override_nodes);
+  // `model.name` (a zoo model) and `model.file` are alternatives: overriding one drops the other
+  // that the recipe file gave, so `--set model.file=runs/mnist/lenet5/model.h5` fine-tunes a run.
+  std::string model_source;
+  for (const auto& o : overrides) {
+    const std::string key = o.substr(0, o.find('='));
+    if (key == "model.name" || key == "model.file") {
+      if (!model_source.empty() && model_source != key)
+        usage_error("--set " + model_source + " and --set " + key + " both given: a model is either a zoo name or a file");
+      model_source = key;
+      if (root["model"].IsMap()) root["model"].remove(key == "model.name" ? "file" : "name");
+    }
+    set_override(root, o, origin, override_nodes);
+  }
   struct Scope {
     explicit Scope(std::vector<YAML::Node>* nodes) { t_override_nodes = nodes; }
     ~Scope() { t_override_nodes = nullptr; }

@@ -107,6 +107,20 @@ TEST_F(RecipeTest, OverridesReachEveryLevel) {
   EXPECT_NE(error_of(base_recipe(), {"training"}).find("expected path.to.key=value"), std::string::npos);
 }
 
+// `--set model.file=...` replaces the recipe's zoo `model.name` (fine-tuning from a checkpoint)
+// and the reverse; setting both on the command line is an error.
+TEST_F(RecipeTest, ModelFileOverrideReplacesZooName) {
+  const std::string file = test::source_dir() + "/tests/recipe_test.cpp";
+  Recipe r = parse_recipe(base_recipe(), "r.yaml", ".", {"model.file=" + file});
+  EXPECT_EQ(r.model.name, "");
+  EXPECT_EQ(r.model.file, file);
+  Recipe back = parse_recipe(r.text, "again.yaml", ".", {"model.name=vgg_small"});
+  EXPECT_EQ(back.model.name, "vgg_small");
+  EXPECT_EQ(back.model.file, "");
+  const std::string msg = error_of(base_recipe(), {"model.file=" + file, "model.name=lenet5"});
+  EXPECT_NE(msg.find("--set model.file and --set model.name both given"), std::string::npos) << msg;
+}
+
 TEST_F(RecipeTest, ModifiersAreValidatedAgainstTheirSchema) {
   Recipe r = parse_recipe(base_recipe() +
                               "modifiers:\n  - name: test_noop\n    start_epoch: 1\n    end_epoch: 2.5\n"
