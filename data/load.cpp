@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "data/cifar.h"
+#include "data/image_archive.h"
 #include "data/image_folder.h"
 #include "data/io_util.h"
 #include "graph/file_util.h"
@@ -47,6 +48,7 @@ std::string to_string(DatasetFormat format) {
     case DatasetFormat::kMnistIdx: return "mnist-idx";
     case DatasetFormat::kCifar10Binary: return "cifar10-binary";
     case DatasetFormat::kImageFolder: return "image-folder";
+    case DatasetFormat::kImageArchive: return "image-archive";
     case DatasetFormat::kHdf5: return "hdf5";
   }
   return "unknown";
@@ -59,14 +61,15 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
   if (is_regular_file(path)) {
     set(path);
     if (is_hdf5_file(path)) return DatasetFormat::kHdf5;
+    if (is_image_archive(path)) return DatasetFormat::kImageArchive;
     const uint32_t magic = peek_magic(path);
     if (magic == 0x00000803u) return DatasetFormat::kMnistIdx;
     if (magic == 0x00000801u)
       throw Error(path + ": is an IDX labels file; give the images file (…-images-idx3-ubyte) or its folder");
     const int64_t size = detail::file_size(path);
     if (size > 0 && size % 3073 == 0) return DatasetFormat::kCifar10Binary;
-    throw Error(path + ": unrecognised dataset file (expected HDF5, an MNIST IDX images file, or a CIFAR-10 "
-                       "binary batch of 3073-byte records)");
+    throw Error(path + ": unrecognised dataset file (expected HDF5, an MNIST IDX images file, a CIFAR-10 "
+                       "binary batch of 3073-byte records, or an image-folder archive .tar/.tar.gz/.tgz)");
   }
   if (!is_directory(path)) throw Error(path + ": no such file or folder");
   if (!find_mnist_files(path, "train").first.empty() || !find_mnist_files(path, "t10k").first.empty()) {
@@ -109,11 +112,13 @@ Dataset load_dataset(const std::string& path, const LoadOptions& options) {
     }
     case DatasetFormat::kCifar10Binary:
       return is_regular_file(target) ? read_cifar10({target}) : load_cifar10(target, options.split);
-    case DatasetFormat::kImageFolder: {
+    case DatasetFormat::kImageFolder:
+    case DatasetFormat::kImageArchive: {
       ImageFolderOptions o;
       o.channels = options.channels;
       o.num_threads = options.num_threads;
-      return read_image_folder(target, o);
+      return format == DatasetFormat::kImageFolder ? read_image_folder(target, o)
+                                                   : read_image_archive(target, options.split, o);
     }
   }
   throw Error(path + ": unsupported dataset format");

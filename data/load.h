@@ -10,24 +10,26 @@
 namespace whittle::data {
 
 /// The dataset formats whittle reads (docs/data.md).
-enum class DatasetFormat { kMnistIdx, kCifar10Binary, kImageFolder, kHdf5 };
+enum class DatasetFormat { kMnistIdx, kCifar10Binary, kImageFolder, kImageArchive, kHdf5 };
 
-/// "mnist-idx", "cifar10-binary", "image-folder" or "hdf5".
+/// "mnist-idx", "cifar10-binary", "image-folder", "image-archive" or "hdf5".
 std::string to_string(DatasetFormat format);
 
 /// Options of load_dataset and pack_dataset.
 struct LoadOptions {
-  /// The split to read from a folder holding several: "train" or "test" ("t10k" is accepted
+  /// The split to read from a folder or archive holding several: "train" or "test" ("t10k" is accepted
   /// for MNIST). Single files (HDF5, one IDX or CIFAR file) ignore it.
   std::string split = "train";
-  /// Image folders only: 0 = channels as stored, 1 = gray, 3 = RGB (see ImageFolderOptions).
+  /// Image folders and archives only: 0 = channels as stored, 1 = gray, 3 = RGB (see ImageFolderOptions).
   int64_t channels = 0;
-  /// Image folders only: decoding threads, 0 = all cores.
+  /// Image folders and archives only: decoding threads, 0 = all cores.
   int num_threads = 0;
 };
 
 /// Works out the format of `path` and the file or folder to read, without reading the images:
 /// - a file with the HDF5 signature: kHdf5;
+/// - a file named .tar, .tar.gz or .tgz: kImageArchive (image folders inside a tar archive,
+///   [<prefix>/]<split>/<class>/<image>, read without extracting; see data/image_archive.h);
 /// - an IDX file with magic 0x00000803 (gzipped or raw): kMnistIdx, labels from the file named
 ///   with "labels-idx1" in place of "images-idx3";
 /// - a file whose size is a whole number of 3073-byte records: kCifar10Binary (one batch);
@@ -41,7 +43,7 @@ struct LoadOptions {
 DatasetFormat detect_format(const std::string& path, const LoadOptions& options, std::string* resolved = nullptr);
 
 /// Loads the dataset at `path` in whatever supported format it is (see detect_format): MNIST IDX,
-/// CIFAR-10 binary, an image folder, or whittle's HDF5 layout. Returns images uint8 [N, C, H, W],
+/// CIFAR-10 binary, an image folder or a tar archive of one, or whittle's HDF5 layout. Returns images uint8 [N, C, H, W],
 /// labels int64 [N] and the class names. Throws whittle::Error from detection or the reader.
 Dataset load_dataset(const std::string& path, const LoadOptions& options = {});
 

@@ -168,12 +168,12 @@ Graph build_model(const std::string& name, const ZooOptions& options) {
   if (!entry) {
     std::string known;
     for (const std::string& n : zoo_models()) known += (known.empty() ? "" : ", ") + n;
-    throw Error("unknown zoo model '" + name + "'; known models: " + known);
+    throw Error("unknown zoo model '" + name + "'; known models: " + known, ErrorKind::kUsage);
   }
   const std::string where = "zoo model '" + name + "': ";
-  if (options.num_classes < 1) throw Error(where + "num_classes must be >= 1, got " + std::to_string(options.num_classes));
+  if (options.num_classes < 1) throw Error(where + "num_classes must be >= 1, got " + std::to_string(options.num_classes), ErrorKind::kUsage);
   if (options.in_channels && *options.in_channels < 1)
-    throw Error(where + "in_channels must be >= 1, got " + std::to_string(*options.in_channels));
+    throw Error(where + "in_channels must be >= 1, got " + std::to_string(*options.in_channels), ErrorKind::kUsage);
 
   Shape shape = options.input_shape;
   if (shape.empty()) {
@@ -181,10 +181,11 @@ Graph build_model(const std::string& name, const ZooOptions& options) {
   } else {
     bool ok = shape.size() == 4;
     for (int64_t d : shape) ok = ok && d > 0;
-    if (!ok) throw Error(where + "input_shape must be [N, C, H, W] with positive sizes, got " + shape_str(shape));
+    if (!ok) throw Error(where + "input_shape must be [N, C, H, W] with positive sizes, got " + shape_str(shape), ErrorKind::kUsage);
     if (options.in_channels && *options.in_channels != shape[1])
       throw Error(where + "in_channels " + std::to_string(*options.in_channels) + " disagrees with input_shape " +
-                  shape_str(shape));
+                      shape_str(shape),
+                  ErrorKind::kUsage);
   }
 
   GraphBuilder b(options.seed);

@@ -73,9 +73,10 @@ struct ZooOptions {
 };
 
 /// Builds zoo model `name` (one of zoo_models(); see the list at the top of this header) with fresh
-/// weights. Throws whittle::Error for an unknown name (listing the known models), for
-/// num_classes/in_channels < 1, for an input_shape that is not 4-D with positive sizes or
-/// disagrees with in_channels, and (naming the node) for an input too small for the network.
+/// weights. Throws whittle::Error of kind kUsage for an unknown name (listing the known models),
+/// for num_classes/in_channels < 1, and for an input_shape that is not 4-D with positive sizes or
+/// disagrees with in_channels; of kind kRuntime (naming the node) for an input too small for the
+/// network.
 Graph build_model(const std::string& name, const ZooOptions& options = {});
 
 /// Names of the zoo models, in the order of the list above.

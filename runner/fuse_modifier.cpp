@@ -60,7 +60,7 @@ class FuseBatchNormModifier : public Modifier {
   }
 
  private:
-  std::string where() const { return "recipe line " + std::to_string(spec().line) + ": modifier 'fuse_batchnorm'"; }
+  std::string where() const { return spec().location + ": modifier 'fuse_batchnorm'"; }
 
   // The quantizers must be on the layers before they are folded (quantize skips conv_bn_qat
   // nodes), so a quantize modifier must come earlier in the list and start no later.

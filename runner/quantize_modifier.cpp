@@ -17,7 +17,7 @@ class QuantizeModifier : public Modifier {
  public:
   explicit QuantizeModifier(const ModifierSpec& spec) : Modifier(spec) {
     const YAML::Node& s = spec.settings;
-    auto where = [&](const char* key) { return "recipe line " + std::to_string(spec.line) + ": modifier 'quantize', key '" + key + "'"; };
+    auto where = [&](const char* key) { return spec.location + ": modifier 'quantize', key '" + key + "'"; };
     try {
       if (s["method"]) config_.method = s["method"].as<std::string>();
       if (s["weight_bits"]) config_.weight_bits = s["weight_bits"].as<int64_t>();
@@ -34,7 +34,7 @@ class QuantizeModifier : public Modifier {
     try {
       config_ = quantize::resolve(config_);
     } catch (const Error& e) {
-      throw Error("recipe line " + std::to_string(spec.line) + ": modifier 'quantize': " + e.what(), ErrorKind::kUsage);
+      throw Error(spec.location + ": modifier 'quantize': " + e.what(), ErrorKind::kUsage);
     }
     clip_ = clip_ && config_.method == "bnn" && config_.weight_bits == 1;
   }

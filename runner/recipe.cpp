@@ -7,6 +7,7 @@
 
 #include "graph/error.h"
 #include "graph/file_util.h"
+#include "graph/zoo.h"
 #include "runner/modifier.h"
 
 namespace whittle::runner {
@@ -233,7 +234,15 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
       node[k] = value;
       return;
     }
-    if (!node[k] || node[k].IsNull()) node[k] = YAML::Node(YAML::NodeType::Map);
+    if (!node[k] || node[k].IsNull()) {
+      const std::string& next = parts[i + 1];
+      if (next.find_first_not_of("0123456789") == std::string::npos) {
+        std::string here;
+        for (size_t j = 0; j <= i; ++j) here += (j ? "." : "") + parts[j];
+        usage_error("--set '" + assignment + "': " + origin + " has no list '" + here + "', so no entry " + next);
+      }
+      node[k] = YAML::Node(YAML::NodeType::Map);
+    }
     walk(node[k], i + 1);
   };
   walk(root, 0);
@@ -260,6 +269,12 @@ const char* key_type_name(KeyType type) {
 const std::vector<KeySpec>& recipe_schema() {
   static const std::vector<KeySpec> schema = build_schema();
   return schema;
+}
+
+bool is_device_name(const std::string& device) {
+  if (device == "cpu" || device == "cuda") return true;
+  if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 8) return false;
+  return device.find_first_not_of("0123456789", 5) == std::string::npos;
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
@@ -385,6 +400,18 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   get(m, "input_shape", r.model.input_shape);
   if (r.model.name.empty() == r.model.file.empty())
     usage_error(at_line(origin, m) + ": 'model' needs exactly one of 'name' (a zoo model) or 'file'");
+  if (!r.model.name.empty()) {
+    const std::vector<std::string> zoo = zoo_models();
+    if (std::find(zoo.begin(), zoo.end(), r.model.name) == zoo.end()) {
+      std::string list, guess = closest_match(r.model.name, zoo);
+      for (const auto& z : zoo) list += (list.empty() ? "" : ", ") + z;
+      usage_error(at_line(origin, m["name"]) + ": 'model.name' is '" + r.model.name + "', not a zoo model (" + list +
+                  ")" + (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
+    }
+  }
+  if (!r.model.file.empty() && !path_exists(r.model.file))
+    usage_error(at_line(origin, m["file"]) + ": 'model.file': " + r.model.file +
+                " does not exist (paths are relative to the directory whittle runs in)");
   if (r.model.num_classes < 1) usage_error(at_line(origin, m["num_classes"]) + ": 'model.num_classes' must be ≥ 1");
 
   // data
@@ -461,7 +488,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   get(t, "log_every", r.training.log_every);
   if (r.training.grad_accumulation < 1) usage_error(at_line(origin, t["grad_accumulation"]) + ": 'training.grad_accumulation' must be ≥ 1");
   const std::string& dev = r.training.device;
-  if (dev != "cpu" && dev != "cuda" && dev.rfind("cuda:", 0) != 0)
+  if (!is_device_name(dev))
     usage_error(at_line(origin, t["device"]) + ": 'training.device' is '" + dev + "' (one of: cpu, cuda, cuda:N)");
 
   // modifiers
@@ -485,6 +512,11 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       ModifierSpec ms;
       ms.name = name;
       ms.line = e.Mark().line + 1;
+      ms.location = at_line(origin, e);
+      const std::string own = "modifiers." + std::to_string(i) + ".";
+      if (std::any_of(overrides.begin(), overrides.end(), [&](const std::string& o) { return o.rfind(own, 0) == 0; }) &&
+          ms.location.find("(--set)") == std::string::npos)
+        ms.location += " (with --set)";
       get(e, "start_epoch", ms.start_epoch);
       get(e, "end_epoch", ms.end_epoch);
       for (const auto& [k, out] : {std::pair<const char*, std::vector<std::string>*>{"targets", &ms.targets}, {"ignore", &ms.ignore}}) {

@@ -92,6 +92,7 @@ struct ModifierSpec {
   std::vector<std::string> ignore;   ///< same forms, excluded from targets
   YAML::Node settings;               ///< the entry's own settings (validated against the modifier's schema)
   int line = 0;                      ///< 1-based line of the entry in the recipe
+  std::string location = "recipe";   ///< "file:line" of the entry for messages, "(with --set)" when overridden
 };
 
 /// `outputs:`.
@@ -148,6 +149,9 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
 
 /// The closest of `candidates` to `word` by edit distance ("" when none is close).
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+/// True for the device names whittle accepts: "cpu", "cuda" and "cuda:N" (N a decimal index).
+bool is_device_name(const std::string& device);
 
 /// "<type name>" for messages and docs ("float list", ...).
 const char* key_type_name(KeyType type);

@@ -50,40 +50,9 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // ---------------------------------------------------------------- data
 
-// Loads one split, through an HDF5 pack cache when `pack_to` is set (image folders decode slowly;
-// the packed copy is one contiguous file).
-data::Dataset load_split(const DataSpec& spec, const std::string& path, const std::string& split, int64_t limit,
-                         std::ostream& log) {
-  data::LoadOptions opts;
-  opts.split = split;
-  const bool archive = data::is_image_archive(path);
-  std::string resolved = path;
-  const bool image_folder = archive || data::detect_format(path, opts, &resolved) == data::DatasetFormat::kImageFolder;
-  auto read = [&]() {
-    return archive ? data::read_image_archive(path, split) : data::load_dataset(path, opts);
-  };
-  data::Dataset ds;
-  if (!spec.pack_to.empty() && image_folder) {
-    make_directories(spec.pack_to);
-    std::string stem = resolved;
-    while (!stem.empty() && stem.back() == '/') stem.pop_back();
-    stem = stem.substr(stem.rfind('/') == std::string::npos ? 0 : stem.rfind('/') + 1);
-    for (const char* ext : {".tar.gz", ".tgz", ".tar"})
-      if (stem.size() > std::strlen(ext) && stem.compare(stem.size() - std::strlen(ext), std::strlen(ext), ext) == 0)
-        stem.resize(stem.size() - std::strlen(ext));
-    const std::string packed = join_path(spec.pack_to, stem + "-" + split + ".h5");
-    if (is_regular_file(packed)) {
-      ds = data::read_hdf5_dataset(packed);
-    } else {
-      log << "packing " << resolved << " (" << split << ") to " << packed << " (first use)\n" << std::flush;
-      auto t0 = Clock::now();
-      ds = read();
-      data::write_hdf5_dataset(ds, packed);
-      log << "  " << ds.size() << " images in " << std::fixed << std::setprecision(1) << seconds_since(t0) << " s\n";
-    }
-  } else {
-    ds = read();
-  }
+data::Dataset load_limited(const DataSpec& spec, const std::string& path, const std::string& split, int64_t limit,
+                           std::ostream& log) {
+  data::Dataset ds = load_split(path, split, spec.pack_to, log);
   if (limit > 0 && limit < ds.size()) ds = ds.subset(at::arange(limit, at::kLong));
   return ds;
 }
@@ -358,6 +327,46 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
   return m;
 }
 
+data::Dataset load_split(const std::string& path, const std::string& split, const std::string& pack_to,
+                         std::ostream& log) {
+  data::LoadOptions opts;
+  opts.split = split;
+  std::string resolved = path;
+  const data::DatasetFormat format = data::detect_format(path, opts, &resolved);
+  const bool decodes_images =
+      format == data::DatasetFormat::kImageFolder || format == data::DatasetFormat::kImageArchive;
+  if (pack_to.empty() || !decodes_images) return data::load_dataset(path, opts);
+  make_directories(pack_to);
+  std::string stem = resolved;
+  while (!stem.empty() && stem.back() == '/') stem.pop_back();
+  stem = stem.substr(stem.rfind('/') == std::string::npos ? 0 : stem.rfind('/') + 1);
+  for (const char* ext : {".tar.gz", ".tgz", ".tar"})
+    if (stem.size() > std::strlen(ext) && stem.compare(stem.size() - std::strlen(ext), std::strlen(ext), ext) == 0)
+      stem.resize(stem.size() - std::strlen(ext));
+  const std::string packed = join_path(pack_to, stem + "-" + split + ".h5");
+  if (is_regular_file(packed)) return data::read_hdf5_dataset(packed);
+  log << "packing " << resolved << " (" << split << ") to " << packed << " (first use)\n" << std::flush;
+  const auto t0 = Clock::now();
+  data::Dataset ds = data::load_dataset(path, opts);
+  data::write_hdf5_dataset(ds, packed);
+  log << "  " << ds.size() << " images in " << std::fixed << std::setprecision(1) << seconds_since(t0) << " s\n";
+  return ds;
+}
+
+at::Device open_device(const std::string& name) {
+  if (!is_device_name(name))
+    throw Error("device '" + name + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
+  const at::Device device(name);
+  if (!device.is_cuda()) return device;
+  if (!at::hasCUDA())
+    throw Error("device '" + name + "' requested but no CUDA device is available", ErrorKind::kUsage);
+  const auto count = static_cast<int64_t>(at::getNumGPUs());
+  if (device.has_index() && device.index() >= count)
+    throw Error("device '" + name + "' requested but LibTorch sees " + std::to_string(count) + " CUDA device(s)",
+                ErrorKind::kUsage);
+  return device;
+}
+
 RunResult run_recipe(const Recipe& r, const RunOptions& options) {
   std::ostream& log = options.log ? *options.log : std::cout;
   const auto t_start = Clock::now();
@@ -379,9 +388,7 @@ RunResult run_recipe(const Recipe& r, const RunOptions& options) {
 
   const TrainingSpec& t = r.training;
   const std::string device_name = options.device.empty() ? t.device : options.device;
-  at::Device device(device_name);
-  if (device.is_cuda() && !at::hasCUDA())
-    throw Error("device '" + device_name + "' requested but no CUDA device is available", ErrorKind::kUsage);
+  const at::Device device = open_device(device_name);
   if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
   at::manual_seed(static_cast<uint64_t>(t.seed));
   auto& ctx = at::globalContext();
@@ -392,8 +399,8 @@ RunResult run_recipe(const Recipe& r, const RunOptions& options) {
   }
 
   // Data.
-  data::Dataset train = load_split(r.data, r.data.train, r.data.train_split, r.data.train_limit, log);
-  data::Dataset test = load_split(r.data, r.data.test, r.data.test_split, r.data.test_limit, log);
+  data::Dataset train = load_limited(r.data, r.data.train, r.data.train_split, r.data.train_limit, log);
+  data::Dataset test = load_limited(r.data, r.data.test, r.data.test_split, r.data.test_limit, log);
   data::LoaderOptions train_opts;
   train_opts.batch_size = r.data.batch_size;
   train_opts.shuffle = true;

@@ -10,6 +10,7 @@
 //   <dir>/report.json      the final report (accuracy, loss, parameters, MACs, bytes, time, images/s)
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <iosfwd>
@@ -20,6 +21,7 @@
 
 namespace whittle::data {
 class DataLoader;
+struct Dataset;
 }
 
 namespace whittle::runner {
@@ -31,6 +33,17 @@ struct RunOptions {
   bool resume = false;   ///< continue from <dir>/train_state.pt
   std::ostream* log = nullptr;  ///< progress and report (nullptr = std::cout)
 };
+
+/// Loads split `split` of the dataset at `path` (any format data::load_dataset reads). Image
+/// folders and image archives decode slowly, so when `pack_to` is not empty they are read through
+/// an HDF5 copy `<pack_to>/<name>-<split>.h5`, written on first use (a note goes to `log`) and read
+/// from then on. Throws whittle::Error from loading or packing.
+data::Dataset load_split(const std::string& path, const std::string& split, const std::string& pack_to,
+                         std::ostream& log);
+
+/// The device named `name` ("cpu", "cuda" or "cuda:N"), checked to exist. Throws whittle::Error
+/// (usage) for another name, or for a CUDA device when LibTorch sees none or fewer than N + 1.
+at::Device open_device(const std::string& name);
 
 /// Classification metrics over a dataset.
 struct EvalMetrics {

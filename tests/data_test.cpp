@@ -18,6 +18,7 @@
 #include "data/cifar.h"
 #include "data/dataset.h"
 #include "data/hdf5_dataset.h"
+#include "data/image_archive.h"
 #include "data/image_decode.h"
 #include "data/image_folder.h"
 #include "data/load.h"
@@ -430,6 +431,30 @@ TEST_F(DataImageFolder, ConvertsToGrayWithBt601Luma) {
   EXPECT_NEAR(d.images[1].to(at::kDouble).mean().item<double>(), 93.54, kJpegTolerance);
   EXPECT_TRUE(all_close(d.images[2][0], at::full({8, 8}, 77, at::kByte), kJpegTolerance, 0));
   EXPECT_TRUE(at::equal(d.images[3], chw(im.gray_png, 8, 8, 1)));
+}
+
+// An image folder inside a .tar.gz (<prefix>/<split>/<class>/<image>, as the CIFAR-10 JPEG archive
+// ships): the same images, labels and class order as the extracted folder, through
+// read_image_archive and through the auto-detecting load_dataset; a missing split lists the
+// splits the archive has.
+TEST_F(DataImageFolder, ArchiveReadsLikeTheExtractedFolder) {
+  const std::string base = scratch_dir();
+  make_folder(base + "/src/set/test");
+  write_png(base + "/src/set/train/bird/z.png", 8, 8, 3, Bytes(8 * 8 * 3, 50));
+  const std::string archive = base + "/set.tar.gz";
+  ASSERT_EQ(std::system(("tar -czf " + archive + " -C " + base + "/src set").c_str()), 0);
+  ImageFolderOptions o;
+  o.num_threads = 2;
+  const Dataset folder = read_image_folder(base + "/src/set/test", o);
+  const Dataset packed = read_image_archive(archive, "test", o);
+  EXPECT_EQ(packed.class_names, folder.class_names);
+  EXPECT_TRUE(at::equal(packed.labels, folder.labels));
+  EXPECT_TRUE(at::equal(packed.images, folder.images));
+  EXPECT_EQ(detect_format(archive, {"test"}), DatasetFormat::kImageArchive);
+  const Dataset loaded = load_dataset(archive, {"test"});
+  EXPECT_TRUE(at::equal(loaded.images, folder.images));
+  EXPECT_EQ(load_dataset(archive, {"train"}).size(), 1);
+  expect_error([&] { read_image_archive(archive, "val"); }, {archive, "val", "test", "train"});
 }
 
 TEST_F(DataImageFolder, OddSizeNamesTheFile) {

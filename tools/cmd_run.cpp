@@ -39,6 +39,8 @@ int run_run(const std::vector<std::string>& args) {
     return 0;
   }
   if (recipe_path.empty()) throw Error("run: missing RECIPE (see whittle run --help)", ErrorKind::kUsage);
+  if (!device.empty() && !runner::is_device_name(device))
+    throw Error("--device '" + device + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
   runner::Recipe recipe = runner::load_recipe(recipe_path, sets);
   runner::RunOptions ro;
   ro.out_dir = out;
@@ -68,15 +70,21 @@ int run_eval(const std::vector<std::string>& args) {
   }
   if (ckpt_path.empty()) throw Error("eval: missing CHECKPOINT (see whittle eval --help)", ErrorKind::kUsage);
   if (batch_size < 1) throw Error("eval: --batch-size must be ≥ 1", ErrorKind::kUsage);
+  const at::Device dev = runner::open_device(device);
   Checkpoint ck = load_checkpoint(ckpt_path);
   std::vector<double> mean, stddev;
+  std::string pack_to;
   if (!ck.recipe.empty()) {
     try {
       YAML::Node root = YAML::Load(ck.recipe);
       if (root["data"]) {
         if (root["data"]["mean"]) mean = root["data"]["mean"].as<std::vector<double>>();
         if (root["data"]["std"]) stddev = root["data"]["std"].as<std::vector<double>>();
-        if (data_path.empty() && root["data"]["test"]) data_path = root["data"]["test"].as<std::string>();
+        if (data_path.empty() && root["data"]["test"]) {
+          data_path = root["data"]["test"].as<std::string>();
+          // The run's HDF5 copy of an image folder or archive, when it packed one.
+          if (root["data"]["pack_to"]) pack_to = root["data"]["pack_to"].as<std::string>();
+        }
         if (split.empty() && root["data"]["test_split"]) split = root["data"]["test_split"].as<std::string>();
       }
     } catch (const YAML::Exception& e) {
@@ -85,16 +93,13 @@ int run_eval(const std::vector<std::string>& args) {
   }
   if (data_path.empty())
     throw Error("eval: the checkpoint holds no recipe naming a test set; give --data", ErrorKind::kUsage);
-  data::LoadOptions lo;
-  lo.split = split.empty() ? "test" : split;
-  data::Dataset ds = data::load_dataset(data_path, lo);
+  data::Dataset ds = runner::load_split(data_path, split.empty() ? "test" : split, pack_to, std::cerr);
   data::LoaderOptions opts_l;
   opts_l.batch_size = batch_size;
   opts_l.shuffle = false;
   opts_l.transform.mean = mean;
   opts_l.transform.stddev = stddev;
   data::DataLoader loader(std::move(ds), opts_l);
-  at::Device dev(device);
   GraphModule model(std::move(ck.graph));
   model->to(dev);
   runner::EvalMetrics m = runner::evaluate(model, loader, dev);

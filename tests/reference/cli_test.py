@@ -141,6 +141,40 @@ expect(["run", os.path.join(OUT, "nope.yaml")], 2, "recipe file does not exist",
 expect(["run", base, "--set", "modifiers=[{name: quantise}]"], 2, "unknown modifier 'quantise'", "unknown modifier")
 expect(["frobnicate"], 2, "unknown command", "unknown command")
 expect(["inspect", "resnet21"], 2, "unknown model 'resnet21'", "unknown model")
+expect(["inspect", "lenet5", "--input-shape", "1,1,28"], 2, "input_shape must be [N, C, H, W]", "3-D input shape")
+expect(["run", base, "--device", "foo"], 2, "device 'foo': expected cpu, cuda or cuda:N", "bad --device on run")
+expect(["eval", os.path.join(run_dir, "model.h5"), "--device", "cuda:x"], 2, "device 'cuda:x'", "bad --device on eval")
+expect(["run", base, "--set", "model.name=lenet6"], 2, "not a zoo model", "unknown zoo model in a recipe")
+expect(["run", base, "--set", "model.file=/no/such/model.h5"], 2, "/no/such/model.h5 does not exist", "missing model file")
+expect(["run", base, "--set", "modifiers.0.weight_bits=4"], 2, "has no list 'modifiers', so no entry 0",
+       "--set into a list the recipe lacks")
+q = recipe("quantized", "modifiers:\n  - {name: quantize, method: dorefa, weight_bits: 2, activation_bits: 2}\n")
+expect(["run", q, "--set", "modifiers.0.weight_bits=9"], 2, "quantized.yaml:22 (with --set): modifier 'quantize'",
+       "a modifier error from --set names file, line and the override")
+
+# An image-folder archive (<split>/<class>/<image>.png inside a .tar.gz, the layout of the CIFAR-10
+# JPEG archive) is a dataset for `eval --data` and `data pack` as well as for recipes.
+import tarfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+archive_dir = os.path.join(OUT, "archive_src")
+rng = np.random.default_rng(0)
+for cls in ("0", "1"):
+    os.makedirs(os.path.join(archive_dir, "digits", "test", cls), exist_ok=True)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8), "L").save(
+            os.path.join(archive_dir, "digits", "test", cls, f"{i}.png"))
+archive = os.path.join(OUT, "digits.tar.gz")
+with tarfile.open(archive, "w:gz") as t:
+    t.add(os.path.join(archive_dir, "digits"), arcname="digits")
+r = run("eval", os.path.join(run_dir, "model.h5"), "--data", archive, "--split", "test", "--json")
+check(r.returncode == 0 and json.loads(r.stdout)["samples"] == 6, f"eval --data ARCHIVE.tar.gz: {r.stdout} {r.stderr[-300:]}")
+packed = os.path.join(OUT, "digits-test.h5")
+r = run("data", "pack", archive, "--split", "test", "--to", packed)
+check(r.returncode == 0 and "packed 6 images [1, 28, 28] in 2 classes" in r.stdout,
+      f"data pack ARCHIVE.tar.gz: {r.stdout.strip()} {r.stderr[-300:]}")
 
 ckpt = os.path.join(run_dir, "model.h5")
 data = open(ckpt, "rb").read()
