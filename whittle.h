@@ -1,5 +1,6 @@
 #pragma once
-// whittle: model compression on LibTorch. The umbrella header: includes the whole public API.
+// whittle: model compression on LibTorch. The umbrella header: includes the whole public API
+// (model graph, compression passes, checkpoints, data, and the recipe runner).
 
 #include "graph/error.h"
 #include "graph/version.h"
@@ -8,6 +9,7 @@
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
 #include "graph/serialize.h"
+#include "graph/select.h"
 #include "graph/zoo.h"
 #include "graph/torchscript_import.h"
 #include "quantize/quantizers.h"
@@ -21,8 +23,12 @@
 #include "data/cifar.h"
 #include "data/image_decode.h"
 #include "data/image_folder.h"
+#include "data/image_archive.h"
 #include "data/hdf5_dataset.h"
 #include "data/load.h"
 #include "data/rng.h"
 #include "data/transforms.h"
 #include "data/loader.h"
+#include "runner/recipe.h"
+#include "runner/modifier.h"
+#include "runner/trainer.h"

@@ -104,13 +104,13 @@ std::string names_of(const std::vector<KeySpec>& keys) {
 std::vector<KeySpec> build_schema() {
   std::vector<KeySpec> s;
   s.push_back(section(
-      "model", "The network to train.",
+      "model", "The network to train (required section).",
       {key("name", KeyType::kString, "—", "zoo model: lenet5, vgg_small, nin, resnet20, resnet32, resnet56, mobilenet_v2, repvgg_a0"),
        key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`)"),
        key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model"),
        key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph")}));
   s.push_back(section(
-      "data", "Datasets, preprocessing and loading.",
+      "data", "Datasets, preprocessing and loading (required section).",
       {key("train", KeyType::kString, "required", "training set: MNIST IDX folder or file, CIFAR-10 binary folder, image folder, .tar.gz of image folders, or .h5"),
        key("test", KeyType::kString, "required", "evaluation set, same kinds"),
        key("train_split", KeyType::kString, "train", "split read from `train` when it holds several (MNIST: train/t10k, CIFAR: train/test)"),
@@ -128,7 +128,7 @@ std::vector<KeySpec> build_schema() {
        key("train_limit", KeyType::kInt, "0 (all)", "use only the first N training images"),
        key("test_limit", KeyType::kInt, "0 (all)", "use only the first N test images")}));
   s.push_back(section(
-      "training", "The optimization schedule.",
+      "training", "The optimization schedule (required section; `training: {}` takes every default).",
       {key("epochs", KeyType::kInt, "1", "number of epochs"),
        section("optimizer", "Optimizer and its hyper-parameters.",
                {key("name", KeyType::kString, "sgd", "sgd, adam or adamw", {"sgd", "adam", "adamw"}),

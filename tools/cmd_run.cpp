@@ -56,7 +56,7 @@ int run_eval(const std::vector<std::string>& args) {
       "usage: whittle eval CHECKPOINT [--data PATH] [--split NAME] [--batch-size N] [--device cpu|cuda] [--json]\n\n"
       "Evaluates a checkpoint. Without --data it uses the test set and normalization of the recipe\n"
       "stored in the checkpoint.\n\n"
-      "example:\n  whittle eval runs/lenet5/model.h5\n\noptions");
+      "example:\n  whittle eval runs/mnist/lenet5/model.h5\n\noptions");
   std::string ckpt_path, data_path, split, device = "cpu";
   int64_t batch_size = 500;
   opts.add_options()("help,h", "this text")("data", po::value<std::string>(&data_path), "dataset to evaluate on")(

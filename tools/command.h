@@ -1,6 +1,7 @@
 #pragma once
 // Subcommands of the `whittle` program. Each takes the arguments after its name and returns
-// the process exit code: 0 on success, 1 on a runtime failure, 2 on a usage or recipe error.
+// the process exit code: 0 on success, 1 on a runtime failure, 2 on a usage or recipe error, 130
+// when Ctrl-C stopped `whittle run` (training state saved).
 
 #include <boost/program_options/options_description.hpp>
 #include <boost/program_options/variables_map.hpp>
