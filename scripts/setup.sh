@@ -42,7 +42,7 @@ want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   log "Python environment $VENV: up to date ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
 else
-  log "creating Python environment $VENV with $(grep -E '^torch' "$REQUIREMENTS" | head -1) (first time: a few GB of wheels)"
+  log "creating or updating Python environment $VENV with $(grep -E '^torch' "$REQUIREMENTS" | head -1) (first time: a few GB of wheels)"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "$REQUIREMENTS"
