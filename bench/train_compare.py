@@ -26,21 +26,9 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 import zoo_models  # noqa: E402
+from mnist_idx import load_idx  # noqa: E402
 
 THREADS = 2
-
-
-def load_idx(path):
-    import gzip
-
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    magic = int.from_bytes(data[0:4], "big")
-    if magic == 0x803:
-        n, h, w = (int.from_bytes(data[i:i + 4], "big") for i in (4, 8, 12))
-        return np.frombuffer(data, np.uint8, offset=16).reshape(n, 1, h, w)
-    n = int.from_bytes(data[4:8], "big")
-    return np.frombuffer(data, np.uint8, offset=8).astype(np.int64)
 
 
 def whittle_run(build, recipe, sets):

@@ -34,6 +34,7 @@
 #include "graph/op_registry.h"
 #include "graph/serialize.h"
 #include "graph/torchscript_import.h"
+#include "graph/version.h"
 #include "graph/zoo.h"
 #include "runner/modifier.h"
 
@@ -621,6 +622,12 @@ RunResult run_recipe(const Recipe& r, const RunOptions& options) {
   report["wall_seconds"] = result.wall_seconds;
   report["train_images_per_second"] = result.train_images_per_second;
   report["device"] = device.str();
+  // Float results depend on these (docs/reproducibility.md).
+  report["cpu_capability"] = cpu_capability();
+  report["intra_op_threads"] = intra_op_threads();
+  report["seed"] = t.seed;
+  report["deterministic"] = t.deterministic;
+  report["torch_version"] = torch_version();
   write_file_atomic(join_path(dir, "report.json"), report.dump(2) + "\n");
 
   log << "\n"
