@@ -13,7 +13,7 @@ digits, the means and the difference whittle − micronet. With --check, exits 1
 is below micronet's.
 
 usage: .venv/bin/python bench/micronet_compare.py [--bits 8,4,2] [--seeds 0,1,2] [--threads 2]
-                                                  [--build build] [--out runs/micronet_compare] [--check]
+                                                  [--build build] [--out runs/sweep] [--check]
 """
 import argparse
 import math
@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default="runs/micronet_compare")
+    ap.add_argument("--out", default="runs/sweep", help="whittle run directories (shared with scripts/seed_sweep.py)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a whittle mean is below micronet's")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -104,7 +104,7 @@ def main():
         recipe = yaml.safe_load(open(path))
         w, m = [], []
         for s in seeds:
-            rep = run_one(args.build, path, os.path.join(args.out, f"whittle_w{k}a{k}", f"s{s}_t{args.threads}"), s,
+            rep = run_one(args.build, path, os.path.join(args.out, f"lenet5_dorefa_w{k}a{k}", f"s{s}_t{args.threads}"), s,
                           args.threads, [])
             w.append(100 * rep["test_top1"])
             t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <set>
@@ -37,12 +38,15 @@ const at::Tensor& latent_weight(const Node& n) {
 void register_ops() {
   OpTraits aq;
   aq.kind = "act_quant";
-  aq.description = "activation quantizer: method dorefa (quantize_k(clip(x, 0, 1)), activation_bits) or sign (BNN binarizer)";
+  aq.description =
+      "activation quantizer: method dorefa (c·quantize_k(clip(x, 0, c)/c), activation_bits, activation_clip c, default 1) "
+      "or sign (BNN binarizer)";
   aq.channel_flow = ChannelFlow::kPassThrough;
   aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     const std::string method = n.attr_str("method", "dorefa");
     if (method == "sign") return std::vector<at::Tensor>{bnn_sign(in[0])};
-    if (method == "dorefa") return std::vector<at::Tensor>{dorefa_activation(in[0], n.attr_int("activation_bits"))};
+    if (method == "dorefa") return std::vector<at::Tensor>{
+          dorefa_activation(in[0], n.attr_int("activation_bits"), n.attr_float("activation_clip", 1.0))};
     node_fail(n, "unknown activation quantizer method '" + method + "' (dorefa, sign)");
   };
   aq.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
@@ -51,6 +55,9 @@ void register_ops() {
     if (method == "dorefa") {
       const int64_t k = n.attr_int("activation_bits");
       if (!((k >= 1 && k <= 8) || k == 32)) node_fail(n, "activation_bits " + std::to_string(k) + " (1..8 or 32)");
+      const double clip = n.attr_float("activation_clip", 1.0);
+      if (!(clip > 0) || !std::isfinite(clip))
+        node_fail(n, "activation_clip " + std::to_string(clip) + " (a finite value > 0)");
     }
     return std::vector<Shape>{in[0]};
   };
@@ -165,6 +172,11 @@ Config resolve(const Config& in) {
     throw Error("quantize: unknown method '" + c.method + "' (dorefa, twn, bnn, xnor)");
   }
   if (c.xnor_scale_k && c.method != "xnor") throw Error("quantize: xnor_scale_k applies to method 'xnor' only");
+  if (!(c.activation_clip > 0) || !std::isfinite(c.activation_clip))
+    throw Error("quantize: activation_clip = " + std::to_string(c.activation_clip) + " (expected a finite value > 0)");
+  if (c.activation_clip != 1.0 && (c.method == "bnn" || c.method == "xnor" || c.activation_bits == 32))
+    throw Error("quantize: activation_clip applies to DoReFa activations only (method dorefa or twn with activation_bits "
+                "1..8), not to method '" + c.method + "' with activation_bits " + std::to_string(c.activation_bits));
   return c;
 }
 
@@ -226,6 +238,7 @@ Report apply(Graph& graph, const Config& config_in) {
       if (!binary) {
         Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v},
                            {{"method", std::string("dorefa")}, {"activation_bits", c.activation_bits}});
+        if (c.activation_clip != 1.0) q.attrs["activation_clip"] = c.activation_clip;
         const std::string out = graph.insert_node_before(name, q);
         report.inserted.push_back(q.name);
         quantized_value[v] = out;

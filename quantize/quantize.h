@@ -7,7 +7,8 @@
 //     `weight_bits` (1 binary, 2 ternary, k for DoReFa), `granularity`, `weight_axis` (the
 //     output-channel axis: 0, or 1 for conv_transpose2d) and, for XNOR, `xnor_detach_alpha`;
 //   - quantizes the layer's input: DoReFa activations insert an `act_quant` node
-//     (quantize_k(clip(a, 0, 1))) named `<layer>.act_quant` in front of it; binary activations
+//     (c·quantize_k(clip(a, 0, c)/c); attribute `activation_clip` c when it is not 1) named
+//     `<layer>.act_quant` in front of it; binary activations
 //     (BNN, XNOR with activation_bits 1) binarize the ReLU's input instead of its output, as in the
 //     papers: a ReLU whose every use is a binarized layer (directly or through max pooling /
 //     flatten / dropout) becomes the sign binarizer in place; a ReLU that also feeds something else
@@ -49,6 +50,10 @@ struct Config {
   /// Activation bits; 0 = the method's default. dorefa, twn: 1..8 or 32 (DoReFa activation
   /// quantizer); bnn, xnor: 1 (sign binarizer) or 32.
   int64_t activation_bits = 0;
+  /// DoReFa activations (dorefa, twn with activation_bits 1..8): the clip level c of
+  /// c·quantize_k(clip(a, 0, c)/c) (quantizers.h). Default 1, the paper's range; a wider range
+  /// keeps more of a BN + ReLU output (LeNet-5 recipes use 2). Must be a finite value > 0.
+  double activation_clip = 1.0;
   /// Scale granularity of methods with a scale (TWN, XNOR, DoReFa 1-bit) and of DoReFa's max.
   /// Unset: per_channel for TWN and XNOR, per_tensor for DoReFa; BNN has no scale.
   std::optional<Granularity> granularity;

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
+
 #include "graph/error.h"
 #include "graph/graph.h"
 
@@ -71,6 +73,18 @@ void check_bits(int64_t bits, int64_t lo, int64_t hi, bool allow32, const char* 
               std::to_string(hi) + (allow32 ? " or 32)" : ")"));
 }
 
+void check_activation_clip(double clip) {
+  if (clip > 0 && std::isfinite(clip)) return;
+  throw Error("DoReFa activations: activation_clip " + std::to_string(clip) + " (expected a finite value > 0)");
+}
+
+// clip·quantize_k(clip(x, 0, clip) / clip): the grid of 2^k levels on [0, clip]. For clip = 1 exactly
+// quantize_k(clip(x, 0, 1)), the paper's quantizer, with the same ATen ops.
+at::Tensor dorefa_activation_values(const at::Tensor& x, int64_t bits, double clip) {
+  if (clip == 1.0) return quantize_k(x.clamp(0.0, 1.0), bits);
+  return quantize_k(x.clamp(0.0, clip) / clip, bits) * clip;
+}
+
 // ---- autograd functions: forward rounds, backward is each method's straight-through surrogate.
 
 // DoReFa weights, k = 1..8. k ≥ 2: d w_q / d w = (1 − tanh²w) / max|tanh w| (max held constant);
@@ -97,15 +111,17 @@ struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
   }
 };
 
-// DoReFa activations: gradient 1 on [0, 1], 0 outside.
+// DoReFa activations: gradient 1 on [0, clip], 0 outside.
 struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn> {
-  static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits) {
+  static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits, double clip) {
     ctx->save_for_backward({x});
-    return quantize_k(x.clamp(0.0, 1.0), bits);
+    ctx->saved_data["clip"] = clip;
+    return dorefa_activation_values(x, bits, clip);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const Variable x = ctx->get_saved_variables()[0];
-    return {grad[0] * at::logical_and(x >= 0, x <= 1), Variable()};
+    const double clip = ctx->saved_data["clip"].toDouble();
+    return {grad[0] * at::logical_and(x >= 0, x <= clip), Variable(), Variable()};
   }
 };
 
@@ -192,11 +208,12 @@ at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granular
   return DoReFaWeightFn::apply(w, bits, static_cast<int64_t>(granularity), axis);
 }
 
-at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits) {
+at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip) {
   check_bits(bits, 1, 8, true, "DoReFa activations");
+  check_activation_clip(clip);
   if (bits == 32) return x;
-  if (!needs_grad(x)) return quantize_k(x.clamp(0.0, 1.0), bits);
-  return DoReFaActivationFn::apply(x, bits);
+  if (!needs_grad(x)) return dorefa_activation_values(x, bits, clip);
+  return DoReFaActivationFn::apply(x, bits, clip);
 }
 
 TwnThreshold twn_threshold(const at::Tensor& w_in, Granularity granularity, int64_t axis) {

@@ -17,7 +17,10 @@
 //                        gradient (1 − tanh²(w)) / max|tanh(w)| (the max treated as a constant)
 //     weights, k = 1:    sign(w)·mean|w| (sign(0) = +1); gradient passed straight through
 //     weights, k = 32:   identity
-//     activations:       quantize_k(clip(a, 0, 1)); gradient 1 on [0, 1], 0 outside; k = 32 identity
+//     activations:       quantize_k(clip(a, 0, 1)); gradient 1 on [0, 1], 0 outside; k = 32 identity.
+//                        With a clip level c ≠ 1 (activation_clip): c·quantize_k(clip(a, 0, c) / c),
+//                        gradient 1 on [0, c] (the fixed clipping level of PACT, Choi et al. 2018,
+//                        arXiv:1805.06085: a wider range for the unbounded output of BN + ReLU)
 //   TWN (Li & Liu, 2016, arXiv:1605.04711): Δ = 0.7·mean|W|, α = mean of |W| over |W| > Δ (0 when
 //     none), w_q = α·sign(W)·[|W| > Δ]; gradient passed straight through
 //   BNN (Hubara et al., 2016, arXiv:1602.02830): sign(x) with sign(0) = +1; gradient 1 where
@@ -81,9 +84,12 @@ EncodedWeight dorefa_encode(const at::Tensor& w, int64_t bits, Granularity granu
 /// Throws whittle::Error for other widths.
 at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granularity = Granularity::kPerTensor,
                          int64_t axis = 0);
-/// DoReFa activation quantize_k(clip(x, 0, 1)), gradient 1 on [0, 1] and 0 outside; `bits` in
-/// 1..8 or 32 (identity). Throws whittle::Error for other widths.
-at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits);
+/// DoReFa activation `clip`·quantize_k(clip(x, 0, `clip`) / `clip`): 2^bits levels evenly spaced on
+/// [0, clip], gradient 1 on [0, clip] and 0 outside; `clip` = 1 is the paper's quantize_k(clip(x, 0,
+/// 1)). `bits` in 1..8 or 32 (identity). Example: bits 2, clip 2: levels 0, 2/3, 4/3, 2; x = 0.5 →
+/// 2/3, x = 3 → 2 (gradient 0). Throws whittle::Error for other widths or a clip that is not a
+/// finite value > 0.
+at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip = 1.0);
 
 /// TWN threshold and scale of `w`: Δ = 0.7·mean|W| and α = mean |W| over |W| > Δ (0 when no
 /// element exceeds Δ), each [1] per tensor or [C] per output channel along `axis`.

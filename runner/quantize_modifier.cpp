@@ -22,6 +22,7 @@ class QuantizeModifier : public Modifier {
       if (s["method"]) config_.method = s["method"].as<std::string>();
       if (s["weight_bits"]) config_.weight_bits = s["weight_bits"].as<int64_t>();
       if (s["activation_bits"]) config_.activation_bits = s["activation_bits"].as<int64_t>();
+      if (s["activation_clip"]) config_.activation_clip = s["activation_clip"].as<double>();
       if (s["granularity"]) config_.granularity = quantize::granularity_from_name(s["granularity"].as<std::string>());
       if (s["xnor_detach_alpha"]) config_.xnor_detach_alpha = s["xnor_detach_alpha"].as<bool>();
       if (s["xnor_scale_k"]) config_.xnor_scale_k = s["xnor_scale_k"].as<bool>();
@@ -75,6 +76,8 @@ void register_quantize_modifier() {
               "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {}, {}},
       KeySpec{"activation_bits", KeyType::kInt, "method default (dorefa 8, twn 32, bnn/xnor 1)",
               "activation bits: dorefa/twn 1..8 or 32, bnn/xnor 1 or 32", {}, {}},
+      KeySpec{"activation_clip", KeyType::kFloat, "1",
+              "dorefa/twn activations: clip level c of c·quantize_k(clip(a, 0, c)/c) (1: the paper's [0, 1])", {}, {}},
       KeySpec{"granularity", KeyType::kString, "per_channel for twn/xnor, per_tensor for dorefa",
               "scale granularity of twn, xnor and 1-bit dorefa (and dorefa's max)", {}, {"per_tensor", "per_channel"}},
       KeySpec{"xnor_detach_alpha", KeyType::kBool, "false", "xnor: no gradient through α = mean|W|", {}, {}},

@@ -9,8 +9,8 @@ the CPU instruction set ATen dispatches to (reductions are summed in another ord
 accuracy says little about what another machine gets. This script trains every RECIPE once per
 (seed, threads) pair with `whittle run RECIPE --set training.seed=S --set training.threads=T`, into
 OUT/<recipe>/s<S>_t<T> (a run directory that already holds a report.json for the same settings is
-reused; delete it to rerun), --jobs runs at a time (results do not depend on how many run at once,
-only the timings do). It prints one row per recipe: the runs, their mean, minimum, maximum and
+reused; delete it to rerun), as many at a time as fit in --jobs cores (a T-thread run takes T;
+results do not depend on how many run at once, only the timings do). It prints one row per recipe: the runs, their mean, minimum, maximum and
 standard deviation, and each run's figure; --json writes the same as a JSON list. Exits 1 if any
 run fails.
 """
@@ -53,7 +53,7 @@ def main():
     p.add_argument("recipes", nargs="+")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts (default 1,2)")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    p.add_argument("--jobs", type=int, default=2, help="cores to use (default 2); a T-thread run takes T")
     p.add_argument("--build", default="build")
     p.add_argument("--out", default="runs/sweep")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
@@ -66,33 +66,35 @@ def main():
         if not os.path.isfile(recipe):
             sys.exit(f"seed_sweep.py: no recipe file {recipe}")
 
-    jobs = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for recipe in args.recipes:
-            name = os.path.splitext(os.path.basename(recipe))[0]
-            for t in threads:
+    # A run with T intra-op threads takes T of the --jobs cores: two 2-thread runs at once on two
+    # cores spin against each other and take several times as long.
+    futures = {}
+    for t in threads:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs // t)) as pool:
+            for recipe in args.recipes:
+                name = os.path.splitext(os.path.basename(recipe))[0]
                 for s in seeds:
                     out = os.path.join(args.out, name, f"s{s}_t{t}")
-                    jobs[(recipe, s, t)] = pool.submit(run_one, args.build, recipe, out, s, t, args.set)
-        results, failed = [], []
-        for recipe in args.recipes:
-            runs = []
-            for t in threads:
-                for s in seeds:
-                    try:
-                        rep = jobs[(recipe, s, t)].result()
-                    except RuntimeError as e:
-                        failed.append(str(e))
-                        continue
-                    runs.append({"seed": s, "threads": t, "top1": 100 * rep["test_top1"],
-                                 "cpu_capability": rep.get("cpu_capability"), "wall_seconds": rep["wall_seconds"]})
-            if not runs:
-                continue
-            mean, lo, hi, sd = summarize([r["top1"] for r in runs])
-            results.append({"recipe": recipe, "runs": runs, "mean": mean, "min": lo, "max": hi, "stdev": sd})
-            cells = "  ".join(f"s{r['seed']}/t{r['threads']} {r['top1']:.2f}" for r in runs)
-            print(f"{os.path.basename(recipe):28s} n={len(runs)}  mean {mean:6.2f}  min {lo:6.2f}  max {hi:6.2f}  "
-                  f"sd {sd:4.2f}   {cells}", flush=True)
+                    futures[(recipe, s, t)] = pool.submit(run_one, args.build, recipe, out, s, t, args.set)
+    results, failed = [], []
+    for recipe in args.recipes:
+        runs = []
+        for t in threads:
+            for s in seeds:
+                try:
+                    rep = futures[(recipe, s, t)].result()
+                except RuntimeError as e:
+                    failed.append(str(e))
+                    continue
+                runs.append({"seed": s, "threads": t, "top1": 100 * rep["test_top1"],
+                             "cpu_capability": rep.get("cpu_capability"), "wall_seconds": rep["wall_seconds"]})
+        if not runs:
+            continue
+        mean, lo, hi, sd = summarize([r["top1"] for r in runs])
+        results.append({"recipe": recipe, "runs": runs, "mean": mean, "min": lo, "max": hi, "stdev": sd})
+        cells = "  ".join(f"s{r['seed']}/t{r['threads']} {r['top1']:.2f}" for r in runs)
+        print(f"{os.path.basename(recipe):28s} n={len(runs)}  mean {mean:6.2f}  min {lo:6.2f}  max {hi:6.2f}  "
+              f"sd {sd:4.2f}   {cells}", flush=True)
     caps = sorted({r["cpu_capability"] for res in results for r in res["runs"] if r["cpu_capability"]})
     print(f"(seeds {args.seeds}, threads {args.threads}; ATen CPU capability {', '.join(caps) or 'unknown'})")
     if args.json:

@@ -50,8 +50,8 @@ void print_version() {
   std::cout << "whittle " << whittle::version() << " (git " << whittle::git_revision() << ")\n"
             << "LibTorch " << whittle::torch_version()
             << (whittle::built_with_cuda() ? ", CUDA code paths built" : ", CPU only") << "\n"
-            << "ATen CPU capability " << whittle::cpu_capability() << ", " << whittle::intra_op_threads()
-            << " intra-op threads (float results depend on both: docs/reproducibility.md)\n";
+            << "ATen CPU capability " << whittle::cpu_capability() << ", intra-op threads " << whittle::intra_op_threads()
+            << " (float results depend on both: docs/reproducibility.md)\n";
 }
 
 void print_usage(std::ostream& os) {
