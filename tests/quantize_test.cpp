@@ -58,6 +58,22 @@ TEST_P(QuantizerTest, DoReFaActivation2Bit) {
   EXPECT_TRUE(q::dorefa_activation(x, 32).equal(x));
 }
 
+// Clip level 2, 2 bits: levels 0, 2/3, 4/3, 2. x = [−0.3, 0.2, 0.5, 1.0, 1.9, 2.5]: clip → [0, .2,
+// .5, 1, 1.9, 2], /2·3 → [0, .3, .75, 1.5, 2.85, 3], round → [0, 0, 1, 2, 3, 3] (1.5 → 2), ·2/3 →
+// [0, 0, 2/3, 4/3, 2, 2]; gradient 1 inside [0, 2] only (1.9 passes, 2.5 and −0.3 do not).
+TEST_P(QuantizerTest, DoReFaActivationClipLevel) {
+  auto [y, g] = forward_backward(vec({-0.3f, 0.2f, 0.5f, 1.0f, 1.9f, 2.5f}, device()),
+                                 [](const at::Tensor& x) { return q::dorefa_activation(x, 2, 2.0); });
+  EXPECT_TRUE(all_close(y, vec({0, 0, 2.0f / 3, 4.0f / 3, 2, 2}), 1e-6, 0));
+  EXPECT_TRUE(all_close(g, vec({0, 1, 1, 1, 1, 0}), 0, 0));
+  // Clip level 1 is the paper's quantizer, bitwise; 0, negative and non-finite levels are errors.
+  at::Tensor x = at::randn({1000}, at::TensorOptions().device(device()));
+  EXPECT_TRUE(q::dorefa_activation(x, 4, 1.0).equal(q::dorefa_activation(x, 4)));
+  EXPECT_THROW(q::dorefa_activation(x, 4, 0.0), Error);
+  EXPECT_THROW(q::dorefa_activation(x, 4, -1.0), Error);
+  EXPECT_THROW(q::dorefa_activation(x, 4, std::nan("")), Error);
+}
+
 // w = [−2, −0.5, 0, 0.3, 1]: M = tanh 2 = 0.964028; w' = tanh(w)/(2M) + 1/2 =
 // [0, 0.26028, 0.5, 0.65110, 0.89500]; ·3 → [0, 0.781, 1.5, 1.953, 2.685] → [0, 1, 2, 2, 3];
 // w_q = 2q − 1 = [−1, −1/3, 1/3, 1/3, 1]. Gradient at 0.3: (1 − tanh²0.3)/M = 0.915137/0.964028 = 0.94929.
@@ -210,6 +226,34 @@ TEST(QuantizePass, QuantizedActivationIsWhatTheLayerUses) {
     at::Tensor y = m->forward(at::full({1, 1, 1, 1}, 0.4f));
     EXPECT_NEAR(y.item<double>(), 1.0 / 3, 1e-7) << op;
   }
+}
+
+// activation_clip 2: 0.9 → 2-bit level round(0.9/2·3)·2/3 = round(1.35)·2/3 = 2/3; the level is an
+// attribute of the act_quant node only when it is not 1. It is refused for binary activations.
+TEST(QuantizePass, ActivationClipReachesTheQuantizer) {
+  GraphModule m(wiring_graph("linear"));
+  q::Config c;
+  c.method = "dorefa";
+  c.weight_bits = 32;
+  c.activation_bits = 2;
+  c.activation_clip = 2.0;
+  q::apply(m, c);
+  EXPECT_DOUBLE_EQ(m->graph().node("mid.act_quant").attr_float("activation_clip"), 2.0);
+  m->eval();
+  EXPECT_NEAR(m->forward(at::full({1, 1, 1, 1}, 0.9f)).item<double>(), 2.0 / 3, 1e-6);
+  GraphModule plain(wiring_graph("linear"));
+  c.activation_clip = 1.0;
+  q::apply(plain, c);
+  EXPECT_FALSE(plain->graph().node("mid.act_quant").has_attr("activation_clip"));
+  Graph g = build_model("lenet5");
+  c.method = "xnor";
+  c.weight_bits = 0;
+  c.activation_bits = 0;
+  c.activation_clip = 2.0;
+  EXPECT_THROW(q::apply(g, c), Error);
+  c.method = "dorefa";
+  c.activation_clip = 0.0;
+  EXPECT_THROW(q::apply(g, c), Error);
 }
 
 TEST(QuantizePass, FirstAndLastStayFullPrecisionUnlessNamed) {
