@@ -8,14 +8,15 @@ Float results of a training run depend on the seed, and also on the intra-op thr
 the CPU instruction set ATen dispatches to (reductions are summed in another order), so one run's
 accuracy says little about what another machine gets. This script trains every RECIPE once per
 (seed, threads) pair with `whittle run RECIPE --set training.seed=S --set training.threads=T`, into
-OUT/<recipe>/s<S>_t<T> (a run directory that already holds a report.json for the same settings is
-reused; delete it to rerun), as many at a time as fit in --jobs cores (a T-thread run takes T;
+OUT/<recipe>/s<S>_t<T> (a run directory that already holds a report.json for the same settings and
+recipe text is reused; delete it to rerun), as many at a time as fit in --jobs cores (a T-thread run takes T;
 results do not depend on how many run at once, only the timings do). It prints one row per recipe: the runs, their mean, minimum, maximum and
 standard deviation, and each run's figure; --json writes the same as a JSON list. Exits 1 if any
 run fails.
 """
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import os
 import statistics
@@ -27,7 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_one(build, recipe, out, seed, threads, sets):
     """Trains one (recipe, seed, threads) run, or reuses it; returns its report.json as a dict."""
-    settings = {"recipe": recipe, "seed": seed, "threads": threads, "set": sets}
+    with open(os.path.join(ROOT, recipe), "rb") as f:
+        text_hash = hashlib.sha256(f.read()).hexdigest()
+    settings = {"recipe": recipe, "recipe_sha256": text_hash, "seed": seed, "threads": threads, "set": sets}
     stamp = os.path.join(out, "sweep.json")
     report_path = os.path.join(out, "report.json")
     if os.path.isfile(report_path) and os.path.isfile(stamp) and json.load(open(stamp)) == settings:
