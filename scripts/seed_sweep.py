@@ -23,6 +23,10 @@ import statistics
 import subprocess
 import sys
 
+import yaml
+
+from run_results import method_of
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -61,6 +65,7 @@ def main():
     p.add_argument("--out", default="runs/sweep")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
     p.add_argument("--json", help="write the per-recipe results to this file")
+    p.add_argument("--markdown", action="store_true", help="also print the table of docs/results.md")
     args = p.parse_args()
     os.chdir(ROOT)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -90,7 +95,8 @@ def main():
                     failed.append(str(e))
                     continue
                 runs.append({"seed": s, "threads": t, "top1": 100 * rep["test_top1"],
-                             "cpu_capability": rep.get("cpu_capability"), "wall_seconds": rep["wall_seconds"]})
+                             "cpu_capability": rep.get("cpu_capability"), "wall_seconds": rep["wall_seconds"],
+                             "checkpoint_bytes": rep["checkpoint_bytes"]})
         if not runs:
             continue
         mean, lo, hi, sd = summarize([r["top1"] for r in runs])
@@ -100,6 +106,16 @@ def main():
               f"sd {sd:4.2f}   {cells}", flush=True)
     caps = sorted({r["cpu_capability"] for res in results for r in res["runs"] if r["cpu_capability"]})
     print(f"(seeds {args.seeds}, threads {args.threads}; ATen CPU capability {', '.join(caps) or 'unknown'})")
+    if args.markdown:
+        print()
+        print("| recipe | method | runs | mean top-1 | sd | min – max | checkpoint | wall time (median) |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for res in results:
+            shipped = yaml.safe_load(open(res["recipe"]))
+            runs = res["runs"]
+            print(f"| `{os.path.basename(res['recipe'])}` | {method_of(shipped)} | {len(runs)} | **{res['mean']:.2f} %** "
+                  f"| {res['stdev']:.2f} | {res['min']:.2f} – {res['max']:.2f} | {runs[0]['checkpoint_bytes']:,} B "
+                  f"| {statistics.median(r['wall_seconds'] for r in runs):.1f} s |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

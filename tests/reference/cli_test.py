@@ -56,6 +56,12 @@ outputs:
     return path
 
 
+def torch_capability():
+    """ATen's CPU capability as PyTorch reports it (the same library whittle links)."""
+    import torch
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def last_metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(l) for l in f if l.strip()]
@@ -67,6 +73,10 @@ os.makedirs(OUT)
 # --version names whittle's and LibTorch's versions.
 r = run("--version")
 check(r.returncode == 0 and "whittle 0." in r.stdout and "LibTorch 2." in r.stdout, "--version: " + r.stdout.strip())
+# ... and the ATen CPU capability and intra-op thread count, which float results depend on.
+r1 = subprocess.run([BIN, "--version"], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+check(f"ATen CPU capability {torch_capability()}," in r.stdout and "intra-op threads 1 " in r1.stdout,
+      "--version names the CPU capability and threads: " + r1.stdout.strip())
 
 # docs/recipes.md holds the current key tables.
 r = run("keys", "--markdown")
@@ -99,6 +109,11 @@ for f in ["recipe.yaml", "model.h5", "train_state.pt", "metrics.jsonl", "report.
     check(os.path.isfile(os.path.join(run_dir, f)), "run directory has " + f)
 report = json.load(open(os.path.join(run_dir, "report.json")))
 check(report["test_top1"] > 0.85, f"quick run top-1 {report['test_top1']:.4f} > 0.85")
+# report.json records what float results depend on besides the recipe (the recipe sets threads: 1).
+check(report.get("cpu_capability") == torch_capability() and report.get("intra_op_threads") == 1
+      and report.get("seed") == 0 and report.get("deterministic") is True and report.get("torch_version", "").startswith("2."),
+      "report.json records capability, threads, seed, deterministic, LibTorch: " +
+      str({k: report.get(k) for k in ("cpu_capability", "intra_op_threads", "seed", "deterministic", "torch_version")}))
 r = run("eval", os.path.join(run_dir, "model.h5"), "--json")
 ev = json.loads(r.stdout) if r.returncode == 0 else {}
 # eval reads the full 2,000-image test split; the run evaluated the first 1,000.
