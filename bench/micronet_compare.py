@@ -12,6 +12,12 @@ number of intra-op threads. Prints per bit width each side's per-seed top-1 on t
 digits, the means and the difference whittle − micronet. With --check, exits 1 when a whittle mean
 is below micronet's.
 
+Each side quantizes as it does by default: micronet's prepare() quantizes the classifier (fc3)
+too and rounds half away from zero; whittle keeps the first and last layers in full precision
+(DESIGN.md) and rounds half to even. whittle's recipes also set DoReFa's activation clip level
+(activation_clip); micronet multiplies activations by 0.1 before its [0, 1] clip, a fixed range of
+[0, 10].
+
 usage: .venv/bin/python bench/micronet_compare.py [--bits 8,4,2] [--seeds 0,1,2] [--threads 2]
                                                   [--build build] [--out runs/sweep] [--check]
 """
@@ -116,7 +122,7 @@ def main():
             behind.append(k)
 
     print()
-    print(f"| bits | whittle per seed | whittle mean | micronet 1.12.0 per seed | micronet mean | whittle − micronet |")
+    print("| bits | whittle per seed | whittle mean | micronet 1.12.0 per seed | micronet mean | whittle − micronet |")
     print("|---|---|---:|---|---:|---:|")
     for k, w, m in rows:
         d = statistics.mean(w) - statistics.mean(m)

@@ -19,7 +19,6 @@ import tempfile
 import time
 
 import h5py
-import numpy as np
 import torch
 import torch.nn.functional as F
 

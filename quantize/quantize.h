@@ -21,7 +21,7 @@
 // left alone (reported as skipped), so applying the pass twice changes nothing.
 //
 // Ops registered by register_all(): "act_quant" (attrs: method "dorefa" | "sign",
-// activation_bits) and "xnor_scale" (attrs: kernel_size, stride, padding; output [N, 1, Ho, Wo] or
+// activation_bits, and for dorefa activation_clip, default 1) and "xnor_scale" (attrs: kernel_size, stride, padding; output [N, 1, Ho, Wo] or
 // [N, 1]). Weight transforms: "dorefa", "twn", "bnn", "xnor", and "packed" (integer codes and
 // scales of a packed checkpoint, see pack_graph()).
 
@@ -52,7 +52,8 @@ struct Config {
   int64_t activation_bits = 0;
   /// DoReFa activations (dorefa, twn with activation_bits 1..8): the clip level c of
   /// c·quantize_k(clip(a, 0, c)/c) (quantizers.h). Default 1, the paper's range; a wider range
-  /// keeps more of a BN + ReLU output (LeNet-5 recipes use 2). Must be a finite value > 0.
+  /// keeps more of a BN + ReLU output (the LeNet-5 recipes use 4 at 8 bits, 2 at 4 and 2 bits).
+  /// Must be a finite value > 0, and 1 unless activations are DoReFa-quantized.
   double activation_clip = 1.0;
   /// Scale granularity of methods with a scale (TWN, XNOR, DoReFa 1-bit) and of DoReFa's max.
   /// Unset: per_channel for TWN and XNOR, per_tensor for DoReFa; BNN has no scale.

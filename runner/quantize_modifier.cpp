@@ -55,8 +55,9 @@ class QuantizeModifier : public Modifier {
     quantize::Report r = quantize::apply(tc.model, config_);
     applied_ = true;
     tc.parameters_changed = true;
-    std::cout << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits
-              << "): " << r.summary() << std::flush;
+    std::cout << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
+    if (config_.activation_clip != 1.0) std::cout << ", activation_clip " << config_.activation_clip;
+    std::cout << "): " << r.summary() << std::flush;
   }
 
   quantize::Config config_;

@@ -74,7 +74,7 @@ struct TrainingSpec {
   int64_t grad_accumulation = 1;  ///< optimizer step every N batches
   double grad_clip_norm = 0.0;    ///< clip the global gradient norm (0 = off)
   int64_t seed = 0;
-  bool deterministic = false;     ///< deterministic algorithms, single-threaded data order
+  bool deterministic = false;     ///< ATen deterministic algorithms, cuDNN deterministic (docs/reproducibility.md)
   std::string device = "cpu";     ///< cpu | cuda | cuda:N
   std::string amp = "none";       ///< none | bf16 | fp16 (CUDA autocast; fp16 uses loss scaling)
   bool channels_last = false;     ///< CUDA: NHWC memory format

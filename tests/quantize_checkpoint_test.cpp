@@ -84,7 +84,11 @@ class PackedCheckpoint : public SeededTest, public ::testing::WithParamInterface
 TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
   const std::string method = GetParam();
   GraphModule m(build_model("lenet5"));
-  q::apply(m, method == "dorefa_w4a4" ? config("dorefa", 4, 4) : method == "dorefa_w2a2" ? config("dorefa", 2, 2) : config(method));
+  q::Config c = method == "dorefa_w4a4" ? config("dorefa", 4, 4)
+                : method.rfind("dorefa_w2a2", 0) == 0 ? config("dorefa", 2, 2)
+                                                      : config(method);
+  if (method == "dorefa_w2a2_clip2") c.activation_clip = 2.0;
+  q::apply(m, c);
   train_a_little(m, {1, 1, 28, 28});
   at::Tensor x = at::randn({16, 1, 28, 28});
   at::Tensor expected;
@@ -103,6 +107,8 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
   EXPECT_EQ(conv2.attr_str("weight_transform"), "packed");
   EXPECT_FALSE(conv2.params.contains("weight"));
   EXPECT_EQ(conv2.buffers.at("weight_codes").scalar_type(), at::kByte);
+  if (c.activation_clip != 1.0)  // the clip level travels with the act_quant node
+    EXPECT_DOUBLE_EQ(ck.graph.node("conv2.act_quant").attr_float("activation_clip"), 2.0);
   GraphModule loaded(ck.graph);
   loaded->eval();
   at::NoGradGuard ng;
@@ -124,7 +130,7 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, PackedCheckpoint,
-                         ::testing::Values("dorefa", "dorefa_w4a4", "dorefa_w2a2", "twn", "bnn", "xnor"),
+                         ::testing::Values("dorefa", "dorefa_w4a4", "dorefa_w2a2", "dorefa_w2a2_clip2", "twn", "bnn", "xnor"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // The weight a packed node decodes to is the trained model's quantized weight, bit for bit; for
