@@ -7,9 +7,9 @@ activation quantizer, round(clip(0.1·a, 0, 1)·(2^k − 1)) / (2^k − 1)). Bot
 LeNet-5 (tests/reference/zoo_models.py, the zoo's architecture), on the same bundled MNIST digits,
 with the schedule of whittle's recipe recipes/mnist/lenet5_dorefa_w<k>a<k>.yaml read from the file
 (epochs, batch size, SGD with momentum / Nesterov / weight decay, cosine learning rate set every
-batch, normalization), for each seed; the micronet side in a plain PyTorch loop with the same
-number of intra-op threads. Prints per bit width each side's per-seed top-1 on the 2,000 test
-digits, the means and the difference whittle − micronet. With --check, exits 1 when a whittle mean
+batch, normalization), for each seed and intra-op thread count (both sides' float results depend
+on the thread count, docs/reproducibility.md); the micronet side in a plain PyTorch loop. Prints
+per bit width each side's per-run top-1 on the 2,000 test digits, the means and the difference whittle − micronet. With --check, exits 1 when a whittle mean
 is below micronet's.
 
 Each side quantizes as it does by default: micronet's prepare() quantizes the classifier (fc3)
@@ -18,7 +18,7 @@ too and rounds half away from zero; whittle keeps the first and last layers in f
 (activation_clip); micronet multiplies activations by 0.1 before its [0, 1] clip, a fixed range of
 [0, 10].
 
-usage: .venv/bin/python bench/micronet_compare.py [--bits 8,4,2] [--seeds 0,1,2] [--threads 2]
+usage: .venv/bin/python bench/micronet_compare.py [--bits 8,4,2] [--seeds 0,1,2] [--threads 1,2]
                                                   [--build build] [--out runs/sweep] [--check]
 """
 import argparse
@@ -89,7 +89,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bits", default="8,4,2")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts (default 1,2)")
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="runs/sweep", help="whittle run directories (shared with scripts/seed_sweep.py)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a whittle mean is below micronet's")
@@ -97,6 +97,7 @@ def main():
     os.chdir(ROOT)
     seeds = [int(s) for s in args.seeds.split(",")]
     bits = [int(b) for b in args.bits.split(",")]
+    thread_counts = [int(t) for t in args.threads.split(",")]
     try:
         import micronet  # noqa: F401
     except ImportError:
@@ -109,26 +110,26 @@ def main():
         path = f"recipes/mnist/lenet5_dorefa_w{k}a{k}.yaml"
         recipe = yaml.safe_load(open(path))
         w, m = [], []
-        for s in seeds:
-            rep = run_one(args.build, path, os.path.join(args.out, f"lenet5_dorefa_w{k}a{k}", f"s{s}_t{args.threads}"), s,
-                          args.threads, [])
-            w.append(100 * rep["test_top1"])
-            t0 = time.perf_counter()
-            m.append(micronet_run(recipe, s, args.threads, train, test))
-            print(f"W{k}A{k} seed {s}: whittle {w[-1]:.2f} %, micronet {m[-1]:.2f} % "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        for t in thread_counts:
+            for s in seeds:
+                rep = run_one(args.build, path, os.path.join(args.out, f"lenet5_dorefa_w{k}a{k}", f"s{s}_t{t}"), s, t, [])
+                w.append(100 * rep["test_top1"])
+                t0 = time.perf_counter()
+                m.append(micronet_run(recipe, s, t, train, test))
+                print(f"W{k}A{k} seed {s}, {t} threads: whittle {w[-1]:.2f} %, micronet {m[-1]:.2f} % "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
         rows.append((k, w, m))
         if statistics.mean(w) < statistics.mean(m):
             behind.append(k)
 
     print()
-    print("| bits | whittle per seed | whittle mean | micronet 1.12.0 per seed | micronet mean | whittle − micronet |")
+    print("| bits | whittle per run | whittle mean | micronet 1.12.0 per run | micronet mean | whittle − micronet |")
     print("|---|---|---:|---|---:|---:|")
     for k, w, m in rows:
         d = statistics.mean(w) - statistics.mean(m)
         print(f"| W{k}A{k} | {' / '.join(f'{v:.2f}' for v in w)} | {statistics.mean(w):.2f} % "
               f"| {' / '.join(f'{v:.2f}' for v in m)} | {statistics.mean(m):.2f} % | {d:+.2f} |")
-    print(f"(seeds {args.seeds}, {args.threads} intra-op threads, ATen CPU capability "
+    print(f"(runs: seeds {args.seeds} × intra-op threads {args.threads}, ATen CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__})")
     if args.check and behind:
         print("whittle's mean is below micronet's at " + ", ".join(f"W{k}A{k}" for k in behind))
