@@ -1,6 +1,7 @@
 # whittle's entry points. `make test` and `make demo` work on a fresh Debian 12 machine: they
 # install what is missing (scripts/setup.sh), configure and build, then act.
 
+SHELL := /bin/bash
 BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_ARGS ?=
@@ -24,7 +25,12 @@ build: configure
 
 test: build
 	@echo "[make] running the test suite (CTest)"
-	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	@# The accuracy summary (per method: seeds, mean, spread, floor) is printed after CTest, then
+	@# CTest's closing line again, so that the output still ends with it.
+	@cd $(BUILD_DIR) && rm -f testdata/recipe_accuracy/summary.txt && \
+	  set -o pipefail && ctest --output-on-failure -j $(JOBS) | tee Testing/ctest-output.txt; rc=$$?; \
+	  if [ -f testdata/recipe_accuracy/summary.txt ]; then echo; cat testdata/recipe_accuracy/summary.txt; echo; \
+	    grep -E '^[0-9]+% tests passed' Testing/ctest-output.txt | tail -1; fi; exit $$rc
 
 demo: build
 	@scripts/demo.sh $(BUILD_DIR)

@@ -38,7 +38,9 @@ FLOORS = {
     "lenet5_bnn": (95.6, "BNN: mean 96.67, sd 0.48, 96.10-97.25, lowest pair 96.17"),
     "lenet5_xnor": (96.0, "XNOR-Net: mean 96.85, sd 0.35, 96.20-97.25, lowest pair 96.50"),
 }
-FINE_TUNE_FLOOR = 97.0  # W2A2, 2 epochs from the FP32 checkpoint
+# W2A2, 2 epochs from each seed's FP32 checkpoint: measured 98.25 and 98.45 (seeds 0, 1, 2 threads;
+# 98.35 and 98.30 with 1 thread); the floor keeps the from-scratch W2A2 floor's margin and more.
+FINE_TUNE_FLOOR = 97.5
 
 
 def run(recipe, out, *sets):
@@ -50,11 +52,19 @@ def run(recipe, out, *sets):
     return json.load(open(os.path.join(out, "report.json")))
 
 
+summary = []  # the lines also written to OUT/summary.txt, which `make test` prints after CTest
+
+
+def say(text):
+    print(text, flush=True)
+    summary.append(text)
+
+
 def line(ok, name, values, floor, extra=""):
     mean = statistics.mean(values)
     cells = " ".join(f"{v:.2f}" for v in values)
-    print(f"{'ok  ' if ok else 'FAIL'} {name:30s} seeds {','.join(map(str, SEEDS))}: {cells}  mean {mean:6.2f}  "
-          f"spread {max(values) - min(values):4.2f}  (floor {floor}){extra}", flush=True)
+    say(f"{'ok  ' if ok else 'FAIL'} {name:32s} seeds {','.join(map(str, SEEDS))}: {cells}  mean {mean:6.2f}  "
+        f"spread {max(values) - min(values):4.2f}  (floor {floor}){extra}")
 
 
 failures = []
@@ -107,8 +117,11 @@ if "lenet5" in sizes:
 for name, size in sizes.items():
     if name != "lenet5" and "lenet5" in sizes and not size < sizes["lenet5"]:
         failures.append(f"{name}: checkpoint {size} B is not smaller than FP32's {sizes['lenet5']} B")
-print(f"({threads} intra-op threads)")
-print(f"{len(failures)} failed" if failures else "all passed")
+say(f"({threads} intra-op threads; floors and their measurements: tests/reference/recipe_accuracy_test.py)")
+say(f"{len(failures)} failed" if failures else "all passed")
 for f in failures:
-    print("  " + f)
+    say("  " + f)
+os.makedirs(OUT, exist_ok=True)
+with open(os.path.join(OUT, "summary.txt"), "w") as f:
+    f.write("LeNet-5 recipe accuracy (test lenet5_recipes_accuracy):\n" + "\n".join(summary) + "\n")
 sys.exit(1 if failures else 0)
