@@ -5,6 +5,7 @@ SHELL := /bin/bash
 BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_ARGS ?=
+CTEST_ARGS ?=
 
 .PHONY: all setup configure build test demo format install clean
 
@@ -28,9 +29,9 @@ test: build
 	@# The accuracy summary (per method: seeds, mean, spread, floor) is printed after CTest, then
 	@# CTest's closing line again, so that the output still ends with it.
 	@cd $(BUILD_DIR) && rm -f testdata/recipe_accuracy/summary.txt && \
-	  set -o pipefail && ctest --output-on-failure -j $(JOBS) | tee Testing/ctest-output.txt; rc=$$?; \
+	  set -o pipefail && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS) | tee ctest-output.txt; rc=$$?; \
 	  if [ -f testdata/recipe_accuracy/summary.txt ]; then echo; cat testdata/recipe_accuracy/summary.txt; echo; \
-	    grep -E '^[0-9]+% tests passed' Testing/ctest-output.txt | tail -1; fi; exit $$rc
+	    grep -E '^[0-9]+% tests passed' ctest-output.txt | tail -1; fi; exit $$rc
 
 demo: build
 	@scripts/demo.sh $(BUILD_DIR)
