@@ -2,9 +2,9 @@
 // whittle: model compression on LibTorch. The umbrella header: includes the whole public API
 // (model graph, compression passes, checkpoints, data, and the recipe runner).
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/version.h"
-#include "graph/file_util.h"
+#include "core/file_util.h"
 #include "graph/graph.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::data {
 

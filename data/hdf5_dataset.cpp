@@ -13,8 +13,9 @@
 #include <mutex>
 
 #include "data/io_util.h"
-#include "graph/file_util.h"
-#include "graph/error.h"
+#include "core/file_util.h"
+#include "core/error.h"
+#include "core/hdf5_util.h"
 
 namespace whittle::data {
 namespace {
@@ -22,26 +23,7 @@ namespace {
 constexpr int64_t kFormatVersion = 1;
 
 // The HDF5 library may be built without thread safety: every call from this module holds one lock.
-std::mutex& hdf5_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-// While alive: HDF5 prints no error stacks itself (the messages go into whittle::Error instead).
-class QuietHdf5 {
- public:
-  QuietHdf5() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  QuietHdf5(const QuietHdf5&) = delete;
-  QuietHdf5& operator=(const QuietHdf5&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
+using QuietHdf5 = hdf5::SilenceErrors;
 
 // The most specific message on HDF5's error stack (then cleared), e.g. "truncated file: eof = …".
 std::string hdf5_reason() {
@@ -58,27 +40,7 @@ std::string hdf5_reason() {
 }
 
 // Owns an HDF5 identifier.
-class Id {
- public:
-  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-  // Closes now and reports whether closing succeeded.
-  bool close() {
-    herr_t rc = id_ >= 0 ? close_(id_) : 0;
-    id_ = -1;
-    return rc >= 0;
-  }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
+using Id = hdf5::Handle;
 
 void reclaim_vlen(hid_t memtype, hid_t space, void* buf) {
 #if H5_VERSION_GE(1, 12, 0)
@@ -92,7 +54,7 @@ void reclaim_vlen(hid_t memtype, hid_t space, void* buf) {
 std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string& where) {
   Id type(is_attr ? H5Aget_type(obj) : H5Dget_type(obj), H5Tclose);
   Id space(is_attr ? H5Aget_space(obj) : H5Dget_space(obj), H5Sclose);
-  if (!type.ok() || !space.ok()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  if (!type.valid() || !space.valid()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
   if (H5Tget_class(type.get()) != H5T_STRING) throw Error(where + ": expected strings");
   if (H5Sget_simple_extent_ndims(space.get()) > 1) throw Error(where + ": expected a 1-D array of strings");
   const hssize_t n = H5Sget_simple_extent_npoints(space.get());
@@ -130,7 +92,7 @@ std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string
 std::vector<hsize_t> integer_dims(hid_t ds, const std::string& where, int rank, const char* expected) {
   Id type(H5Dget_type(ds), H5Tclose);
   Id space(H5Dget_space(ds), H5Sclose);
-  if (!type.ok() || !space.ok()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  if (!type.valid() || !space.valid()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
   if (H5Tget_class(type.get()) != H5T_INTEGER) throw Error(where + ": is not an integer array, expected " + expected);
   const int ndims = H5Sget_simple_extent_ndims(space.get());
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(ndims, 0)));
@@ -153,7 +115,7 @@ void write_string_attribute(hid_t obj, const char* name, const std::vector<std::
   Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   std::vector<const char*> ptrs;
   for (const std::string& v : values) ptrs.push_back(v.c_str());
-  if (!attr.ok() || H5Awrite(attr.get(), type.get(), ptrs.data()) < 0)
+  if (!attr.valid() || H5Awrite(attr.get(), type.get(), ptrs.data()) < 0)
     throw Error(where + ": cannot write attribute '" + name + "' (" + hdf5_reason() + ")");
 }
 
@@ -170,17 +132,10 @@ void write_array(hid_t file, const char* name, hid_t file_type, hid_t mem_type, 
     H5Pset_deflate(dcpl.get(), static_cast<unsigned>(level));
   }
   Id ds(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) throw Error(where + ": cannot create dataset '" + name + "' (" + hdf5_reason() + ")");
+  if (!ds.valid()) throw Error(where + ": cannot create dataset '" + name + "' (" + hdf5_reason() + ")");
   if (H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     throw Error(where + ": cannot write dataset '" + name + "' (" + hdf5_reason() + ")");
   if (!ds.close()) throw Error(where + ": cannot write dataset '" + name + "' (" + hdf5_reason() + ")");
-}
-
-void fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
 }
 
 }  // namespace
@@ -188,15 +143,15 @@ void fsync_path(const std::string& path) {
 Dataset read_hdf5_dataset(const std::string& path) {
   if (!is_regular_file(path)) throw Error(path + ": no such file");
   if (!is_hdf5_file(path)) throw Error(path + ": not an HDF5 file (no HDF5 signature)");
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5::library_mutex());
   QuietHdf5 quiet;
   Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
+  if (!file.valid()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
 
   if (H5Aexists(file.get(), "format_version") > 0) {
     Id attr(H5Aopen(file.get(), "format_version", H5P_DEFAULT), H5Aclose);
     int64_t version = 0;
-    if (!attr.ok() || H5Aread(attr.get(), H5T_NATIVE_INT64, &version) < 0)
+    if (!attr.valid() || H5Aread(attr.get(), H5T_NATIVE_INT64, &version) < 0)
       throw Error(path + ": attribute format_version: cannot read (" + hdf5_reason() + ")");
     if (version > kFormatVersion)
       throw Error(path + ": dataset format_version " + std::to_string(version) + " is newer than this whittle reads (" +
@@ -210,7 +165,7 @@ Dataset read_hdf5_dataset(const std::string& path) {
   {
     const std::string where = path + ": /images";
     Id ds(H5Dopen2(file.get(), "images", H5P_DEFAULT), H5Dclose);
-    if (!ds.ok()) throw Error(where + ": cannot open (" + hdf5_reason() + ")");
+    if (!ds.valid()) throw Error(where + ": cannot open (" + hdf5_reason() + ")");
     std::vector<hsize_t> dims = integer_dims(ds.get(), where, 4, "uint8 [N, C, H, W]");
     Id type(H5Dget_type(ds.get()), H5Tclose);
     if (H5Tget_size(type.get()) != 1 || H5Tget_sign(type.get()) != H5T_SGN_NONE)
@@ -227,7 +182,7 @@ Dataset read_hdf5_dataset(const std::string& path) {
   {
     const std::string where = path + ": /labels";
     Id ds(H5Dopen2(file.get(), "labels", H5P_DEFAULT), H5Dclose);
-    if (!ds.ok()) throw Error(where + ": cannot open (" + hdf5_reason() + ")");
+    if (!ds.valid()) throw Error(where + ": cannot open (" + hdf5_reason() + ")");
     std::vector<hsize_t> dims = integer_dims(ds.get(), where, 1, "int64 [N]");
     if (static_cast<int64_t>(dims[0]) != d.images.size(0))
       throw Error(path + ": count mismatch: /images holds " + std::to_string(d.images.size(0)) +
@@ -239,11 +194,11 @@ Dataset read_hdf5_dataset(const std::string& path) {
   }
   if (H5Aexists(file.get(), "class_names") > 0) {
     Id attr(H5Aopen(file.get(), "class_names", H5P_DEFAULT), H5Aclose);
-    if (!attr.ok()) throw Error(path + ": attribute class_names: cannot open (" + hdf5_reason() + ")");
+    if (!attr.valid()) throw Error(path + ": attribute class_names: cannot open (" + hdf5_reason() + ")");
     d.class_names = read_strings(attr.get(), true, path + ": attribute class_names");
   } else if (H5Lexists(file.get(), "class_names", H5P_DEFAULT) > 0) {
     Id ds(H5Dopen2(file.get(), "class_names", H5P_DEFAULT), H5Dclose);
-    if (!ds.ok()) throw Error(path + ": /class_names: cannot open (" + hdf5_reason() + ")");
+    if (!ds.valid()) throw Error(path + ": /class_names: cannot open (" + hdf5_reason() + ")");
     d.class_names = read_strings(ds.get(), false, path + ": /class_names");
   }
   H5Eclear2(H5E_DEFAULT);
@@ -255,13 +210,11 @@ void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const H
   dataset.validate(path);
   if (options.compression < 0 || options.compression > 9)
     throw Error(path + ": compression level must be 0..9, got " + std::to_string(options.compression));
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  std::lock_guard<std::mutex> lock(hdf5::library_mutex());
   QuietHdf5 quiet;
-  try {
+  write_atomic(path, [&](const std::string& tmp) {
     Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (!file.ok()) throw Error(path + ": cannot create (" + hdf5_reason() + ")");
+    if (!file.valid()) throw Error(path + ": cannot create (" + hdf5_reason() + ")");
     const at::Tensor images = dataset.images.contiguous();
     const at::Tensor labels = dataset.labels.contiguous();
     std::vector<hsize_t> image_dims;
@@ -277,33 +230,11 @@ void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const H
       Id space(H5Screate(H5S_SCALAR), H5Sclose);
       Id attr(H5Acreate2(file.get(), "format_version", H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
               H5Aclose);
-      if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &kFormatVersion) < 0)
+      if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &kFormatVersion) < 0)
         throw Error(path + ": cannot write attribute 'format_version' (" + hdf5_reason() + ")");
     }
     if (!file.close()) throw Error(path + ": cannot finish writing (" + hdf5_reason() + ")");
-    fsync_path(tmp);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(path + ": cannot rename " + tmp + " into place (" + std::strerror(errno) + ")");
-    fsync_path(parent_directory(path));
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-}
-
-bool is_hdf5_file(const std::string& path) {
-  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  for (std::streamoff offset = 0; offset + 8 <= size; offset = offset == 0 ? 512 : offset * 2) {
-    char buf[8];
-    in.seekg(offset);
-    if (!in.read(buf, 8)) return false;
-    if (std::memcmp(buf, kSignature, 8) == 0) return true;
-  }
-  return false;
+  });
 }
 
 }  // namespace whittle::data

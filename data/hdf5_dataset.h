@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "core/file_util.h"  // is_hdf5_file
+
 #include "data/dataset.h"
 
 namespace whittle::data {
@@ -33,8 +35,5 @@ Dataset read_hdf5_dataset(const std::string& path);
 /// (see Dataset::validate) or the file cannot be written; the temporary file is removed then.
 void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const Hdf5WriteOptions& options = {});
 
-/// True when `path` is a file starting with the HDF5 signature (at offset 0, or at 512, 1024, …
-/// after a user block).
-bool is_hdf5_file(const std::string& path);
 
 }  // namespace whittle::data

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "data/image_decode.h"
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::data {
 

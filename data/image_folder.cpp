@@ -14,8 +14,8 @@
 
 #include "data/image_decode.h"
 #include "data/io_util.h"
-#include "graph/file_util.h"
-#include "graph/error.h"
+#include "core/file_util.h"
+#include "core/error.h"
 
 namespace whittle::data {
 namespace {

@@ -1,5 +1,5 @@
 #include "data/io_util.h"
-#include "graph/file_util.h"
+#include "core/file_util.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <memory>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::data::detail {
 

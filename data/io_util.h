@@ -20,7 +20,7 @@ inline uint32_t load_be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-// No std::filesystem here (see graph/file_util.h, which has the general path helpers).
+// No std::filesystem here (see core/file_util.h, which has the general path helpers).
 
 /// Size of the file in bytes, or -1 when it cannot be read.
 int64_t file_size(const std::string& path);

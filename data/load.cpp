@@ -8,9 +8,9 @@
 #include "data/image_archive.h"
 #include "data/image_folder.h"
 #include "data/io_util.h"
-#include "graph/file_util.h"
+#include "core/file_util.h"
 #include "data/mnist.h"
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::data {
 namespace {

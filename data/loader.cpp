@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "data/rng.h"
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::data {
 

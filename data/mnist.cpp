@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "data/io_util.h"
-#include "graph/file_util.h"
-#include "graph/error.h"
+#include "core/file_util.h"
+#include "core/error.h"
 
 namespace whittle::data {
 namespace {

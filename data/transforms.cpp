@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::data {
 namespace {

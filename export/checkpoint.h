@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/file_util.h"  // is_hdf5_file
+
 #include "graph/graph.h"
 
 namespace whittle {
@@ -54,7 +56,5 @@ Checkpoint load_checkpoint(const std::string& path);
 /// without loading the data). Throws whittle::Error like load_checkpoint for unreadable files.
 std::vector<std::string> checkpoint_tensor_names(const std::string& path);
 
-/// True when `path` looks like an HDF5 file (signature check only; no parsing).
-bool is_hdf5_file(const std::string& path);
 
 }  // namespace whittle

@@ -5,7 +5,7 @@
 #include "fuse/detail.h"
 #include "fuse/fold_math.h"
 #include "fuse/fuse.h"
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::fuse {
 

@@ -5,7 +5,7 @@
 #include <limits>
 #include <string>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::fuse {
 

@@ -7,7 +7,7 @@
 
 #include "fuse/detail.h"
 #include "fuse/fold_math.h"
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace whittle::fuse {

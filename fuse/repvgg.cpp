@@ -6,7 +6,7 @@
 
 #include "fuse/detail.h"
 #include "fuse/fold_math.h"
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle::fuse {
 

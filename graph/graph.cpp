@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace whittle {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <utility>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle {
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <mutex>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle {
 

@@ -23,7 +23,7 @@
 
 #include <cmath>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace whittle {

@@ -2,7 +2,7 @@
 
 #include <regex>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace whittle {

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle {
 

@@ -29,7 +29,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/op_registry.h"
 
 namespace whittle {

@@ -3,7 +3,7 @@
 #include <functional>
 #include <utility>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph_builder.h"
 
 namespace whittle {

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph.h"
 
 namespace whittle::quantize {

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/op_registry.h"
 #include "graph/select.h"
 #include "quantize/pack.h"

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph.h"
 
 namespace whittle::quantize {

@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "fuse/fuse.h"
-#include "graph/error.h"
+#include "core/error.h"
 #include "runner/modifier.h"
 
 namespace whittle::runner {

@@ -3,7 +3,7 @@
 #include <map>
 #include <mutex>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "runner/fuse_modifier.h"
 #include "runner/quantize_modifier.h"
 

@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "quantize/quantize.h"
 #include "runner/modifier.h"
 

@@ -5,8 +5,8 @@
 #include <limits>
 #include <sstream>
 
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "graph/zoo.h"
 #include "runner/modifier.h"
 

@@ -29,8 +29,8 @@
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "graph/op_registry.h"
 #include "graph/serialize.h"
 #include "graph/torchscript_import.h"
@@ -138,12 +138,9 @@ void save_state(const std::string& path, GraphModule& model, torch::optim::Optim
     std::lock_guard<std::mutex> lock(gen.mutex());
     a.write("cpu_rng", gen.get_state());
   }
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   try {
-    a.save_to(tmp);
-    rename_path(tmp, path);
+    write_atomic(path, [&](const std::string& tmp) { a.save_to(tmp); });
   } catch (const std::exception& e) {
-    remove_file(tmp);
     throw Error("cannot write training state " + path + ": " + e.what());
   }
 }

@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "export/checkpoint.h"
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "graph/version.h"
 #include "support.h"

@@ -26,7 +26,7 @@
 #include "data/mnist.h"
 #include "data/rng.h"
 #include "data/transforms.h"
-#include "graph/error.h"
+#include "core/error.h"
 #include "support.h"
 
 namespace whittle::data {

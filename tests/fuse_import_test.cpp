@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fuse/fuse.h"
-#include "graph/file_util.h"
+#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "graph/torchscript_import.h"
 #include "fuse_test_util.h"

@@ -2,7 +2,7 @@
 
 #include <torch/nn/modules/conv.h>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"

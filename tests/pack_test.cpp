@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "quantize/pack.h"
 #include "support.h"
 

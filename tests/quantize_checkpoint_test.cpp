@@ -12,7 +12,7 @@
 #include <cstdlib>
 
 #include "export/checkpoint.h"
-#include "graph/file_util.h"
+#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "graph/zoo.h"
 #include "quantize/pack.h"

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "export/checkpoint.h"
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"
 #include "support.h"

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph_module.h"
 #include "graph/zoo.h"
 #include "quantize/quantize.h"

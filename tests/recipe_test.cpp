@@ -1,6 +1,6 @@
 // Recipe parsing and validation: defaults, overrides, and errors that name file, line and key.
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "runner/modifier.h"
 #include "runner/recipe.h"
 #include "support.h"

@@ -15,7 +15,7 @@
 #include <map>
 #include <set>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph_module.h"
 #include "graph/torchscript_import.h"
 #include "support.h"

@@ -14,7 +14,7 @@
 #include <map>
 #include <set>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
 #include "graph/zoo.h"

@@ -9,8 +9,8 @@
 
 #include "export/checkpoint.h"
 #include "fuse/fuse.h"
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "tools/command.h"
 #include "tools/model_source.h"

@@ -9,8 +9,8 @@
 #include <iomanip>
 #include <iostream>
 
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
 #include "quantize/quantize.h"

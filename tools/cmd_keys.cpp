@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "runner/modifier.h"
 #include "runner/recipe.h"
 #include "tools/command.h"

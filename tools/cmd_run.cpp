@@ -11,7 +11,7 @@
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/graph_module.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"

@@ -3,8 +3,8 @@
 #include <sstream>
 
 #include "export/checkpoint.h"
-#include "graph/error.h"
-#include "graph/file_util.h"
+#include "core/error.h"
+#include "core/file_util.h"
 #include "graph/torchscript_import.h"
 #include "graph/zoo.h"
 

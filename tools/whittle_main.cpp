@@ -6,7 +6,7 @@
 
 #include <boost/program_options.hpp>
 
-#include "graph/error.h"
+#include "core/error.h"
 #include "graph/version.h"
 #include "tools/command.h"
 

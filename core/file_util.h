@@ -4,6 +4,8 @@
 // whittle does not use std::filesystem: the LibTorch wheels export their own copies of some
 // std::filesystem symbols, which then interpose on libstdc++'s and crash (remove_all seen here).
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,8 +34,19 @@ std::string join_path(const std::string& a, const std::string& b);
 std::string file_extension(const std::string& path);
 /// Whole file as bytes; throws whittle::Error naming the path.
 std::string read_file(const std::string& path);
-/// Writes `content` to a temporary file beside `path`, then renames it over `path`, so readers
-/// never see a partial file; throws whittle::Error naming the path (the temporary is removed).
+/// The one way whittle writes a file: `write` fills a temporary file beside `path` (its argument
+/// is the temporary's path), which is then flushed to disk (fsync), renamed over `path`, and the
+/// directory entry synced, so readers and a crash at any moment see either the old file or the
+/// whole new one. If `write` throws, or any step fails, the temporary is removed and `path` is left
+/// as it was; the error is a whittle::Error naming `path` ("cannot write PATH: why"), or what
+/// `write` threw when that already is one naming it.
+void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
+/// write_atomic with `content` as the file's bytes.
 void write_file_atomic(const std::string& path, const std::string& content);
+/// True when `path` starts with the HDF5 signature (at offset 0, 512, 1024, 2048, ... where the
+/// HDF5 format allows a user block before it); false for unreadable or missing files.
+bool is_hdf5_file(const std::string& path);
+/// fsync(2) of a file or directory; best effort (errors are ignored: some file systems refuse it).
+void sync_path(const std::string& path) noexcept;
 
 }  // namespace whittle

@@ -1,17 +1,19 @@
-#include "graph/file_util.h"
+#include "core/file_util.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
-#include "graph/error.h"
+#include "core/error.h"
 
 namespace whittle {
 
@@ -112,24 +114,56 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+bool is_hdf5_file(const std::string& path) {
+  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  for (std::streamoff offset = 0; offset + 8 <= size; offset = offset == 0 ? 512 : offset * 2) {
+    char buf[8];
+    in.seekg(offset);
+    if (!in.read(buf, 8)) return false;
+    if (std::memcmp(buf, kSignature, 8) == 0) return true;
+  }
+  return false;
+}
+
+void sync_path(const std::string& path) noexcept {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  try {
+    write(tmp);
+    if (!is_regular_file(tmp)) throw Error("cannot write " + path + ": nothing was written");
+    sync_path(tmp);
+    rename_path(tmp, path);
+  } catch (const Error& e) {
+    remove_file(tmp);
+    const std::string msg = e.what();
+    if (msg.find(path) != std::string::npos) throw;
+    throw Error("cannot write " + path + ": " + msg, e.kind());
+  } catch (const std::exception& e) {
+    remove_file(tmp);
+    throw Error("cannot write " + path + ": " + e.what());
+  }
+  sync_path(parent_directory(path));
+}
+
 void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
+  write_atomic(path, [&](const std::string& tmp) {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw Error("cannot write " + path + ": " + errno_text());
     f.write(content.data(), static_cast<std::streamsize>(content.size()));
     f.flush();
-    if (!f) {
-      remove_file(tmp);
-      throw Error("cannot write " + path + ": write failed (disk full?)");
-    }
-  }
-  try {
-    rename_path(tmp, path);
-  } catch (...) {
-    remove_file(tmp);
-    throw;
-  }
+    if (!f) throw Error("cannot write " + path + ": write failed (disk full?)");
+  });
 }
 
 }  // namespace whittle
