@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/hdf5_util.h"
+#include "graph/op_registry.h"
 #include "graph/serialize.h"
 #include "graph/version.h"
 #include "fuse/fuse.h"
@@ -128,7 +129,7 @@ struct TensorBlob {
                              {"offset", offset},
                              {"nbytes", nbytes},
                              {"crc32", crc_of(t.data_ptr(), nbytes)}};
-    if (name == "weight_codes" && n.attr_str("weight_transform", "") == "packed") {
+    if (name == "weight_codes" && has_weight_transform(n, "packed")) {
       // Enough to decode the codes without parsing the graph (docs/checkpoint-format.md).
       e["packed"] = {{"bits", n.attr_int("weight_bits")},
                      {"packed_bits", quantize::storage_bits(n.attr_int("weight_bits"))},
@@ -387,11 +388,14 @@ std::vector<std::string> checkpoint_tensor_names(const std::string& path) {
   return names;
 }
 
+// A checkpoint may name the ops and transforms of quantize/ and fuse/; these references make
+// sure both modules (and so their WHITTLE_REGISTER_MODULE registrations) are linked into every
+// program that loads checkpoints.
+[[maybe_unused]] void (*const kCheckpointModules[])() = {&quantize::register_all, &fuse::register_all};
+
 Checkpoint load_checkpoint(const std::string& path) {
   std::lock_guard<std::mutex> hdf5_lock(hdf5::library_mutex());
   hdf5::SilenceErrors quiet;
-  quantize::register_all();  // ops and weight transforms a quantized checkpoint may name
-  fuse::register_all();      // threshold_sign, conv_bn_qat and bn_fold in fused checkpoints
   Reader r;
   r.path = path;
   if (!path_exists(path)) r.fail("no such file");

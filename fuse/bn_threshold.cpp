@@ -58,12 +58,7 @@ Report fold_bn_into_threshold(Graph& graph, const ThresholdOptions& options) {
 }
 
 Report fold_bn_into_threshold(GraphModule& module, const ThresholdOptions& options) {
-  if (module->is_training())
-    throw Error("fold_bn_into_threshold: the module is in training mode; the threshold uses the running statistics "
-                "that eval() uses, so call module->eval() first");
-  Report r = fold_bn_into_threshold(module->graph(), options);
-  module->sync();
-  return r;
+  return run_on_module(module, "fold_bn_into_threshold", ModuleMode::kEval, [&](Graph& g) { return fold_bn_into_threshold(g, options); });
 }
 
 }  // namespace whittle::fuse

@@ -2,14 +2,17 @@
 
 #include <ATen/ATen.h>
 
+#include "graph/op_registry.h"
 #include "graph/select.h"
 
 namespace whittle::fuse::detail {
 
-bool is_foldable_layer(const std::string& op) { return op == "conv2d" || op == "conv_transpose2d" || op == "linear"; }
+bool is_foldable_layer(const std::string& op) { return has_op(op) && op_traits(op).folds_batchnorm; }
 
 WeightLayout layout_of(const std::string& op) {
-  return op == "conv_transpose2d" ? WeightLayout::kTransposed : WeightLayout::kOutputFirst;
+  Node probe;
+  probe.op = op;
+  return weight_output_axis(probe).value_or(0) == 1 ? WeightLayout::kTransposed : WeightLayout::kOutputFirst;
 }
 
 BatchNormParams bn_params(const Node& node, const std::string& prefix) {
@@ -41,9 +44,7 @@ std::string sole_use_problem(const Graph& graph, const std::string& value, const
 }
 
 std::string plain_weight_problem(const Node& layer) {
-  if (layer.has_attr("weight_transform"))
-    return "'" + layer.name + "' runs with weight transform '" + layer.attr_str("weight_transform") +
-           "' (its weight is not a plain tensor)";
+  if (std::string why = transform_stack_problem(layer); !why.empty()) return why;
   const at::Tensor* w = layer.params.find("weight");
   if (!w || !w->defined()) return "'" + layer.name + "' has no weight tensor";
   if (!w->is_floating_point()) return "'" + layer.name + "' has a non-floating-point weight";

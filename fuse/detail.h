@@ -10,10 +10,11 @@
 
 namespace whittle::fuse::detail {
 
-/// True for the ops a BN can fold into: conv2d, conv_transpose2d, linear.
+/// True for the ops a BN can fold into (OpTraits::folds_batchnorm: conv2d, conv_transpose2d, linear).
 bool is_foldable_layer(const std::string& op);
 
-/// The weight layout of a conv2d / linear (output-first) or conv_transpose2d (transposed) node.
+/// The weight layout of a layer op, from the registry: output channels on weight axis 0
+/// (conv2d, linear) or 1 (conv_transpose2d, transposed).
 WeightLayout layout_of(const std::string& op);
 
 /// The BN tensors of a batch_norm node; `prefix` selects prefixed names ("bn_" in the QAT op).

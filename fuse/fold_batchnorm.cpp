@@ -69,12 +69,7 @@ Report fold_batchnorm(Graph& graph, const FoldOptions& options) {
 }
 
 Report fold_batchnorm(GraphModule& module, const FoldOptions& options) {
-  if (module->is_training())
-    throw Error("fold_batchnorm: the module is in training mode; folding uses the running statistics that eval() "
-                "uses (never batch statistics), so call module->eval() before folding");
-  Report r = fold_batchnorm(module->graph(), options);
-  module->sync();
-  return r;
+  return run_on_module(module, "fold_batchnorm", ModuleMode::kEval, [&](Graph& g) { return fold_batchnorm(g, options); });
 }
 
 Report remove_bias_before_batchnorm(Graph& graph, const FoldOptions& options) {

@@ -1,5 +1,7 @@
 #include "fuse/fuse.h"
 
+#include "graph/pass_registry.h"
+
 #include <ATen/ATen.h>
 
 #include <mutex>
@@ -40,13 +42,76 @@ void register_threshold_op() {
 
 }  // namespace
 
+// The fuse passes in the pass registry (graph/pass_registry.h).
+void register_passes() {
+  const PassOption targets{"targets", "list", "", "node names or globs to consider (default: all)"};
+  const PassOption ignore{"ignore", "list", "", "node names or globs to leave alone"};
+  auto selection = [](auto& o, const PassOptionValues& v) {
+    o.targets = pass_option_list(v, "targets");
+    o.ignore = pass_option_list(v, "ignore");
+  };
+  register_pass({"fold_batchnorm", "fuse",
+                 "folds a batch_norm into the conv2d / conv_transpose2d / linear before it: W·γ/σ, β + (b − μ)·γ/σ",
+                 {targets, ignore},
+                 [selection](Graph& g, const PassOptionValues& v) {
+                   FoldOptions o;
+                   selection(o, v);
+                   return fold_batchnorm(g, o).summary();
+                 }});
+  register_pass({"repvgg", "fuse",
+                 "RepVGG re-parameterization (Ding et al. 2021): 3×3 + 1×1 + identity branches with BN → one 3×3 conv",
+                 {targets, ignore},
+                 [selection](Graph& g, const PassOptionValues& v) {
+                   RepvggOptions o;
+                   selection(o, v);
+                   return reparameterize_repvgg(g, o).summary();
+                 }});
+  register_pass({"bn_threshold", "fuse",
+                 "batch_norm + sign binarizer → threshold_sign (per-channel threshold and sign flip, FINN-style)",
+                 {targets, ignore},
+                 [selection](Graph& g, const PassOptionValues& v) {
+                   ThresholdOptions o;
+                   selection(o, v);
+                   return fold_bn_into_threshold(g, o).summary();
+                 }});
+  register_pass({"qat_batchnorm", "fuse",
+                 "layer + BN → conv_bn_qat for QAT with the folded weight (Jacob et al. 2018); bn_fold joins the stack",
+                 {targets, ignore},
+                 [selection](Graph& g, const PassOptionValues& v) {
+                   QatOptions o;
+                   selection(o, v);
+                   return prepare_qat_batchnorm(g, o).summary();
+                 }});
+  register_pass({"qat_batchnorm_finalize", "fuse", "conv_bn_qat → its base layer with the folded weight and bias", {},
+                 [](Graph& g, const PassOptionValues&) { return finalize_qat_batchnorm(g).summary(); }});
+  register_pass({"fuse_for_inference", "fuse",
+                 "the inference pipeline: finalize QAT folding, RepVGG, BN folding, BN → threshold",
+                 {{"finalize_qat", "bool", "true", "turn conv_bn_qat nodes into folded layers"},
+                  {"repvgg", "bool", "true", "RepVGG re-parameterization"},
+                  {"fold", "bool", "true", "BN folding"},
+                  {"threshold", "bool", "true", "BN + sign binarizer → threshold_sign"},
+                  targets, ignore},
+                 [selection](Graph& g, const PassOptionValues& v) {
+                   InferenceOptions o;
+                   o.finalize_qat = pass_option_bool(v, "finalize_qat", o.finalize_qat);
+                   o.repvgg = pass_option_bool(v, "repvgg", o.repvgg);
+                   o.fold = pass_option_bool(v, "fold", o.fold);
+                   o.threshold = pass_option_bool(v, "threshold", o.threshold);
+                   selection(o, v);
+                   return fuse_for_inference(g, o).summary();
+                 }});
+}
+
 void register_all() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_threshold_op();
     detail::register_qat();
+    register_passes();
   });
 }
+
+WHITTLE_REGISTER_MODULE("fuse", &register_all)
 
 void Report::append(const Report& other) {
   const std::string prefix = other.pass.empty() || other.pass == pass ? "" : other.pass + ": ";
@@ -75,12 +140,7 @@ Report fuse_for_inference(Graph& graph, const InferenceOptions& o) {
 }
 
 Report fuse_for_inference(GraphModule& module, const InferenceOptions& options) {
-  if (module->is_training())
-    throw Error("fuse_for_inference: the module is in training mode; fusion uses the running statistics that eval() "
-                "uses (never batch statistics), so call module->eval() first");
-  Report r = fuse_for_inference(module->graph(), options);
-  module->sync();
-  return r;
+  return run_on_module(module, "fuse_for_inference", ModuleMode::kEval, [&](Graph& g) { return fuse_for_inference(g, options); });
 }
 
 int64_t count_foldable_batchnorm(const Graph& graph) {

@@ -6,6 +6,7 @@
 #include "fuse/fold_math.h"
 #include "fuse/fuse.h"
 #include "core/error.h"
+#include "graph/functional.h"
 #include "graph/op_registry.h"
 
 namespace whittle::fuse {
@@ -69,20 +70,13 @@ std::vector<at::Tensor> qat_forward(const Node& n, const std::vector<at::Tensor>
   at::Tensor safe = at::where(s == 0, at::ones_like(s), s);
   z = z / channel_view(safe.to(z.scalar_type()), z.dim());
   if (const at::Tensor* b = find_defined(n.params, "bias")) z = z + channel_view(*b, z.dim());
-  double momentum = n.attr_float("bn_momentum", 0.1);
-  if (const at::Tensor* tracked = find_defined(n.buffers, "bn_num_batches_tracked")) {
-    at::NoGradGuard no_grad;
-    const_cast<at::Tensor*>(tracked)->add_(1);
-    if (momentum < 0) momentum = 1.0 / static_cast<double>(tracked->item<int64_t>());
-  } else if (momentum < 0) {
-    momentum = 0.0;
-  }
   auto param = [&](const char* name) {
     const at::Tensor* t = find_defined(n.params, name);
     return t ? *t : at::Tensor();
   };
-  return {at::batch_norm(z, param("bn_weight"), param("bn_bias"), n.buffers.at("bn_running_mean"),
-                         n.buffers.at("bn_running_var"), true, momentum, n.attr_float("bn_eps", 1e-5), true)};
+  return {batch_norm_forward(z, param("bn_weight"), param("bn_bias"), n.buffers.at("bn_running_mean"),
+                             n.buffers.at("bn_running_var"), find_defined(n.buffers, "bn_num_batches_tracked"), true,
+                             n.attr_float("bn_momentum", 0.1), n.attr_float("bn_eps", 1e-5))};
 }
 
 void move_tensor(NamedTensors& from, const std::string& name, NamedTensors& to, const std::string& as) {
@@ -102,6 +96,15 @@ void register_qat() {
   t.required_params = {"weight"};
   t.optional_params = {"bias", "bn_weight", "bn_bias"};
   t.required_buffers = {"bn_running_mean", "bn_running_var"};
+  // The base layer's channel tensors, and the BN's on the output channels.
+  t.channel_tensors = [](const Node& n) {
+    Node base;
+    base.op = n.attr_str("base_op", "conv2d");
+    std::vector<ChannelTensor> c = has_op(base.op) ? whittle::channel_tensors(base) : std::vector<ChannelTensor>{};
+    for (const char* p : {"bn_weight", "bn_bias"}) c.push_back({p, false, ChannelRole::kOutput, 0, false});
+    for (const char* b : {"bn_running_mean", "bn_running_var"}) c.push_back({b, true, ChannelRole::kOutput, 0, false});
+    return c;
+  };
   t.forward = qat_forward;
   t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     if (!n.has_attr("base_op") || !is_foldable_layer(n.attr_str("base_op")))
@@ -122,18 +125,16 @@ void register_qat() {
   };
   register_op(std::move(t));
 
-  register_weight_transform(
-      {"bn_fold", "QAT BN folding: W·γ/σ_running, then the layer's own quantizer (folded_weight_transform)",
-       [](const Node& n, bool training) {
-         const at::Tensor* w = find_defined(n.params, "weight");
-         if (!w) node_fail(n, "bn_fold needs a float 'weight' parameter");
-         ConvBnParams p = qat_params(n, *w);
-         at::Tensor folded = scale_output_channels(*w, bn_scale(p.bn), p.layout, p.groups);
-         if (!n.has_attr("folded_weight_transform")) return folded;
-         Node shadow = n;
-         shadow.params.set("weight", folded);
-         return weight_transform(n.attr_str("folded_weight_transform")).apply(shadow, training);
-       }});
+  WeightTransform fold;
+  fold.name = "bn_fold";
+  fold.description = "QAT BN folding: W·γ/σ_running (the quantizer after it in the stack sees the folded weight)";
+  fold.kind = TransformKind::kFold;
+  fold.apply = [](const Node& n, const at::Tensor& w, bool) {
+    if (!w.defined() || !w.is_floating_point()) node_fail(n, "bn_fold needs a float 'weight' parameter");
+    ConvBnParams p = qat_params(n, w);
+    return scale_output_channels(w, bn_scale(p.bn), p.layout, p.groups);
+  };
+  register_weight_transform(std::move(fold));
 }
 
 }  // namespace detail
@@ -152,7 +153,8 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
       const Node& l = graph.node(layer);
       const at::Tensor* w = find_defined(l.params, "weight");
       if (!w || !w->is_floating_point()) why = "'" + layer + "' has no float weight (packed or missing)";
-      else if (l.attr_str("weight_transform", "") == "bn_fold") why = "'" + layer + "' is already folded";
+      else if (has_weight_transform(l, "bn_fold")) why = "'" + layer + "' is already folded";
+      else if (find_transform_kind(l, TransformKind::kDecode) >= 0) why = "'" + layer + "' holds packed codes";
     }
     if (!why.empty()) {
       report.skipped.push_back(n.name + ": " + why);
@@ -165,8 +167,7 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
     Node& bn = graph.node(bn_name);
     l.attrs["base_op"] = l.op;
     l.op = kOp;
-    if (l.has_attr("weight_transform")) l.attrs["folded_weight_transform"] = l.attr_str("weight_transform");
-    l.attrs["weight_transform"] = std::string("bn_fold");
+    push_weight_transform(l, "bn_fold", find_transform_kind(l, TransformKind::kQuantizer));
     l.attrs["bn_eps"] = bn.attr_float("eps", 1e-5);
     l.attrs["bn_momentum"] = bn.attr_float("momentum", 0.1);
     l.attrs["bn_frozen"] = int64_t{0};
@@ -185,9 +186,8 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
 }
 
 Report prepare_qat_batchnorm(GraphModule& module, const QatOptions& options) {
-  Report r = prepare_qat_batchnorm(module->graph(), options);
-  module->sync();
-  return r;
+  return run_on_module(module, "prepare_qat_batchnorm", ModuleMode::kAny,
+                       [&](Graph& g) { return prepare_qat_batchnorm(g, options); });
 }
 
 int64_t freeze_qat_batchnorm(Graph& graph) {
@@ -215,18 +215,17 @@ Report finalize_qat_batchnorm(Graph& graph) {
     const at::Tensor* b = find_defined(n.params, "bias");
     const at::Tensor like_bias = b ? *b : w;
     n.op = n.attr_str("base_op");
-    for (const char* key : {"base_op", "bn_eps", "bn_momentum", "bn_frozen", "weight_transform"}) n.attrs.erase(key);
-    if (n.has_attr("folded_weight_transform")) {
-      n.attrs["weight_transform"] = n.attr_str("folded_weight_transform");
-      n.attrs.erase("folded_weight_transform");
-    }
+    for (const char* key : {"base_op", "bn_eps", "bn_momentum", "bn_frozen"}) n.attrs.erase(key);
+    erase_weight_transform(n, "bn_fold");
     n.params.set("weight", detail::as_parameter(f.weight, w));
     n.params.set("bias", detail::as_parameter(f.bias, like_bias));
     n.params.erase("bn_weight");
     n.params.erase("bn_bias");
     for (const char* key : {"bn_running_mean", "bn_running_var", "bn_num_batches_tracked"}) n.buffers.erase(key);
     report.fused.push_back(n.name + " (folded weight" +
-                           (n.has_attr("weight_transform") ? ", " + n.attr_str("weight_transform") + " quantizer" : std::string()) +
+                           (find_transform_kind(n, TransformKind::kQuantizer) >= 0
+                                ? ", " + n.weight_transforms[static_cast<size_t>(find_transform_kind(n, TransformKind::kQuantizer))] + " quantizer"
+                                : std::string()) +
                            ")");
   }
   graph.validate();
@@ -234,9 +233,8 @@ Report finalize_qat_batchnorm(Graph& graph) {
 }
 
 Report finalize_qat_batchnorm(GraphModule& module) {
-  Report r = finalize_qat_batchnorm(module->graph());
-  module->sync();
-  return r;
+  return run_on_module(module, "finalize_qat_batchnorm", ModuleMode::kAny,
+                       [](Graph& g) { return finalize_qat_batchnorm(g); });
 }
 
 }  // namespace whittle::fuse

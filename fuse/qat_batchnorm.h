@@ -17,8 +17,8 @@
 // The node keeps the layer's name, attributes and `weight` / `bias` and takes the BN's tensors as
 // params `bn_weight`, `bn_bias` and buffers `bn_running_mean`, `bn_running_var`,
 // `bn_num_batches_tracked`; attributes `base_op` (the layer's op), `bn_eps`, `bn_momentum`,
-// `bn_frozen` (0/1), `weight_transform` = "bn_fold" and, when the layer had one,
-// `folded_weight_transform` (the quantizer's transform name).
+// `bn_frozen` (0/1); the weight transform "bn_fold" (W·γ/σ) joins the layer's stack before its
+// quantizer, so the quantizer sees the folded weight ([mask,] bn_fold[, quantizer]).
 
 #include <string>
 #include <vector>
@@ -52,7 +52,7 @@ Report prepare_qat_batchnorm(GraphModule& module, const QatOptions& options = {}
 int64_t freeze_qat_batchnorm(Graph& graph);
 
 /// Turns every conv_bn_qat node back into its base op holding the folded weight W·s and bias
-/// β + (b − μ)·s, with the folded weight transform (the quantizer) as its weight_transform. The
+/// β + (b − μ)·s, "bn_fold" taken off its stack (the quantizer, if any, stays). The
 /// result computes what the conv_bn_qat node computes in eval mode, and has no BN left; quantized
 /// checkpoints then store the folded weight's codes.
 Report finalize_qat_batchnorm(Graph& graph);

@@ -267,12 +267,7 @@ Report reparameterize_repvgg(Graph& graph, const RepvggOptions& options) {
 }
 
 Report reparameterize_repvgg(GraphModule& module, const RepvggOptions& options) {
-  if (module->is_training())
-    throw Error("reparameterize_repvgg: the module is in training mode; re-parameterization uses the running "
-                "statistics that eval() uses, so call module->eval() first");
-  Report r = reparameterize_repvgg(module->graph(), options);
-  module->sync();
-  return r;
+  return run_on_module(module, "reparameterize_repvgg", ModuleMode::kEval, [&](Graph& g) { return reparameterize_repvgg(g, options); });
 }
 
 }  // namespace whittle::fuse

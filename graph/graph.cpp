@@ -109,6 +109,15 @@ std::vector<int64_t> Node::attr_ints(const std::string& key, std::vector<int64_t
   return has_attr(key) ? attr_ints(key) : fallback;
 }
 
+std::vector<int64_t> Node::attr_pair(const std::string& key, int64_t fallback) const {
+  if (!has_attr(key)) return {fallback, fallback};
+  if (auto v = std::get_if<int64_t>(&attrs.at(key))) return {*v, *v};
+  std::vector<int64_t> l = attr_ints(key);
+  if (l.size() == 1) return {l[0], l[0]};
+  if (l.size() != 2) throw Error("node '" + name + "' (" + op + "): attribute '" + key + "' must have 1 or 2 elements");
+  return l;
+}
+
 std::vector<double> Node::attr_floats(const std::string& key) const {
   const Attr& a = find_attr(*this, key);
   if (auto v = std::get_if<std::vector<double>>(&a)) return *v;
@@ -392,6 +401,11 @@ std::string Graph::to_string() const {
         first = false;
       }
       os << "}";
+    }
+    if (!n.weight_transforms.empty()) {
+      os << " transforms[";
+      for (size_t i = 0; i < n.weight_transforms.size(); ++i) os << (i ? ", " : "") << n.weight_transforms[i];
+      os << "]";
     }
     print_tensors(os, "params", n.params);
     print_tensors(os, "buffers", n.buffers);

@@ -65,6 +65,12 @@ struct Node {
   std::map<std::string, Attr> attrs;
   NamedTensors params;   ///< trainable tensors ("weight", "bias")
   NamedTensors buffers;  ///< non-trainable state ("running_mean", "running_var", ...)
+  /// The weight transform stack, in application order: names of registered WeightTransforms
+  /// (op_registry.h). GraphModule runs the op with the last one's output as its `weight`; each
+  /// transform reads the previous one's output (the first reads the `weight` parameter). A
+  /// transform's settings are node attributes it owns (WeightTransform::attributes). Empty: the
+  /// op runs with its `weight` parameter.
+  std::vector<std::string> weight_transforms;
 
   bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
   /// Typed attribute access; the versions without a default throw whittle::Error naming the node
@@ -78,6 +84,10 @@ struct Node {
   const std::vector<int64_t>& attr_ints(const std::string& key) const;
   std::vector<int64_t> attr_ints(const std::string& key, std::vector<int64_t> fallback) const;
   std::vector<double> attr_floats(const std::string& key) const;  ///< accepts an int list too
+  /// A 2-element attribute of a 2-D op (stride, padding, dilation, kernel_size): a single integer
+  /// or a 1-element list is repeated; `fallback` twice when absent. Throws whittle::Error naming
+  /// the node and key for another length or type.
+  std::vector<int64_t> attr_pair(const std::string& key, int64_t fallback) const;
 };
 
 /// What the graph knows about one value.

@@ -81,11 +81,9 @@ void GraphModuleImpl::build_plan() {
   };
   for (const auto& in : graph_.inputs()) input_slots_.push_back(slot(in));
   for (const auto& node : graph_.nodes()) {
-    Step s{&node, &op_traits(node.op), {}, {}, nullptr, nullptr, {}};
-    if (node.has_attr("weight_transform")) {
-      s.weight_transform = &weight_transform(node.attr_str("weight_transform"));
-      s.shadow = std::make_shared<Node>(node);
-    }
+    Step s{&node, &op_traits(node.op), {}, {}, {}, nullptr, {}};
+    for (const auto& name : node.weight_transforms) s.transforms.push_back(&weight_transform(name));
+    if (!s.transforms.empty()) s.shadow = std::make_shared<Node>(node);
     for (const auto& v : node.inputs) s.inputs.push_back(slot(v));
     for (const auto& v : node.outputs) s.outputs.push_back(slot(v));
     plan_.push_back(std::move(s));
@@ -137,11 +135,14 @@ std::vector<at::Tensor> GraphModuleImpl::forward_with_intermediates(const std::v
     args.clear();
     for (size_t s : step.inputs) args.push_back(env[s]);
     const Node* node = step.node;
-    if (step.weight_transform) {
+    if (!step.transforms.empty()) {
       // The shadow shares every tensor with the node; only its weight is the transformed one.
       step.shadow->params = node->params;
       step.shadow->buffers = node->buffers;
-      step.shadow->params.set("weight", step.weight_transform->apply(*node, training));
+      const at::Tensor* latent = node->params.find("weight");
+      at::Tensor weight = latent ? *latent : at::Tensor();
+      for (const WeightTransform* t : step.transforms) weight = t->apply(*node, weight, training);
+      step.shadow->params.set("weight", weight);
       node = step.shadow.get();
     }
     std::vector<at::Tensor> outs = step.traits->forward(*node, args, training);

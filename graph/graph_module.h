@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "graph/graph.h"
 #include "graph/op_registry.h"
 
@@ -21,8 +22,8 @@ namespace whittle {
 /// objects; to() converts them in place (floating tensors only change dtype; integer buffers
 /// such as num_batches_tracked keep theirs).
 ///
-/// A node with a string attribute `weight_transform` runs with its registered WeightTransform's
-/// output in place of its `weight` (quantization-aware training; see op_registry.h).
+/// A node with a weight transform stack (Node::weight_transforms) runs with the stack's output in
+/// place of its `weight` (masks, QAT BN folding, quantizers, packed codes; see op_registry.h).
 ///
 /// Passes mutate graph() and then call sync() to re-register the tensors.
 class GraphModuleImpl : public torch::nn::Module {
@@ -57,7 +58,7 @@ class GraphModuleImpl : public torch::nn::Module {
     const OpTraits* traits;
     std::vector<size_t> inputs;
     std::vector<size_t> outputs;
-    const WeightTransform* weight_transform = nullptr;  ///< set when the node has a weight_transform attribute
+    std::vector<const WeightTransform*> transforms;  ///< the node's weight transform stack, in order
     std::shared_ptr<Node> shadow;  ///< copy of the node whose weight is the transformed one, for the op's forward
     std::vector<size_t> release;   ///< slots whose last use is this step (dropped after it runs)
   };
@@ -75,5 +76,25 @@ class GraphModuleImpl : public torch::nn::Module {
 };
 
 TORCH_MODULE(GraphModule);
+
+/// What a pass over a module's graph needs of the module's mode.
+enum class ModuleMode {
+  kAny,   ///< the pass works in either mode
+  kEval,  ///< the pass reads BN running statistics, which only the eval form uses
+};
+
+/// Runs `pass(module->graph())`, then module->sync() (re-registering the tensors the pass
+/// changed), and returns what the pass returned: the GraphModule overload of every graph pass.
+/// With ModuleMode::kEval it first throws whittle::Error naming `pass_name` when the module is in
+/// training mode (folding must never use batch statistics).
+template <class Pass>
+auto run_on_module(GraphModule& module, const char* pass_name, ModuleMode mode, Pass&& pass) {
+  if (mode == ModuleMode::kEval && module->is_training())
+    throw Error(std::string(pass_name) + ": the module is in training mode; the pass uses the running statistics "
+                "that eval() uses (never batch statistics), so call module->eval() first");
+  auto result = pass(module->graph());
+  module->sync();
+  return result;
+}
 
 }  // namespace whittle

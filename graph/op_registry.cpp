@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "core/error.h"
 
@@ -20,7 +22,10 @@ std::map<std::string, OpTraits>& registry() {
 
 std::map<std::string, OpTraits>& ensure_registry() {
   static std::once_flag once;
-  std::call_once(once, [] { register_builtin_ops(); });
+  std::call_once(once, [] {
+    register_builtin_ops();
+    register_mask_transform();
+  });
   return registry();
 }
 
@@ -50,11 +55,16 @@ void register_op(OpTraits traits) {
 namespace detail {
 // Used by ops.cpp during the one-time built-in registration (must not recurse into ensure_registry).
 void register_builtin(OpTraits traits) { registry()[traits.kind] = std::move(traits); }
+std::map<std::string, OpTraits>& builtin_registry() { return registry(); }
 }  // namespace detail
 
-bool has_op(const std::string& kind) { return ensure_registry().count(kind) != 0; }
+bool has_op(const std::string& kind) {
+  ensure_registered();
+  return ensure_registry().count(kind) != 0;
+}
 
 OpTraits& mutable_op_traits(const std::string& kind) {
+  ensure_registered();
   auto& reg = ensure_registry();
   auto it = reg.find(kind);
   if (it == reg.end()) {
@@ -68,9 +78,97 @@ OpTraits& mutable_op_traits(const std::string& kind) {
 const OpTraits& op_traits(const std::string& kind) { return mutable_op_traits(kind); }
 
 std::vector<std::string> registered_ops() {
+  ensure_registered();
   std::vector<std::string> out;
   for (const auto& kv : ensure_registry()) out.push_back(kv.first);
   return out;
+}
+
+std::string op_for_torchscript(const std::string& qualified) {
+  ensure_registered();
+  auto find = [](const std::string& name) -> std::string {
+    for (const auto& kv : ensure_registry())
+      for (const auto& ts : kv.second.torchscript_ops)
+        if (ts == name) return kv.first;
+    return "";
+  };
+  std::string op = find(qualified);
+  if (op.empty() && qualified.size() > 1 && qualified.back() == '_' && qualified.rfind("__") != qualified.size() - 2)
+    op = find(qualified.substr(0, qualified.size() - 1));
+  return op;
+}
+
+const char* channel_role_name(ChannelRole role) {
+  switch (role) {
+    case ChannelRole::kOutput: return "output";
+    case ChannelRole::kInput: return "input";
+    case ChannelRole::kChannel: return "channel";
+  }
+  return "?";
+}
+
+std::vector<ChannelTensor> channel_tensors(const Node& node) {
+  const OpTraits& t = op_traits(node.op);
+  return t.channel_tensors ? t.channel_tensors(node) : std::vector<ChannelTensor>{};
+}
+
+std::optional<int64_t> weight_output_axis(const Node& node) {
+  for (const ChannelTensor& c : channel_tensors(node))
+    if (c.name == "weight" && !c.buffer && c.role == ChannelRole::kOutput) return c.axis;
+  return std::nullopt;
+}
+
+bool is_weighted_layer(const Node& node) { return weight_output_axis(node).has_value(); }
+
+bool folds_batchnorm(const Node& node) { return op_traits(node.op).folds_batchnorm; }
+
+void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep) {
+  const OpTraits& t = op_traits(node.op);
+  if (t.slice_channels) t.slice_channels(node, side, keep);
+  else slice_channel_tensors(node, side, keep);
+}
+
+void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64_t>& keep) {
+  auto fail = [&](const std::string& what) {
+    throw Error("node '" + node.name + "' (" + node.op + "): cannot keep " + std::to_string(keep.size()) + " " +
+                channel_role_name(side) + " channels: " + what);
+  };
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (keep[i] < 0 || (i > 0 && keep[i] <= keep[i - 1])) fail("channel indices must be ascending, unique and >= 0");
+  if (keep.empty()) fail("at least one channel must stay");
+  if (!node.params.contains("weight") && node.has_attr("weight_shape"))
+    fail("its weight is packed (slice before the checkpoint is written)");
+  const int64_t groups = node.attr_int("groups", 1);
+  for (const ChannelTensor& c : channel_tensors(node)) {
+    if (c.role != side && c.role != ChannelRole::kChannel) continue;
+    if (side == ChannelRole::kChannel && c.role != ChannelRole::kChannel) continue;
+    at::Tensor* t = c.buffer ? node.buffers.find(c.name) : node.params.find(c.name);
+    if (!t || !t->defined()) continue;
+    if (c.axis >= t->dim()) fail(c.name + " has no axis " + std::to_string(c.axis));
+    const int64_t size = t->size(c.axis);
+    std::vector<int64_t> index = keep;
+    if (c.per_group && groups > 1) {
+      // Global channel g·size + j ↦ entry j of group g; every group must keep the same entries.
+      std::vector<std::vector<int64_t>> local(static_cast<size_t>(groups));
+      for (int64_t k : keep) {
+        if (k >= size * groups) fail(c.name + ": channel " + std::to_string(k) + " out of range (" +
+                                     std::to_string(size * groups) + " channels)");
+        local[static_cast<size_t>(k / size)].push_back(k % size);
+      }
+      for (const auto& l : local)
+        if (l != local[0])
+          fail(c.name + ": with groups=" + std::to_string(groups) + " every group must keep the same channels");
+      index = local[0];
+    } else if (keep.back() >= size) {
+      fail(c.name + ": channel " + std::to_string(keep.back()) + " out of range (" + c.name + " has " +
+           std::to_string(size) + " on axis " + std::to_string(c.axis) + ")");
+    }
+    at::NoGradGuard no_grad;
+    at::Tensor sliced = t->index_select(c.axis, at::tensor(index, at::TensorOptions().dtype(at::kLong).device(t->device())))
+                            .contiguous();
+    sliced.set_requires_grad(t->requires_grad());
+    *t = sliced;
+  }
 }
 
 namespace {
@@ -90,7 +188,18 @@ void register_weight_transform(WeightTransform transform) {
   transforms()[transform.name] = std::move(transform);
 }
 
+std::vector<std::string> registered_weight_transforms() {
+  ensure_registry();
+  ensure_registered();
+  std::lock_guard<std::mutex> lock(transforms_mutex());
+  std::vector<std::string> out;
+  for (const auto& kv : transforms()) out.push_back(kv.first);
+  return out;
+}
+
 const WeightTransform& weight_transform(const std::string& name) {
+  ensure_registry();  // the built-in "mask" registers with the built-in ops
+  ensure_registered();
   std::lock_guard<std::mutex> lock(transforms_mutex());
   auto it = transforms().find(name);
   if (it == transforms().end()) {
@@ -101,8 +210,69 @@ const WeightTransform& weight_transform(const std::string& name) {
   return it->second;
 }
 
+at::Tensor transformed_weight(const Node& node, bool training, size_t stages) {
+  const at::Tensor* w = node.params.find("weight");
+  at::Tensor weight = w ? *w : at::Tensor();
+  const size_t n = std::min(stages, node.weight_transforms.size());
+  for (size_t i = 0; i < n; ++i) weight = weight_transform(node.weight_transforms[i]).apply(node, weight, training);
+  return weight;
+}
+
+bool has_weight_transform(const Node& node, const std::string& name) {
+  return std::find(node.weight_transforms.begin(), node.weight_transforms.end(), name) != node.weight_transforms.end();
+}
+
+int64_t find_transform_kind(const Node& node, TransformKind kind) {
+  for (size_t i = 0; i < node.weight_transforms.size(); ++i)
+    if (weight_transform(node.weight_transforms[i]).kind == kind) return static_cast<int64_t>(i);
+  return -1;
+}
+
+void push_weight_transform(Node& node, const std::string& name, int64_t at) {
+  weight_transform(name);  // throws for an unknown one
+  if (has_weight_transform(node, name))
+    throw Error("node '" + node.name + "': weight transform '" + name + "' is already in its stack");
+  auto& s = node.weight_transforms;
+  if (at < 0 || at >= static_cast<int64_t>(s.size())) s.push_back(name);
+  else s.insert(s.begin() + at, name);
+}
+
+bool erase_weight_transform(Node& node, const std::string& name) {
+  auto& s = node.weight_transforms;
+  auto it = std::find(s.begin(), s.end(), name);
+  if (it == s.end()) return false;
+  s.erase(it);
+  const WeightTransform& t = weight_transform(name);
+  for (const auto& a : t.attributes) node.attrs.erase(a);
+  for (const auto& b : t.buffers) node.buffers.erase(b);
+  return true;
+}
+
+std::string transform_stack_problem(const Node& node) {
+  for (const auto& name : node.weight_transforms)
+    if (weight_transform(name).kind != TransformKind::kMask)
+      return "'" + node.name + "' runs with weight transform '" + name + "' (its weight is not a plain tensor)";
+  return "";
+}
+
+void register_mask_transform() {
+  WeightTransform t;
+  t.name = "mask";
+  t.description = "pruning mask: weight ⊙ weight_mask (buffer of the weight's shape, 0/1)";
+  t.kind = TransformKind::kMask;
+  t.buffers = {"weight_mask"};
+  t.apply = [](const Node& n, const at::Tensor& w, bool) {
+    const at::Tensor* m = n.buffers.find("weight_mask");
+    if (!w.defined()) throw Error("node '" + n.name + "': transform 'mask' needs a weight");
+    if (!m || !m->defined() || m->sizes() != w.sizes())
+      throw Error("node '" + n.name + "': transform 'mask' needs a buffer 'weight_mask' of shape " + shape_str(w.sizes().vec()));
+    return w * *m;
+  };
+  register_weight_transform(std::move(t));
+}
+
 std::optional<Node> with_placeholder_weight(const Node& node) {
-  if (node.params.contains("weight") || !node.has_attr("weight_transform") || !node.has_attr("weight_shape"))
+  if (node.params.contains("weight") || node.weight_transforms.empty() || !node.has_attr("weight_shape"))
     return std::nullopt;
   Node copy = node;
   copy.params.set("weight", at::empty(node.attr_ints("weight_shape"), at::TensorOptions().device(at::kMeta)));

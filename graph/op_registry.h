@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registration.h"
 #include "graph/graph.h"
 
 namespace whittle {
@@ -38,9 +39,50 @@ using ShapeFn = std::function<std::vector<Shape>(const Node& node, const std::ve
 /// Multiply-accumulate count of one run at the given shapes (0 for ops without MACs).
 using MacsFn = std::function<int64_t(const Node& node, const std::vector<Shape>& inputs,
                                      const std::vector<Shape>& outputs)>;
-/// Export hooks, filled by export/ (ONNX and TorchScript writers). Opaque context pointers keep
-/// graph/ free of exporter types.
-using ExportFn = std::function<void(const Node& node, void* writer_context)>;
+/// Which channels an axis of a node's tensor indexes (see ChannelTensor).
+enum class ChannelRole {
+  kOutput,   ///< the channels the op produces (conv weight axis 0, its bias)
+  kInput,    ///< the channels the op consumes (conv weight axis 1)
+  kChannel,  ///< a pass-through op's one channel index, shared by input and output (BN's tensors)
+};
+
+/// Name of a ChannelRole ("output", "input", "channel").
+const char* channel_role_name(ChannelRole role);
+
+/// A parameter or buffer of a node that carries channels on one axis: what quantizers use as the
+/// per-channel axis, what BN folding scales, and what channel pruning slices.
+struct ChannelTensor {
+  std::string name;        ///< parameter or buffer name ("weight", "bias", "running_var")
+  bool buffer = false;     ///< in Node::buffers rather than Node::params
+  ChannelRole role = ChannelRole::kOutput;
+  int64_t axis = 0;        ///< the tensor axis that indexes the channels
+  /// The axis holds the channels of one group only (channels / groups entries), as the input
+  /// axis 1 of a grouped conv2d weight [Cout, Cin/g, kh, kw] and the output axis 1 of a
+  /// conv_transpose2d weight [Cin, Cout/g, kh, kw]. The group count is the node's `groups`.
+  bool per_group = false;
+};
+
+/// The channel-carrying tensors of a node (they may depend on its attributes, as conv_bn_qat's
+/// depend on its base_op). Tensors the node lacks are listed anyway; users skip them.
+using ChannelTensorsFn = std::function<std::vector<ChannelTensor>(const Node& node)>;
+
+/// Keeps only the channels `keep` (ascending, unique, in range) on one side of a node: its
+/// output channels (ChannelRole::kOutput), its input channels (kInput), or, for a pass-through op,
+/// its one channel index (kChannel; either side names it too). Slices every tensor that carries
+/// channels of that side and updates attributes (a depthwise conv's `groups`). Throws
+/// whittle::Error naming the node when the subset cannot be represented (a grouped conv keeping
+/// different channels in different groups, a packed weight).
+using SliceChannelsFn = std::function<void(Node& node, ChannelRole side, const std::vector<int64_t>& keep)>;
+
+class OnnxEmitter;         // defined by export/ (the ONNX writer)
+class TorchScriptEmitter;  // defined by export/ (the TorchScript writer)
+/// Writes one node through an ONNX emitter (the emitter names the node's input and output
+/// values and collects ONNX nodes and initializers). Throws whittle::Error naming the node and
+/// attribute when the node has no ONNX form at the emitter's opset.
+using OnnxWriteFn = std::function<void(const Node& node, OnnxEmitter& emitter)>;
+/// Writes one node as TorchScript through an emitter (which holds the module's tensors and the
+/// statements of its forward). Throws like OnnxWriteFn.
+using TorchScriptWriteFn = std::function<void(const Node& node, TorchScriptEmitter& emitter)>;
 
 /// The traits of one op kind.
 struct OpTraits {
@@ -55,8 +97,20 @@ struct OpTraits {
   ForwardFn forward;
   ShapeFn infer_shapes;
   MacsFn macs;  ///< empty: no MACs
-  ExportFn to_onnx;         ///< set by the ONNX writer; empty until then
-  ExportFn to_torchscript;  ///< set by the TorchScript writer; empty until then
+  /// Which tensors carry channels on which axis; empty: none (activations, shape ops).
+  ChannelTensorsFn channel_tensors;
+  /// Slices the node to a channel subset; empty: slice_channel_tensors over channel_tensors.
+  SliceChannelsFn slice_channels;
+  /// y = W ⊛ x + b, affine in each output channel: a batch_norm reading its only output folds
+  /// into its weight and bias (conv2d, conv_transpose2d, linear).
+  bool folds_batchnorm = false;
+  /// sign(op(x)) = op(sign(x)) in eval form: monotone, channel-preserving, no arithmetic (max
+  /// pooling, flatten, dropout, identity), so a binarizer may move across the op.
+  bool commutes_with_sign = false;
+  /// The TorchScript operators (qualified, "aten::conv2d") the importer maps onto this op.
+  std::vector<std::string> torchscript_ops;
+  OnnxWriteFn to_onnx;                ///< filled by the module that owns the op; empty: no ONNX form yet
+  TorchScriptWriteFn to_torchscript;  ///< likewise for TorchScript emission
 };
 
 /// Registers (or replaces) an op kind's traits.
@@ -69,19 +123,55 @@ OpTraits& mutable_op_traits(const std::string& kind);
 bool has_op(const std::string& kind);
 /// All registered op kinds, sorted.
 std::vector<std::string> registered_ops();
+/// The registered op that TorchScript operator `qualified` ("aten::relu_") maps onto, from the
+/// entries' torchscript_ops (an in-place variant "aten::x_" matches "aten::x"); "" when none.
+std::string op_for_torchscript(const std::string& qualified);
 
-/// A weight transform: computes the weight a node runs with from the node's own tensors and
-/// attributes (e.g. a quantizer with a straight-through gradient applied to the latent float
-/// weight, or the decoding of packed integer codes). A node opts in with the string attribute
-/// `weight_transform` = the transform's name; GraphModule then calls `apply` on every forward and
-/// passes the result to the op as its `weight`. Registered by the modules that implement them
-/// (quantize/), so graph/ does not depend on them.
+// ---- channel queries, answered from the registry entries (quantize, fuse and pruning use them)
+
+/// The node's channel-carrying tensors (its op's channel_tensors; empty when it has none).
+std::vector<ChannelTensor> channel_tensors(const Node& node);
+/// The axis of the node's `weight` that indexes its output channels (0 for conv2d and linear, 1
+/// for conv_transpose2d); nullopt when its op has no weight carrying output channels.
+std::optional<int64_t> weight_output_axis(const Node& node);
+/// True when the node computes its own output channels from a weight (conv2d, conv_transpose2d,
+/// linear, conv_bn_qat): the layers quantizers and pruning act on.
+bool is_weighted_layer(const Node& node);
+/// True when a batch_norm may fold into the node's op (OpTraits::folds_batchnorm).
+bool folds_batchnorm(const Node& node);
+/// Slices the node to the channels `keep` on `side` through its op's slice hook (see
+/// SliceChannelsFn for the rules and errors); the caller re-runs shape inference.
+void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep);
+/// The generic slicer: index_select on every channel tensor of `side` (kChannel tensors on any
+/// side), mapping global channel indices to per-group ones where ChannelTensor::per_group (then
+/// every group must keep the same channels). Throws whittle::Error naming the node and tensor.
+void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64_t>& keep);
+
+/// What a weight transform does, which decides how it stacks with others.
+enum class TransformKind {
+  kMask,       ///< zeroes entries (pruning masks): commutes with per-output-channel scaling
+  kFold,       ///< folds another op into the weight (QAT BN folding)
+  kQuantizer,  ///< maps the latent float weight to its quantized values (DoReFa, TWN, BNN, XNOR)
+  kDecode,     ///< computes the weight from stored codes, ignoring its input (packed checkpoints)
+};
+
+/// A weight transform: one stage of a node's transform stack (Node::weight_transforms). It maps
+/// the weight computed so far (for the first stage: the node's `weight` parameter, undefined when
+/// the node has none) to the weight the next stage sees, from the node's own tensors and
+/// attributes: a pruning mask, QAT BN folding, a quantizer with a straight-through gradient, the
+/// decoding of packed integer codes. GraphModule runs the stack on every forward and passes the
+/// result to the op as its `weight`. Registered by the modules that implement them (graph/ has
+/// "mask"; quantize/ and fuse/ add theirs), so graph/ depends on none of them.
 struct WeightTransform {
   std::string name;
   std::string description;
-  /// Returns the effective weight (same shape as the op expects, differentiable where it makes
-  /// sense). `training` is the module's mode.
-  std::function<at::Tensor(const Node& node, bool training)> apply;
+  TransformKind kind = TransformKind::kQuantizer;
+  std::vector<std::string> attributes;  ///< node attributes the transform owns (removed with it)
+  std::vector<std::string> buffers;     ///< node buffers it owns ("weight_mask")
+  /// Returns the weight after this stage (the shape the op expects, differentiable where it makes
+  /// sense). `weight` is the previous stage's output; `training` is the module's mode. Throws
+  /// whittle::Error naming the node when its tensors or attributes are missing or wrong.
+  std::function<at::Tensor(const Node& node, const at::Tensor& weight, bool training)> apply;
 };
 
 /// Registers (or replaces) a weight transform.
@@ -89,12 +179,36 @@ void register_weight_transform(WeightTransform transform);
 /// The transform `name`; throws whittle::Error listing the known ones when unknown (a checkpoint
 /// naming a transform this build lacks fails here, at load time).
 const WeightTransform& weight_transform(const std::string& name);
+/// Names of the registered transforms, sorted.
+std::vector<std::string> registered_weight_transforms();
+
+/// The weight the node's op runs with: its `weight` parameter passed through the first `stages`
+/// entries of its transform stack (all of them by default; 0 gives the parameter itself).
+/// Throws whittle::Error naming the node for an unknown transform or a failing stage.
+at::Tensor transformed_weight(const Node& node, bool training, size_t stages = static_cast<size_t>(-1));
+/// True when the node's stack has an entry `name`.
+bool has_weight_transform(const Node& node, const std::string& name);
+/// Position of the first entry of `kind` in the node's stack, or -1.
+int64_t find_transform_kind(const Node& node, TransformKind kind);
+/// Appends `name` to the node's stack (before position `at` when given). Throws whittle::Error
+/// for an unknown transform or one the stack already holds.
+void push_weight_transform(Node& node, const std::string& name, int64_t at = -1);
+/// Removes entry `name` from the node's stack, with the attributes and buffers it owns; returns
+/// false when the stack has no such entry.
+bool erase_weight_transform(Node& node, const std::string& name);
+/// "" when every transform in the node's stack commutes with scaling each output channel of the
+/// weight (masks only), so BN folding may scale the latent weight under it; otherwise why not.
+std::string transform_stack_problem(const Node& node);
 
 /// A node whose weight a transform computes from other tensors (the "packed" transform decodes
 /// integer codes) has no `weight` parameter and records the weight's shape in the ints attribute
 /// `weight_shape`. For shape inference and cost, this returns a copy of such a node holding a
 /// placeholder weight of that shape (meta device, no data); nullopt for any other node.
 std::optional<Node> with_placeholder_weight(const Node& node);
+
+/// Registers the transform "mask": weight ⊙ the node's buffer `weight_mask` (same shape, 0/1),
+/// the form a pruning mask takes before channels are removed. Called with the built-in ops.
+void register_mask_transform();
 
 /// Cost of one node at the graph's declared shapes.
 struct NodeCost {

@@ -24,6 +24,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "graph/functional.h"
 #include "graph/op_registry.h"
 
 namespace whittle {
@@ -37,16 +38,7 @@ namespace {
   throw Error("node '" + n.name + "' (" + n.op + "): " + msg);
 }
 
-// A 2-element attribute; a 1-element list or a single integer is repeated.
-std::vector<int64_t> pair(const Node& n, const std::string& key, int64_t fallback) {
-  if (!n.has_attr(key)) return {fallback, fallback};
-  const Attr& a = n.attrs.at(key);
-  if (auto v = std::get_if<int64_t>(&a)) return {*v, *v};
-  std::vector<int64_t> l = n.attr_ints(key);
-  if (l.size() == 1) return {l[0], l[0]};
-  if (l.size() != 2) fail(n, "attribute '" + key + "' must have 1 or 2 elements");
-  return l;
-}
+std::vector<int64_t> pair(const Node& n, const std::string& key, int64_t fallback) { return n.attr_pair(key, fallback); }
 
 int64_t wrap_dim(const Node& n, int64_t dim, size_t rank) {
   const auto r = static_cast<int64_t>(rank);
@@ -76,6 +68,52 @@ const at::Tensor& param_or_undefined(const Node& n, const std::string& name) {
 
 std::vector<at::Tensor> one(at::Tensor t) { return {std::move(t)}; }
 
+ChannelTensorsFn fixed_channels(std::vector<ChannelTensor> tensors) {
+  return [tensors](const Node&) { return tensors; };
+}
+
+// conv2d / conv_transpose2d: groups > 1 constrains which subsets exist. Depthwise (groups = Cin =
+// Cout) ties input and output channels: keeping channel c keeps its filter, on both sides, and
+// `groups` becomes the number kept. Otherwise every group keeps the same number of channels on
+// the side sliced (and, on a per-group axis, the same ones).
+void slice_conv(Node& n, ChannelRole side, const std::vector<int64_t>& keep) {
+  const int64_t g = n.attr_int("groups", 1);
+  const at::Tensor* w = n.params.find("weight");
+  if (g == 1 || !w || !w->defined()) return slice_channel_tensors(n, side, keep);
+  const bool transposed = n.op == "conv_transpose2d";
+  const int64_t cin = transposed ? w->size(0) : w->size(1) * g;
+  const int64_t cout = transposed ? w->size(1) * g : w->size(0);
+  if (g == cin && g == cout) {
+    // Every tensor axis that lists all channels (weight axis 0, bias) keeps `keep`; the per-group
+    // axis has one entry and stays.
+    for (size_t i = 1; i < keep.size(); ++i)
+      if (keep[i] <= keep[i - 1]) fail(n, "channel indices to keep must be ascending and unique");
+    for (const ChannelTensor& c : op_traits(n.op).channel_tensors(n)) {
+      if (c.per_group) continue;
+      at::Tensor* t = c.buffer ? n.buffers.find(c.name) : n.params.find(c.name);
+      if (!t || !t->defined()) continue;
+      if (keep.empty() || keep.back() >= t->size(c.axis))
+        fail(n, "cannot keep these channels of a depthwise convolution (" + std::to_string(t->size(c.axis)) + " channels)");
+      at::NoGradGuard no_grad;
+      at::Tensor sliced = t->index_select(c.axis, at::tensor(keep, at::TensorOptions().dtype(at::kLong).device(t->device())))
+                              .contiguous();
+      sliced.set_requires_grad(t->requires_grad());
+      *t = sliced;
+    }
+    n.attrs["groups"] = static_cast<int64_t>(keep.size());
+    return;
+  }
+  const int64_t per = (side == ChannelRole::kOutput ? cout : cin) / g;
+  std::vector<int64_t> count(static_cast<size_t>(g), 0);
+  for (int64_t k : keep)
+    if (k / per < g) ++count[static_cast<size_t>(k / per)];
+  for (int64_t c : count)
+    if (c != count[0])
+      fail(n, std::string("cannot keep these ") + channel_role_name(side) + " channels: with groups=" +
+                  std::to_string(g) + " every group must keep the same number");
+  slice_channel_tensors(n, side, keep);
+}
+
 // Registers an elementwise single-input op whose shape is its input's.
 void unary(const std::string& kind, const std::string& desc, ChannelFlow flow,
            std::function<at::Tensor(const Node&, const at::Tensor&, bool)> f) {
@@ -95,6 +133,12 @@ void register_conv() {
   t.channel_flow = ChannelFlow::kProducerConsumer;
   t.required_params = {"weight"};
   t.optional_params = {"bias"};
+  t.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kOutput, 0, false},
+                                      {"weight", false, ChannelRole::kInput, 1, true},
+                                      {"bias", false, ChannelRole::kOutput, 0, false}});
+  t.slice_channels = slice_conv;
+  t.folds_batchnorm = true;
+  t.torchscript_ops = {"aten::conv2d", "aten::_convolution"};
   t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     return one(at::conv2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), pair(n, "stride", 1),
                           pair(n, "padding", 0), pair(n, "dilation", 1), n.attr_int("groups", 1)));
@@ -128,6 +172,12 @@ void register_conv() {
   ct.description = "2-D transposed convolution (torch.nn.ConvTranspose2d)";
   ct.channel_flow = ChannelFlow::kProducerConsumer;
   ct.required_params = {"weight"};
+  ct.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kInput, 0, false},
+                                       {"weight", false, ChannelRole::kOutput, 1, true},
+                                       {"bias", false, ChannelRole::kOutput, 0, false}});
+  ct.slice_channels = slice_conv;
+  ct.folds_batchnorm = true;
+  ct.torchscript_ops = {"aten::conv_transpose2d"};
   ct.optional_params = {"bias"};
   ct.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     return one(at::conv_transpose2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), pair(n, "stride", 1),
@@ -160,6 +210,11 @@ void register_conv() {
   l.channel_flow = ChannelFlow::kProducerConsumer;
   l.required_params = {"weight"};
   l.optional_params = {"bias"};
+  l.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kOutput, 0, false},
+                                      {"weight", false, ChannelRole::kInput, 1, false},
+                                      {"bias", false, ChannelRole::kOutput, 0, false}});
+  l.folds_batchnorm = true;
+  l.torchscript_ops = {"aten::linear", "aten::addmm", "aten::matmul", "aten::mm"};
   l.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     return one(at::linear(in[0], n.params.at("weight"), param_or_undefined(n, "bias")));
   };
@@ -188,19 +243,16 @@ void register_batch_norm() {
   t.channel_flow = ChannelFlow::kPassThrough;
   t.optional_params = {"weight", "bias"};
   t.required_buffers = {"running_mean", "running_var"};
+  t.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kChannel, 0, false},
+                                      {"bias", false, ChannelRole::kChannel, 0, false},
+                                      {"running_mean", true, ChannelRole::kChannel, 0, false},
+                                      {"running_var", true, ChannelRole::kChannel, 0, false}});
+  t.torchscript_ops = {"aten::batch_norm"};
   t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
-    double momentum = n.attr_float("momentum", 0.1);
-    const at::Tensor* tracked = n.buffers.find("num_batches_tracked");
-    if (training && tracked && tracked->defined()) {
-      at::NoGradGuard no_grad;
-      const_cast<at::Tensor*>(tracked)->add_(1);
-      if (momentum < 0) momentum = 1.0 / static_cast<double>(tracked->item<int64_t>());
-    } else if (momentum < 0) {
-      momentum = 0.0;
-    }
-    return one(at::batch_norm(in[0], param_or_undefined(n, "weight"), param_or_undefined(n, "bias"),
-                              n.buffers.at("running_mean"), n.buffers.at("running_var"), training, momentum,
-                              n.attr_float("eps", 1e-5), true));
+    return one(batch_norm_forward(in[0], param_or_undefined(n, "weight"), param_or_undefined(n, "bias"),
+                                  n.buffers.at("running_mean"), n.buffers.at("running_var"),
+                                  n.buffers.find("num_batches_tracked"), training, n.attr_float("momentum", 0.1),
+                                  n.attr_float("eps", 1e-5)));
   };
   t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     if (in[0].size() < 2) fail(n, "expects input [N, C, ...], got " + shape_str(in[0]));
@@ -525,7 +577,51 @@ void register_shape_ops() {
   detail::register_builtin(std::move(m));
 }
 
+// The TorchScript operators each remaining built-in op is read from (the importer decodes their
+// arguments), and which ops a sign binarizer commutes with.
+void register_torchscript_ops_and_sign(std::map<std::string, OpTraits>& reg) {
+  const std::map<std::string, std::vector<std::string>> ts = {
+      {"add", {"aten::add"}},
+      {"mul", {"aten::mul"}},
+      {"reshape", {"aten::view", "aten::reshape"}},
+      {"split", {"aten::chunk", "aten::unsafe_chunk", "aten::split", "aten::unsafe_split", "aten::split_with_sizes",
+                 "aten::unsafe_split_with_sizes"}},
+      {"upsample", {"aten::upsample_nearest2d", "aten::upsample_bilinear2d"}},
+      // A copy must not alias its source (a later in-place op would change both), so clone becomes
+      // an identity node rather than disappearing like contiguous.
+      {"identity", {"aten::clone"}},
+      {"relu", {"aten::relu"}},
+      {"relu6", {"aten::relu6"}},
+      {"hardtanh", {"aten::hardtanh"}},  // hardtanh(0, 6) is read as relu6
+      {"leaky_relu", {"aten::leaky_relu"}},
+      {"sigmoid", {"aten::sigmoid"}},
+      {"tanh", {"aten::tanh"}},
+      {"silu", {"aten::silu"}},
+      {"hardswish", {"aten::hardswish"}},
+      {"hardsigmoid", {"aten::hardsigmoid"}},
+      {"gelu", {"aten::gelu"}},
+      {"dropout", {"aten::dropout"}},
+      {"feature_dropout", {"aten::feature_dropout"}},
+      {"softmax", {"aten::softmax"}},
+      {"max_pool2d", {"aten::max_pool2d"}},
+      {"avg_pool2d", {"aten::avg_pool2d"}},
+      {"adaptive_avg_pool2d", {"aten::adaptive_avg_pool2d"}},
+      {"flatten", {"aten::flatten"}},
+      {"cat", {"aten::cat", "aten::concat", "aten::concatenate"}},
+      {"transpose", {"aten::transpose"}},
+      {"permute", {"aten::permute"}},
+      {"mean", {"aten::mean"}},
+  };
+  for (const auto& [kind, ops] : ts) reg.at(kind).torchscript_ops = ops;
+  for (const char* kind : {"max_pool2d", "flatten", "dropout", "feature_dropout", "identity"})
+    reg.at(kind).commutes_with_sign = true;
+}
+
 }  // namespace
+
+namespace detail {
+std::map<std::string, OpTraits>& builtin_registry();  // op_registry.cpp
+}
 
 void register_builtin_ops() {
   register_conv();
@@ -533,6 +629,7 @@ void register_builtin_ops() {
   register_activations();
   register_pooling();
   register_shape_ops();
+  register_torchscript_ops_and_sign(detail::builtin_registry());
 }
 
 }  // namespace whittle

@@ -11,7 +11,9 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr int kGraphFormatVersion = 1;
+// 2: weight transform stacks ("weight_transforms": [...]) instead of the attributes
+// weight_transform / folded_weight_transform, which version 1 files are read with.
+constexpr int kGraphFormatVersion = 2;
 
 json attr_to_json(const Attr& a) {
   json j;
@@ -109,6 +111,7 @@ std::string graph_to_json(const Graph& graph) {
     json attrs = json::object();
     for (const auto& kv : n.attrs) attrs[kv.first] = attr_to_json(kv.second);
     jn["attrs"] = attrs;
+    if (!n.weight_transforms.empty()) jn["weight_transforms"] = n.weight_transforms;
     jn["params"] = tensors_to_json(n.params);
     jn["buffers"] = tensors_to_json(n.buffers);
     nodes.push_back(jn);
@@ -146,6 +149,23 @@ Graph graph_from_json(const std::string& json_text, const TensorSource& source, 
       auto outputs = need(jn, "outputs", where).get<std::vector<std::string>>();
       if (outputs.empty()) throw Error(where + ": has no outputs");
       for (const auto& kv : need(jn, "attrs", where).items()) n.attrs[kv.key()] = attr_from_json(kv.value(), where + " attribute '" + kv.key() + "'");
+      if (jn.contains("weight_transforms")) {
+        if (!jn["weight_transforms"].is_array()) throw Error(where + ": weight_transforms is not a list of names");
+        for (const auto& t : jn["weight_transforms"]) {
+          if (!t.is_string()) throw Error(where + ": weight_transforms is not a list of names");
+          n.weight_transforms.push_back(t.get<std::string>());
+        }
+      }
+      // Version 1: one transform in the attribute weight_transform; QAT BN folding kept the
+      // quantizer it wraps in folded_weight_transform. The stack is [weight_transform, folded].
+      for (const char* key : {"weight_transform", "folded_weight_transform"}) {
+        auto it = n.attrs.find(key);
+        if (it == n.attrs.end() || version >= 2) continue;
+        if (!std::holds_alternative<std::string>(it->second)) throw Error(where + ": attribute " + key + " is not a name");
+        n.weight_transforms.push_back(std::get<std::string>(it->second));
+        n.attrs.erase(it);
+      }
+
       for (const char* kind : {"params", "buffers"}) {
         const TensorRole role = std::string(kind) == "params" ? TensorRole::kParam : TensorRole::kBuffer;
         for (const auto& jt : need(jn, kind, where)) {

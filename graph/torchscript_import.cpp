@@ -813,35 +813,35 @@ std::vector<AVal> Importer::fold(const Ctx& c) {
 
 std::vector<AVal> Importer::map_op(const Ctx& c) {
   const std::string k = c.n->kind().toQualString();
-  auto base = [&](const std::string& name) { return k == "aten::" + name || k == "aten::" + name + "_"; };
+  // Which whittle op an operator maps onto is in the op registry (OpTraits::torchscript_ops); how
+  // its arguments become attributes is below.
+  const std::string op = op_for_torchscript(k);
+  if (op.empty()) fail(c, "unsupported op " + k);
   auto unary = [&](const std::string& op, std::map<std::string, Attr> attrs = {}) {
     return std::vector<AVal>{tensor_val(emit(c, op, {tensor_arg(c, 0, "input")}, std::move(attrs))[0])};
   };
 
-  if (k == "aten::_convolution" || k == "aten::conv2d" || k == "aten::conv_transpose2d") return map_conv(c);
-  if (k == "aten::batch_norm") return map_batch_norm(c);
-  if (k == "aten::linear" || k == "aten::addmm" || k == "aten::matmul" || k == "aten::mm") return map_linear_like(c);
-  if (base("add") || base("mul")) return map_binary(c);
-  if (k == "aten::view" || k == "aten::reshape") return map_reshape(c);
-  if (k == "aten::chunk" || k == "aten::unsafe_chunk" || k == "aten::split" || k == "aten::unsafe_split" ||
-      k == "aten::split_with_sizes" || k == "aten::unsafe_split_with_sizes")
+  if (op == "conv2d" || op == "conv_transpose2d") return map_conv(c);
+  if (op == "batch_norm") return map_batch_norm(c);
+  if (op == "linear") return map_linear_like(c);
+  if (op == "add" || op == "mul") return map_binary(c);
+  if (op == "reshape") return map_reshape(c);
+  if (op == "split")
     return map_split(c);
-  if (k == "aten::upsample_nearest2d" || k == "aten::upsample_bilinear2d") return map_upsample(c);
+  if (op == "upsample") return map_upsample(c);
 
-  // A copy must not alias its source (a later in-place op would change both), so clone becomes an
-  // identity node rather than disappearing like contiguous.
-  if (k == "aten::clone") return unary("identity");
-  if (base("relu")) return unary("relu");
-  if (base("relu6")) return unary("relu6");
-  if (base("hardtanh")) {
+  if (op == "identity") return unary("identity");  // aten::clone
+  if (op == "relu") return unary("relu");
+  if (op == "relu6") return unary("relu6");
+  if (op == "hardtanh") {
     double lo = float_arg(c, 1, "min_val"), hi = float_arg(c, 2, "max_val");
     if (lo == 0.0 && hi == 6.0) return unary("relu6");
     return unary("hardtanh", {{"min_val", lo}, {"max_val", hi}});
   }
-  if (base("leaky_relu")) return unary("leaky_relu", {{"negative_slope", float_arg(c, 1, "negative_slope")}});
-  for (const char* op : {"sigmoid", "tanh", "silu", "hardswish", "hardsigmoid"})
-    if (base(op)) return unary(op);
-  if (k == "aten::gelu") {
+  if (op == "leaky_relu") return unary("leaky_relu", {{"negative_slope", float_arg(c, 1, "negative_slope")}});
+  for (const char* u : {"sigmoid", "tanh", "silu", "hardswish", "hardsigmoid"})
+    if (op == u) return unary(u);
+  if (op == "gelu") {
     std::string approx = "none";
     if (c.in.size() > 1) {
       c10::IValue a = const_arg(c, 1, "approximate");
@@ -849,15 +849,12 @@ std::vector<AVal> Importer::map_op(const Ctx& c) {
     }
     return unary("gelu", {{"approximate", approx}});
   }
-  if (base("dropout") || base("feature_dropout")) {
-    const std::string op = base("dropout") ? "dropout" : "feature_dropout";
-    return unary(op, {{"p", float_arg(c, 1, "p")}});
-  }
-  if (k == "aten::softmax") {
+  if (op == "dropout" || op == "feature_dropout") return unary(op, {{"p", float_arg(c, 1, "p")}});
+  if (op == "softmax") {
     if (c.in.size() > 2 && !c.in[2].is_none()) fail(c, "aten::softmax with a dtype argument is not supported");
     return unary("softmax", {{"dim", int_arg(c, 1, "dim")}});
   }
-  if (k == "aten::max_pool2d") {
+  if (op == "max_pool2d") {
     std::map<std::string, Attr> a{{"kernel_size", ints_arg(c, 1, "kernel_size")}};
     std::vector<int64_t> stride = ints_arg(c, 2, "stride");
     if (!stride.empty()) a["stride"] = stride;
@@ -866,7 +863,7 @@ std::vector<AVal> Importer::map_op(const Ctx& c) {
     a["ceil_mode"] = int64_t{bool_arg(c, 5, "ceil_mode")};
     return unary("max_pool2d", a);
   }
-  if (k == "aten::avg_pool2d") {
+  if (op == "avg_pool2d") {
     std::map<std::string, Attr> a{{"kernel_size", ints_arg(c, 1, "kernel_size")}};
     std::vector<int64_t> stride = ints_arg(c, 2, "stride");
     if (!stride.empty()) a["stride"] = stride;
@@ -876,36 +873,36 @@ std::vector<AVal> Importer::map_op(const Ctx& c) {
     if (c.in.size() > 6 && !c.in[6].is_none()) a["divisor_override"] = int_arg(c, 6, "divisor_override");
     return unary("avg_pool2d", a);
   }
-  if (k == "aten::adaptive_avg_pool2d") return unary("adaptive_avg_pool2d", {{"output_size", ints_arg(c, 1, "output_size")}});
-  if (k == "aten::flatten") {
+  if (op == "adaptive_avg_pool2d") return unary("adaptive_avg_pool2d", {{"output_size", ints_arg(c, 1, "output_size")}});
+  if (op == "flatten") {
     std::string x = tensor_arg(c, 0, "input");
     int64_t s = int_arg(c, 1, "start_dim"), e = int_arg(c, 2, "end_dim");
     if (wrap_dim(c, s, shape_of(x).size()) == 0)
       fail(c, "aten::flatten over the batch dimension is not supported (the graph must stay batch-independent)");
     return {tensor_val(emit(c, "flatten", {x}, {{"start_dim", s}, {"end_dim", e}})[0])};
   }
-  if (k == "aten::cat" || k == "aten::concat" || k == "aten::concatenate") {
+  if (op == "cat") {
     std::vector<std::string> xs = tensor_list_arg(c, 0, "tensors");
     if (xs.empty()) fail(c, "aten::cat of an empty list");
     int64_t d = int_arg(c, 1, "dim");
     if (wrap_dim(c, d, shape_of(xs[0]).size()) == 0) fail(c, "aten::cat along the batch dimension is not supported");
     return {tensor_val(emit(c, "cat", xs, {{"dim", d}})[0])};
   }
-  if (k == "aten::transpose") {
+  if (op == "transpose") {
     std::string x = tensor_arg(c, 0, "input");
     size_t rank = shape_of(x).size();
     int64_t d0 = wrap_dim(c, int_arg(c, 1, "dim0"), rank), d1 = wrap_dim(c, int_arg(c, 2, "dim1"), rank);
     if (d0 == 0 || d1 == 0) fail(c, "aten::transpose of the batch dimension is not supported");
     return {tensor_val(emit(c, "transpose", {x}, {{"dim0", d0}, {"dim1", d1}})[0])};
   }
-  if (k == "aten::permute") {
+  if (op == "permute") {
     std::string x = tensor_arg(c, 0, "input");
     std::vector<int64_t> dims = ints_arg(c, 1, "dims");
     for (auto& d : dims) d = wrap_dim(c, d, shape_of(x).size());
     if (dims.empty() || dims[0] != 0) fail(c, "aten::permute that moves the batch dimension is not supported");
     return {tensor_val(emit(c, "permute", {x}, {{"dims", dims}})[0])};
   }
-  if (k == "aten::mean") {
+  if (op == "mean") {
     std::string x = tensor_arg(c, 0, "input");
     if (c.in.size() < 3) fail(c, "aten::mean over all elements mixes the batch dimension; not supported");
     std::vector<int64_t> dims = ints_arg(c, 1, "dim");
@@ -915,7 +912,7 @@ std::vector<AVal> Importer::map_op(const Ctx& c) {
     if (c.in.size() > 3 && !c.in[3].is_none()) fail(c, "aten::mean with a dtype argument is not supported");
     return {tensor_val(emit(c, "mean", {x}, {{"dims", dims}, {"keepdim", int64_t{bool_arg(c, 2, "keepdim")}}})[0])};
   }
-  fail(c, "unsupported op " + k);
+  fail(c, "op " + k + " maps onto " + op + ", which the importer cannot read yet");
 }
 
 std::vector<AVal> Importer::map_conv(const Ctx& c) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "graph/pass_registry.h"
 #include "graph/select.h"
 #include "quantize/pack.h"
 
@@ -18,9 +19,11 @@ namespace whittle::quantize {
 
 namespace {
 
-bool is_layer(const Node& n) { return n.op == "conv2d" || n.op == "conv_transpose2d" || n.op == "linear"; }
+// The layers a quantizer acts on, and the weight axis of their output channels, are the op
+// registry's (OpTraits::channel_tensors).
+bool is_layer(const Node& n) { return is_weighted_layer(n); }
 
-int64_t layer_axis(const Node& n) { return n.op == "conv_transpose2d" ? 1 : 0; }
+int64_t layer_axis(const Node& n) { return weight_output_axis(n).value_or(0); }
 
 Granularity node_granularity(const Node& n, Granularity fallback) {
   return n.has_attr("granularity") ? granularity_from_name(n.attr_str("granularity")) : fallback;
@@ -29,10 +32,11 @@ Granularity node_granularity(const Node& n, Granularity fallback) {
 // Adds the node's attributes to an error message.
 [[noreturn]] void node_fail(const Node& n, const std::string& msg) { throw Error("node '" + n.name + "' (" + n.op + "): " + msg); }
 
-const at::Tensor& latent_weight(const Node& n) {
-  const at::Tensor* w = n.params.find("weight");
-  if (!w || !w->defined()) node_fail(n, "weight transform '" + n.attr_str("weight_transform", "") + "' needs a float 'weight' parameter");
-  return *w;
+// The input a quantizer stage receives: the latent float weight (or a mask's output).
+const at::Tensor& latent_weight(const Node& n, const at::Tensor& w, const char* transform) {
+  if (!w.defined() || !w.is_floating_point())
+    node_fail(n, std::string("weight transform '") + transform + "' needs a float 'weight' parameter");
+  return w;
 }
 
 void register_ops() {
@@ -86,21 +90,49 @@ void register_ops() {
 }
 
 void register_transforms() {
-  register_weight_transform({"dorefa", "DoReFa weights (weight_bits 1..8)", [](const Node& n, bool) {
-                               return dorefa_weight(latent_weight(n), n.attr_int("weight_bits"),
-                                                    node_granularity(n, Granularity::kPerTensor), n.attr_int("weight_axis", 0));
-                             }});
-  register_weight_transform({"twn", "TWN ternary weights", [](const Node& n, bool) {
-                               return twn_weight(latent_weight(n), node_granularity(n, Granularity::kPerChannel),
-                                                 n.attr_int("weight_axis", 0));
-                             }});
-  register_weight_transform({"bnn", "BNN sign weights", [](const Node& n, bool) { return bnn_sign(latent_weight(n)); }});
-  register_weight_transform({"xnor", "XNOR-Net weights α·sign(W)", [](const Node& n, bool) {
-                               return xnor_weight(latent_weight(n), n.attr_int("xnor_detach_alpha", 0) != 0,
-                                                  node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
-                             }});
-  register_weight_transform(
-      {"packed", "packed integer codes and scales of a checkpoint", [](const Node& n, bool) { return decode_packed_weight(n); }});
+  auto quantizer = [](const char* name, const char* description, std::vector<std::string> attributes,
+                      std::function<at::Tensor(const Node&, const at::Tensor&)> f) {
+    WeightTransform t;
+    t.name = name;
+    t.description = description;
+    t.kind = TransformKind::kQuantizer;
+    t.attributes = std::move(attributes);
+    t.apply = [f, name](const Node& n, const at::Tensor& w, bool) { return f(n, latent_weight(n, w, name)); };
+    register_weight_transform(std::move(t));
+  };
+  quantizer("dorefa", "DoReFa weights (weight_bits 1..8)", {"weight_bits", "weight_axis", "granularity"},
+            [](const Node& n, const at::Tensor& w) {
+              return dorefa_weight(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor),
+                                   n.attr_int("weight_axis", 0));
+            });
+  quantizer("twn", "TWN ternary weights", {"weight_bits", "weight_axis", "granularity"},
+            [](const Node& n, const at::Tensor& w) {
+              return twn_weight(w, node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
+            });
+  quantizer("bnn", "BNN sign weights", {"weight_bits", "weight_axis"},
+            [](const Node&, const at::Tensor& w) { return bnn_sign(w); });
+  quantizer("xnor", "XNOR-Net weights α·sign(W)", {"weight_bits", "weight_axis", "granularity", "xnor_detach_alpha"},
+            [](const Node& n, const at::Tensor& w) {
+              return xnor_weight(w, n.attr_int("xnor_detach_alpha", 0) != 0, node_granularity(n, Granularity::kPerChannel),
+                                 n.attr_int("weight_axis", 0));
+            });
+  WeightTransform packed;
+  packed.name = "packed";
+  packed.description = "packed integer codes and scales of a checkpoint";
+  packed.kind = TransformKind::kDecode;
+  packed.attributes = {"quant_method", "weight_encoding", "weight_bits", "weight_shape", "weight_axis"};
+  packed.buffers = {"weight_codes", "weight_scale"};
+  packed.apply = [](const Node& n, const at::Tensor&, bool) { return decode_packed_weight(n); };
+  register_weight_transform(std::move(packed));
+}
+
+// True for the stacks a quantizer may join: no quantizer or decoder yet.
+std::string quantizer_stack_problem(const Node& n) {
+  for (const auto& t : n.weight_transforms) {
+    const TransformKind k = weight_transform(t).kind;
+    if (k == TransformKind::kQuantizer || k == TransformKind::kDecode) return "already has weight transform '" + t + "'";
+  }
+  return "";
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -109,11 +141,9 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Ops between a ReLU and a layer through which sign(relu input) may stand in for the ReLU:
-// monotone, channel-preserving, no arithmetic.
-bool sign_commutes(const std::string& op) {
-  return op == "max_pool2d" || op == "flatten" || op == "dropout" || op == "feature_dropout" || op == "identity";
-}
+// Ops between a ReLU and a layer through which sign(relu input) may stand in for the ReLU
+// (OpTraits::commutes_with_sign).
+bool sign_commutes(const std::string& op) { return op_traits(op).commutes_with_sign; }
 
 Node make_node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
                std::map<std::string, Attr> attrs) {
@@ -127,13 +157,38 @@ Node make_node(const std::string& name, const std::string& op, std::vector<std::
 
 }  // namespace
 
+void register_passes() {
+  register_pass({"quantize", "quantize",
+                 "quantization-aware training: quantizers on weights (transform stack) and activations (act_quant)",
+                 {{"method", "string", "dorefa", "dorefa (Zhou et al. 2016), twn (Li et al. 2016), bnn (Courbariaux et al. "
+                                                  "2016) or xnor (Rastegari et al. 2016)"},
+                  {"weight_bits", "int", "0 (the method's default)", "dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32"},
+                  {"activation_bits", "int", "0 (the method's default)", "dorefa/twn 1..8 or 32, bnn/xnor 1 or 32"},
+                  {"activation_clip", "float", "1", "DoReFa activation clip level c"},
+                  {"targets", "list", "", "layers to quantize (naming the first or last layer quantizes it)"},
+                  {"ignore", "list", "", "layers to leave in full precision"}},
+                 [](Graph& g, const PassOptionValues& v) {
+                   Config c;
+                   c.method = pass_option_string(v, "method", c.method);
+                   c.weight_bits = pass_option_int(v, "weight_bits", c.weight_bits);
+                   c.activation_bits = pass_option_int(v, "activation_bits", c.activation_bits);
+                   c.activation_clip = pass_option_float(v, "activation_clip", c.activation_clip);
+                   c.targets = pass_option_list(v, "targets");
+                   c.ignore = pass_option_list(v, "ignore");
+                   return apply(g, c).summary();
+                 }});
+}
+
 void register_all() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_ops();
     register_transforms();
+    register_passes();
   });
 }
+
+WHITTLE_REGISTER_MODULE("quantize", &register_all)
 
 std::string Report::summary() const {
   std::ostringstream os;
@@ -199,8 +254,8 @@ Report apply(Graph& graph, const Config& config_in) {
       report.skipped.push_back(name + ": first or last layer stays in full precision (name it in targets to quantize it)");
       continue;
     }
-    if (n.has_attr("weight_transform")) {
-      report.skipped.push_back(name + ": already has weight transform '" + n.attr_str("weight_transform") + "'");
+    if (std::string why = quantizer_stack_problem(n); !why.empty()) {
+      report.skipped.push_back(name + ": " + why);
       continue;
     }
     chosen.push_back(name);
@@ -213,7 +268,7 @@ Report apply(Graph& graph, const Config& config_in) {
   if (quant_weights) {
     for (const auto& name : chosen) {
       Node& n = graph.node(name);
-      n.attrs["weight_transform"] = c.method;
+      push_weight_transform(n, c.method);
       n.attrs["weight_bits"] = c.method == "twn" ? int64_t{2} : c.weight_bits;
       n.attrs["weight_axis"] = layer_axis(n);
       if (c.method != "bnn") n.attrs["granularity"] = std::string(granularity_name(*c.granularity));
@@ -310,14 +365,8 @@ Report apply(Graph& graph, const Config& config_in) {
       std::map<std::string, Attr> attrs;
       if (n.op == "conv2d") {
         const auto w = n.params.at("weight").sizes();
-        auto two = [&](const char* key, int64_t fallback) {
-          std::vector<int64_t> v = n.has_attr(key) && std::holds_alternative<int64_t>(n.attrs.at(key))
-                                       ? std::vector<int64_t>(2, n.attr_int(key))
-                                       : n.attr_ints(key, {fallback, fallback});
-          if (v.size() == 1) v.push_back(v[0]);
-          return v;
-        };
-        attrs = {{"kernel_size", std::vector<int64_t>{w[2], w[3]}}, {"stride", two("stride", 1)}, {"padding", two("padding", 0)}};
+        attrs = {{"kernel_size", std::vector<int64_t>{w[2], w[3]}}, {"stride", n.attr_pair("stride", 1)},
+                 {"padding", n.attr_pair("padding", 0)}};
       }
       Node k = make_node(graph.unique_name(name + ".xnor_scale"), "xnor_scale", {src}, attrs);
       graph.insert_node_before(name, k);
@@ -339,16 +388,14 @@ Report apply(Graph& graph, const Config& config_in) {
 }
 
 Report apply(GraphModule& module, const Config& config) {
-  Report r = apply(module->graph(), config);
-  module->sync();
-  return r;
+  return run_on_module(module, "quantize", ModuleMode::kAny, [&](Graph& g) { return apply(g, config); });
 }
 
 int64_t clip_latent_weights(Graph& graph) {
   at::NoGradGuard no_grad;
   int64_t count = 0;
   for (auto& n : graph.nodes()) {
-    if (n.attr_str("weight_transform", "") != "bnn") continue;
+    if (!has_weight_transform(n, "bnn")) continue;
     if (at::Tensor* w = n.params.find("weight"); w && w->defined()) {
       w->clamp_(-1.0, 1.0);
       ++count;
@@ -365,16 +412,26 @@ int64_t storage_bits(int64_t bits) {
 }
 
 bool has_quantized_weight(const Node& n) {
-  const std::string t = n.attr_str("weight_transform", "");
+  // The stack must end in a quantizer with only masks before it (they are baked into the codes);
+  // a fold (QAT BN) changes the weight with training-time statistics and is never packed.
+  const auto& s = n.weight_transforms;
+  if (s.empty() || weight_transform(s.back()).kind != TransformKind::kQuantizer) return false;
+  const std::string& t = s.back();
   if (t != "dorefa" && t != "twn" && t != "bnn" && t != "xnor") return false;
+  for (size_t i = 0; i + 1 < s.size(); ++i)
+    if (weight_transform(s[i]).kind != TransformKind::kMask) return false;
   const at::Tensor* w = n.params.find("weight");
   return w && w->defined() && at::isFloatingType(w->scalar_type());
 }
 
 EncodedWeight encode_node_weight(const Node& n) {
   if (!has_quantized_weight(n)) node_fail(n, "has no quantized weight to encode");
-  const std::string t = n.attr_str("weight_transform");
-  const at::Tensor& w = n.params.at("weight");
+  const std::string t = n.weight_transforms.back();
+  at::Tensor w = n.params.at("weight");
+  if (n.weight_transforms.size() > 1) {
+    at::NoGradGuard no_grad;
+    w = transformed_weight(n, false, n.weight_transforms.size() - 1);  // the masks' output
+  }
   const int64_t axis = n.attr_int("weight_axis", 0);
   if (t == "dorefa") return dorefa_encode(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor), axis);
   if (t == "twn") return twn_encode(w, node_granularity(n, Granularity::kPerChannel), axis);
@@ -392,8 +449,11 @@ Graph pack_graph(const Graph& graph) {
     n.params.erase("weight");
     n.buffers.set("weight_codes", pack_codes(e.codes, storage_bits(e.bits)));
     n.buffers.set("weight_scale", e.scale.detach().to(at::kFloat).contiguous());
-    n.attrs["quant_method"] = n.attr_str("weight_transform");
-    n.attrs["weight_transform"] = std::string("packed");
+    n.attrs["quant_method"] = n.weight_transforms.back();
+    // The masks are in the codes now; the decoder replaces the whole stack.
+    for (size_t i = 0; i + 1 < n.weight_transforms.size(); ++i)
+      for (const auto& b : weight_transform(n.weight_transforms[i]).buffers) n.buffers.erase(b);
+    n.weight_transforms = {"packed"};
     n.attrs["weight_encoding"] = std::string(encoding_name(e.encoding));
     n.attrs["weight_bits"] = e.bits;
     n.attrs["weight_shape"] = w.sizes().vec();

@@ -1,9 +1,11 @@
 #pragma once
 // The quantization-aware training pass: attaches the quantizers of quantizers.h to a model graph.
 //
-// For every selected conv2d / conv_transpose2d / linear node ("layer") the pass
-//   - sets the weight attributes: `weight_transform` = "dorefa" | "twn" | "bnn" | "xnor" (the
-//     GraphModule then runs the layer with the quantized weight; see graph/op_registry.h),
+// For every selected layer (a node whose op's registry entry gives its weight an output-channel
+// axis: conv2d, conv_transpose2d, linear) the pass
+//   - pushes the quantizer "dorefa" | "twn" | "bnn" | "xnor" onto the node's weight transform
+//     stack (the GraphModule then runs the layer with the quantized weight, after any mask already
+//     on the stack; see graph/op_registry.h) and sets the attributes it owns:
 //     `weight_bits` (1 binary, 2 ternary, k for DoReFa), `granularity`, `weight_axis` (the
 //     output-channel axis: 0, or 1 for conv_transpose2d) and, for XNOR, `xnor_detach_alpha`;
 //   - quantizes the layer's input: DoReFa activations insert an `act_quant` node
@@ -17,8 +19,8 @@
 //     XNOR's optional K scaling inserts `<layer>.xnor_scale` (K) and `<layer>.xnor_mul`
 //     (the layer's output times K).
 // The first and the last layer in graph order (the stem conv and the classifier) stay in full
-// precision unless `targets` names them exactly. Layers that already carry a weight transform are
-// left alone (reported as skipped), so applying the pass twice changes nothing.
+// precision unless `targets` names them exactly. Layers whose stack already holds a quantizer or
+// packed codes are left alone (reported as skipped), so applying the pass twice changes nothing.
 //
 // Ops registered by register_all(): "act_quant" (attrs: method "dorefa" | "sign",
 // activation_bits, and for dorefa activation_clip, default 1) and "xnor_scale" (attrs: kernel_size, stride, padding; output [N, 1, Ho, Wo] or
@@ -103,18 +105,20 @@ int64_t clip_latent_weights(Graph& graph);
 int64_t storage_bits(int64_t bits);
 
 /// True when `node` runs with a quantized weight computed from a latent float weight
-/// (weight_transform dorefa, twn, bnn or xnor with a float `weight` parameter).
+/// (a stack ending in dorefa, twn, bnn or xnor, with only masks before it, and a float `weight`).
 bool has_quantized_weight(const Node& node);
 
-/// The integer codes and scales the node's weight_transform uses in its forward pass.
+/// The integer codes and scales the node's quantizer uses in its forward pass (of the masked
+/// weight when masks precede it).
 /// Throws whittle::Error naming the node when it has no quantized weight.
 EncodedWeight encode_node_weight(const Node& node);
 
 /// A copy of `graph` (tensors shared) in which every node with a quantized weight holds packed
 /// codes instead of its float weight: the `weight` parameter is removed; buffers `weight_codes`
 /// (uint8 [packed_size], codes packed with pack_codes at storage_bits) and `weight_scale`
-/// (float32 [1] or [C]) are added; attributes `weight_transform` = "packed", `quant_method` (the
-/// original transform), `weight_encoding`, `weight_bits`, `weight_shape`, `weight_axis` are set.
+/// (float32 [1] or [C]) are added; the stack becomes ["packed"] (masks are baked into the codes
+/// and their buffers dropped); attributes `quant_method` (the quantizer), `weight_encoding`,
+/// `weight_bits`, `weight_shape`, `weight_axis` are set.
 /// The packed transform decodes to bitwise the weight the original transform gives. Nodes that are
 /// already packed are kept as they are (their codes are never re-quantized).
 Graph pack_graph(const Graph& graph);

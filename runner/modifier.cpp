@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/registration.h"
 #include "runner/fuse_modifier.h"
 #include "runner/quantize_modifier.h"
 
@@ -27,6 +28,7 @@ void register_modifier(ModifierInfo info) {
 }
 
 const ModifierInfo& modifier_info(const std::string& name) {
+  ensure_registered();
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto it = registry().find(name);
   if (it == registry().end()) {
@@ -39,6 +41,7 @@ const ModifierInfo& modifier_info(const std::string& name) {
 }
 
 std::vector<std::string> modifier_names() {
+  ensure_registered();
   std::lock_guard<std::mutex> lock(registry_mutex());
   std::vector<std::string> out;
   for (const auto& kv : registry()) out.push_back(kv.first);
@@ -53,5 +56,7 @@ void register_builtin_modifiers() {
     register_fuse_modifier();
   });
 }
+
+WHITTLE_REGISTER_MODULE("runner", &register_builtin_modifiers)
 
 }  // namespace whittle::runner

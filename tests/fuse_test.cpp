@@ -238,9 +238,9 @@ TEST_F(FoldPass, DontFuseWhenConvOutputIsAGraphOutput) {
 }
 
 TEST_F(FoldPass, DontFuseWhenTheWeightIsComputedByATransform) {
-  register_weight_transform({"test_doubling", "2·W", [](const Node& n, bool) { return n.params.at("weight") * 2; }});
+  register_weight_transform({"test_doubling", "2·W", TransformKind::kQuantizer, {}, {}, [](const Node&, const at::Tensor& w, bool) { return w * 2; }});
   Graph g = small_net();
-  g.node("features.0").attrs["weight_transform"] = std::string("test_doubling");
+  g.node("features.0").weight_transforms = {"test_doubling"};
   f::Report r = f::fold_batchnorm(g);
   EXPECT_TRUE(r.fused.empty());
   ASSERT_EQ(r.skipped.size(), 1u);
@@ -417,7 +417,7 @@ TEST_P(BinaryDeploy, ThresholdsPredictTheSameClassOnAllMnistTestDigits) {
     if (n.op != "batch_norm") continue;
     ++remaining;
     const Node& producer = g.node(g.value(n.inputs[0]).producer);
-    EXPECT_TRUE(producer.has_attr("weight_transform")) << n.name << " follows a plain layer: " << r.summary();
+    EXPECT_FALSE(producer.weight_transforms.empty()) << n.name << " follows a plain layer: " << r.summary();
     for (const auto& u : g.users(n.outputs[0])) {
       const Node& user = g.node(u);
       EXPECT_FALSE(user.op == "act_quant" && user.attr_str("method", "") == "sign") << n.name << " feeds a binarizer";
@@ -582,7 +582,7 @@ TEST_F(QatFold, DoReFaW4A4Resnet20ExportsWithoutBatchNormAndMatchesItsEvalOutput
   EXPECT_EQ(count_op(m->graph(), "batch_norm"), 0);
   EXPECT_EQ(count_op(m->graph(), "conv_bn_qat"), 21);
   // Quantized layers keep their quantizer, applied to the folded weight.
-  EXPECT_EQ(m->graph().node("layer1.0.conv1").attr_str("folded_weight_transform"), "dorefa");
+  EXPECT_EQ(m->graph().node("layer1.0.conv1").weight_transforms, (std::vector<std::string>{"bn_fold", "dorefa"}));
 
   torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   const at::Tensor gamma_before = m->graph().node("layer1.0.conv1").params.at("bn_weight").clone();
@@ -608,7 +608,7 @@ TEST_F(QatFold, DoReFaW4A4Resnet20ExportsWithoutBatchNormAndMatchesItsEvalOutput
   mod->on_finish(tc);
   EXPECT_EQ(count_op(m->graph(), "conv_bn_qat"), 0);
   EXPECT_EQ(count_op(m->graph(), "batch_norm"), 0);
-  EXPECT_EQ(m->graph().node("layer1.0.conv1").attr_str("weight_transform"), "dorefa");
+  EXPECT_EQ(m->graph().node("layer1.0.conv1").weight_transforms, std::vector<std::string>{"dorefa"});
 
   // Export (packed checkpoint) and reload: the outputs are the eval outputs of the QAT model.
   const std::string path = join_path(binary_dir(), "testdata/fuse/resnet20_dorefa_w4a4_qat.h5");
@@ -616,7 +616,7 @@ TEST_F(QatFold, DoReFaW4A4Resnet20ExportsWithoutBatchNormAndMatchesItsEvalOutput
   save_checkpoint(path, m->graph());
   Checkpoint c = load_checkpoint(path);
   EXPECT_EQ(count_op(c.graph, "batch_norm"), 0);
-  EXPECT_EQ(c.graph.node("layer1.0.conv1").attr_str("weight_transform"), "packed");
+  EXPECT_EQ(c.graph.node("layer1.0.conv1").weight_transforms, std::vector<std::string>{"packed"});
   GraphModule exported(c.graph);
   EXPECT_TRUE(same_function(run_eval(exported, x), eval_out));
   EXPECT_TRUE(run_eval(m, x).equal(eval_out));  // finalize itself is exact

@@ -168,10 +168,10 @@ TEST_F(GraphTest, UnknownOpListsKnownOps) {
 }
 
 TEST_F(GraphTest, WeightTransformReplacesTheWeightAndPassesGradients) {
-  register_weight_transform({"test_double", "2·w", [](const Node& n, bool) { return n.params.at("weight") * 2.0; }});
+  register_weight_transform({"test_double", "2·w", TransformKind::kQuantizer, {}, {}, [](const Node&, const at::Tensor& w, bool) { return w * 2.0; }});
   Graph g = small_net();
   Graph plain = g.clone();
-  g.node("classifier").attrs["weight_transform"] = std::string("test_double");
+  g.node("classifier").weight_transforms = {"test_double"};
   GraphModule m(g);
   m->eval();
   at::Tensor x = at::randn({2, 3, 8, 8});
@@ -187,7 +187,7 @@ TEST_F(GraphTest, WeightTransformReplacesTheWeightAndPassesGradients) {
   at::Tensor expected = 2.0 * at::ones({2, 10}).t().mm(cap["flatten"]);
   EXPECT_TRUE(all_close(m->named_parameters()["classifier.weight"].grad(), expected, 1e-5, 1e-5));
   // An unknown transform is named when the module is built.
-  g.node("classifier").attrs["weight_transform"] = std::string("nope");
+  g.node("classifier").weight_transforms = {"nope"};
   try {
     GraphModule bad(g);
     FAIL();
@@ -235,7 +235,7 @@ TEST_F(GraphTest, MalformedStructureGivesNamedErrors) {
   };
   EXPECT_NE(message_of("{not json").find("model.h5: graph structure is not valid JSON"), std::string::npos);
   std::string newer = text;
-  newer.replace(newer.find("\"version\": 1"), 12, "\"version\": 9");
+  newer.replace(newer.find("\"version\": 2"), 12, "\"version\": 9");
   EXPECT_NE(message_of(newer).find("newer than this whittle understands"), std::string::npos) << message_of(newer);
   std::string unknown_op = text;
   unknown_op.replace(unknown_op.find("\"relu\""), 6, "\"relu9\"");

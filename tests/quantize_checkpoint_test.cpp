@@ -104,7 +104,7 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
 
   Checkpoint ck = load_checkpoint(path);
   const Node& conv2 = ck.graph.node("conv2");
-  EXPECT_EQ(conv2.attr_str("weight_transform"), "packed");
+  EXPECT_EQ(conv2.weight_transforms, std::vector<std::string>{"packed"});
   EXPECT_FALSE(conv2.params.contains("weight"));
   EXPECT_EQ(conv2.buffers.at("weight_codes").scalar_type(), at::kByte);
   if (c.activation_clip != 1.0)  // the clip level travels with the act_quant node
@@ -140,7 +140,7 @@ TEST(PackedCheckpointTest, DecodesTheTrainedWeightNotARequantization) {
   q::apply(m, config("dorefa", 4, 32));
   Graph packed = q::pack_graph(m->graph());
   const Node& fc1 = m->graph().node("fc1");
-  at::Tensor trained = weight_transform("dorefa").apply(fc1, false);
+  at::Tensor trained = transformed_weight(fc1, false);
   at::Tensor decoded = q::decode_packed_weight(packed.node("fc1"));
   EXPECT_TRUE(decoded.equal(trained));
   EXPECT_FALSE(q::dorefa_weight(trained, 4).equal(trained));
@@ -204,10 +204,10 @@ TEST(PackedCheckpointTest, WriteForPython) {
     save_checkpoint(join_path(dir, c.name + ".h5"), m->graph());
     Graph decoded = m->graph().clone();
     for (auto& n : decoded.nodes()) {
-      if (!n.has_attr("weight_transform")) continue;
+      if (n.weight_transforms.empty()) continue;
       at::NoGradGuard ng;
-      at::Tensor w = weight_transform(n.attr_str("weight_transform")).apply(m->graph().node(n.name), false).detach().clone();
-      n.attrs.erase("weight_transform");
+      at::Tensor w = transformed_weight(m->graph().node(n.name), false).detach().clone();
+      n.weight_transforms.clear();
       n.params.set("weight", w);
     }
     save_checkpoint(join_path(dir, c.name + "_decoded.h5"), decoded);

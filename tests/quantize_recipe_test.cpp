@@ -73,7 +73,7 @@ TEST_F(QuantizeRecipe, ShortBnnRunWritesPackedCheckpoint) {
   Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
   for (const std::string layer : {"conv2", "fc1", "fc2"}) {
     const Node& n = ck.graph.node(layer);
-    EXPECT_EQ(n.attr_str("weight_transform"), "packed") << layer;
+    EXPECT_EQ(n.weight_transforms, std::vector<std::string>{"packed"}) << layer;
     EXPECT_EQ(n.attr_str("quant_method"), "bnn") << layer;
     EXPECT_EQ(n.attr_int("weight_bits"), 1) << layer;
     EXPECT_FALSE(n.params.contains("weight")) << layer;

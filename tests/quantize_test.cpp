@@ -265,9 +265,9 @@ TEST(QuantizePass, FirstAndLastStayFullPrecisionUnlessNamed) {
   Graph a = g.clone();
   q::Report r = q::apply(a, c);
   EXPECT_EQ(r.quantized, (std::vector<std::string>{"conv2", "fc1", "fc2"}));
-  EXPECT_FALSE(a.node("conv1").has_attr("weight_transform"));
-  EXPECT_FALSE(a.node("fc3").has_attr("weight_transform"));
-  EXPECT_EQ(a.node("conv2").attr_str("weight_transform"), "dorefa");
+  EXPECT_TRUE(a.node("conv1").weight_transforms.empty());
+  EXPECT_TRUE(a.node("fc3").weight_transforms.empty());
+  EXPECT_EQ(a.node("conv2").weight_transforms, std::vector<std::string>{"dorefa"});
   EXPECT_EQ(a.node("conv2").attr_int("weight_bits"), 4);
   EXPECT_EQ(a.node("conv2").inputs[0], "conv2.act_quant");
 

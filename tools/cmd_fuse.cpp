@@ -58,7 +58,6 @@ int run_fuse(const std::vector<std::string>& args) {
     if (!shape_text.empty()) req.input_shape = parse_shape(shape_text, "--input-shape");
     graph = load_model_graph(req);
   }
-  fuse::register_all();
 
   fuse::InferenceOptions o;
   o.repvgg = !vm.count("no-repvgg");

@@ -13,6 +13,7 @@
 #include "core/file_util.h"
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
+#include "graph/pass_registry.h"
 #include "quantize/quantize.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -82,7 +83,7 @@ std::string human(double v, const char* unit) {
 
 int run_inspect(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n       whittle inspect --ops\n\n"
+      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n       whittle inspect --ops | --passes | --transforms\n\n"
       "MODEL is a zoo model name (" + join(zoo_model_names(), ", ") + "),\n"
       "a TorchScript file (.pt, needs --input-shape), or a whittle checkpoint (.h5).\n\n"
       "example:\n  whittle inspect resnet20 --input-shape 1,3,32,32 --json\n\noptions");
@@ -91,15 +92,34 @@ int run_inspect(const std::vector<std::string>& args) {
       ("input-shape", po::value<std::string>(&shape_text), "example input shape, comma-separated (batch first)")
       ("num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model")
       ("json", "print JSON instead of the table")
-      ("ops", "list the registered ops (kind, channel flow, description) and exit");
+      ("ops", "list the registered ops (kind, channel flow, description) and exit")
+      ("passes", "list the registered graph passes (name, module, description, options) and exit")
+      ("transforms", "list the registered weight transforms (name, kind, description) and exit");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
   }
+  if (vm.count("passes")) {
+    for (const auto& name : pass_names()) {
+      const PassInfo& p = pass_info(name);
+      std::cout << std::left << std::setw(24) << name << std::setw(10) << p.module << p.description << "\n";
+      for (const auto& o : p.options)
+        std::cout << "    " << std::setw(16) << o.name << std::setw(8) << o.type << "default "
+                  << (o.default_value.empty() ? "(none)" : o.default_value) << ": " << o.description << "\n";
+    }
+    return 0;
+  }
+  if (vm.count("transforms")) {
+    const char* kinds[] = {"mask", "fold", "quantizer", "decode"};
+    for (const auto& name : registered_weight_transforms()) {
+      const WeightTransform& t = weight_transform(name);
+      std::cout << std::left << std::setw(12) << name << std::setw(11) << kinds[static_cast<int>(t.kind)] << t.description
+                << "\n";
+    }
+    return 0;
+  }
   if (vm.count("ops")) {
-    quantize::register_all();
-    fuse::register_all();
     for (const auto& kind : registered_ops()) {
       const OpTraits& t = op_traits(kind);
       std::cout << std::left << std::setw(22) << kind << std::setw(19) << channel_flow_name(t.channel_flow)

@@ -75,7 +75,7 @@ def check(packed_path, decoded_path):
         ref_tensors = read_tensors(ref)
         for node in graph["nodes"]:
             attrs = {k: v["value"] for k, v in node["attrs"].items()}
-            if attrs.get("weight_transform") != "packed":
+            if node.get("weight_transforms") != ["packed"]:
                 continue
             if (node["name"], "weight") in tensors:
                 fail(f"{packed_path}: {node['name']} stores a float weight")
