@@ -11,7 +11,9 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "fuse/fuse.h"
 #include "graph/serialize.h"
+#include "quantize/quantize.h"
 #include "runner/amp.h"
 #include "runner/modifier.h"
 
@@ -133,6 +135,8 @@ Graph SavedTrainState::take_graph() {
                   dtype_name(t.scalar_type()) + ", the graph records " + shape_str(shape) + " " + dtype_name(dtype));
     return t;
   };
+  quantize::register_all();  // ops and weight transforms the modifiers may have put in the graph
+  fuse::register_all();      // (as load_checkpoint does)
   Graph g = graph_from_json(graph_json_, source, path_);
   const std::set<std::string> frozen(frozen_.begin(), frozen_.end());
   for (auto& n : g.nodes())
