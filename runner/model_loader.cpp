@@ -16,7 +16,8 @@ Graph load_model(const ModelSource& source, ModelMetadata* metadata) {
   meta = ModelMetadata{};
   if (source.name.empty() == source.file.empty())
     throw Error("a model is either a zoo name or a file (got " +
-                    (source.name.empty() ? std::string("neither") : "'" + source.name + "' and '" + source.file + "'") + ")",
+                    (source.name.empty() ? std::string("neither") : "'" + source.name + "' and '" + source.file + "'") +
+                    ")",
                 ErrorKind::kUsage);
   if (!source.name.empty()) {
     const auto names = zoo_models();

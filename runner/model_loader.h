@@ -13,13 +13,13 @@ namespace whittle::runner {
 
 /// Where a model comes from: exactly one of `name` (a zoo model, graph/zoo.h) and `file`.
 struct ModelSource {
-  std::string name;                ///< zoo model name (one of zoo_models()), or
-  std::string file;                ///< a whittle checkpoint (.h5/.hdf5, or any file with the HDF5
-                                   ///< signature) or else a TorchScript file
-  int64_t num_classes = 10;        ///< zoo: classifier outputs
-  std::optional<uint64_t> seed;    ///< zoo: initialization seed (unset: LibTorch's global CPU generator)
-  Shape input_shape;               ///< example input [N, C, H, W]; zoo: empty = the model's default;
-                                   ///< TorchScript: required; checkpoint: ignored (the file has one)
+  std::string name;              ///< zoo model name (one of zoo_models()), or
+  std::string file;              ///< a whittle checkpoint (.h5/.hdf5, or any file with the HDF5
+                                 ///< signature) or else a TorchScript file
+  int64_t num_classes = 10;      ///< zoo: classifier outputs
+  std::optional<uint64_t> seed;  ///< zoo: initialization seed (unset: LibTorch's global CPU generator)
+  Shape input_shape;             ///< example input [N, C, H, W]; zoo: empty = the model's default;
+                                 ///< TorchScript: required; checkpoint: ignored (the file has one)
 };
 
 /// What a loaded file carried besides the graph.

@@ -72,7 +72,9 @@ class Modifier {
 };
 
 /// A modifier kind: its recipe name, a one-line description, its settings (validated before any
-/// work starts) and a factory.
+/// work starts; an OptionsSchema's keys(), runner/modifier_options.h) and a factory, which turns
+/// the entry's ModifierSpec (settings typed by that schema) into the modifier, throwing
+/// whittle::Error (usage) naming spec.location for settings it refuses.
 struct ModifierInfo {
   std::string name;
   std::string description;

@@ -16,7 +16,8 @@ namespace {
 
 // A `Kind` optimizer (with options type `Options`) over `groups`, defaults taken from `old`.
 template <typename Kind, typename Options>
-std::unique_ptr<torch::optim::Optimizer> rebuild_as(const Kind& old, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+std::unique_ptr<torch::optim::Optimizer> rebuild_as(const Kind& old,
+                                                    const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   return std::make_unique<Kind>(groups, static_cast<const Options&>(old.defaults()));
 }
 

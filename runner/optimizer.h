@@ -14,7 +14,8 @@ namespace whittle::runner {
 
 /// A new optimizer as `spec` names it (torch::optim::SGD, Adam or AdamW with its hyper-parameters)
 /// over `params`, in one parameter group. Throws whittle::Error (usage) for another name.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec, const std::vector<at::Tensor>& params);
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
+                                                        const std::vector<at::Tensor>& params);
 
 /// The same kind of optimizer as `old` (SGD, Adam, AdamW, RMSprop or Adagrad) over `params`, with
 /// old's hyper-parameters as they are now (defaults and each group's options, the current

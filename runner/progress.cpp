@@ -15,13 +15,15 @@ void ProgressBar::update(int64_t epoch, int64_t epochs, int64_t batch, int64_t b
   if (tty_) {
     const int width = 24;
     int filled = static_cast<int>(width * (batch + 1) / std::max<int64_t>(batches, 1));
-    line << "[" << std::string(static_cast<size_t>(filled), '#') << std::string(static_cast<size_t>(width - filled), '.')
-         << "] ";
+    line << "[" << std::string(static_cast<size_t>(filled), '#')
+         << std::string(static_cast<size_t>(width - filled), '.') << "] ";
   }
   line << batch + 1 << "/" << batches << "  loss " << std::fixed << std::setprecision(4) << loss << "  "
        << std::setprecision(0) << images_per_s << " img/s  ETA " << format_eta(eta_s);
-  if (tty_) os_ << "\r" << line.str() << "\033[K" << std::flush;
-  else os_ << line.str() << "\n" << std::flush;
+  if (tty_)
+    os_ << "\r" << line.str() << "\033[K" << std::flush;
+  else
+    os_ << line.str() << "\n" << std::flush;
 }
 
 void ProgressBar::end_line() {

@@ -11,22 +11,22 @@ namespace whittle::runner {
 
 /// Classification metrics over a dataset.
 struct EvalMetrics {
-  double top1 = 0;     ///< fraction correct, in [0, 1]
-  double top5 = 0;     ///< fraction with the label among the 5 highest logits (all when < 5 classes)
-  double loss = 0;     ///< mean cross-entropy
+  double top1 = 0;  ///< fraction correct, in [0, 1]
+  double top5 = 0;  ///< fraction with the label among the 5 highest logits (all when < 5 classes)
+  double loss = 0;  ///< mean cross-entropy
   int64_t samples = 0;
 };
 
 /// What a run produced.
 struct RunResult {
-  EvalMetrics test;                  ///< after the last completed epoch
-  bool interrupted = false;          ///< stopped by SIGINT (state saved; resume with --resume)
+  EvalMetrics test;          ///< after the last completed epoch
+  bool interrupted = false;  ///< stopped by SIGINT (state saved; resume with --resume)
   int64_t epochs_done = 0;
   std::string run_dir;
-  std::string checkpoint;            ///< path of the checkpoint
+  std::string checkpoint;  ///< path of the checkpoint
   int64_t checkpoint_bytes = 0;
   int64_t params = 0;
-  int64_t macs = 0;                  ///< per image
+  int64_t macs = 0;  ///< per image
   double wall_seconds = 0;
   double train_images_per_second = 0;
 };

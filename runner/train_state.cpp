@@ -86,19 +86,20 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
   };
   auto read_string = [&](const char* k) {
     c10::IValue v;
-    if (!a.try_read(k, v) || !v.isString()) throw Error("--resume: " + path + " lacks '" + k + "' (damaged training state)");
+    if (!a.try_read(k, v) || !v.isString())
+      throw Error("--resume: " + path + " lacks '" + k + "' (damaged training state)");
     return v.toStringRef();
   };
   const int64_t format = read_tensor("format").item<int64_t>();
   if (format != kTrainStateFormat)
-    throw Error("--resume: " + path + " is a training state of format " + std::to_string(format) + ", this whittle reads format " +
-                std::to_string(kTrainStateFormat) +
+    throw Error("--resume: " + path + " is a training state of format " + std::to_string(format) +
+                ", this whittle reads format " + std::to_string(kTrainStateFormat) +
                 (format < kTrainStateFormat ? " (written by an older whittle; start the run again without --resume)"
                                             : " (written by a newer whittle)"));
   if (read_string("recipe") != recipe_text)
     throw Error("--resume: the recipe differs from the one the training state " + path +
-                " was saved with (a resumed run must use the same recipe and --set overrides; the saved one is " +
-                parent_directory(path) + "/recipe.yaml)",
+                    " was saved with (a resumed run must use the same recipe and --set overrides; the saved one is " +
+                    parent_directory(path) + "/recipe.yaml)",
                 ErrorKind::kUsage);
   s.state_.epoch = read_tensor("epoch").item<int64_t>();
   s.state_.batch = read_tensor("batch").item<int64_t>();

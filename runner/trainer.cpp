@@ -146,12 +146,10 @@ data::Dataset load_split(const std::string& path, const std::string& split, cons
 }
 
 at::Device open_device(const std::string& name) {
-  if (!is_device_name(name))
-    throw Error("device '" + name + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
+  if (!is_device_name(name)) throw Error("device '" + name + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
   const at::Device device(name);
   if (!device.is_cuda()) return device;
-  if (!at::hasCUDA())
-    throw Error("device '" + name + "' requested but no CUDA device is available", ErrorKind::kUsage);
+  if (!at::hasCUDA()) throw Error("device '" + name + "' requested but no CUDA device is available", ErrorKind::kUsage);
   const auto count = static_cast<int64_t>(at::getNumGPUs());
   if (device.has_index() && device.index() >= count)
     throw Error("device '" + name + "' requested but LibTorch sees " + std::to_string(count) + " CUDA device(s)",
@@ -256,7 +254,8 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   result_.macs = cost.macs;
   log << "model " << (r.model.name.empty() ? r.model.file : r.model.name) << ": " << cost.params << " parameters, "
       << cost.macs << " MACs/image; data: " << train_loader_->num_samples() << " train / "
-      << test_loader_->num_samples() << " test images; device " << device_.str() << "\n" << std::flush;
+      << test_loader_->num_samples() << " test images; device " << device_.str() << "\n"
+      << std::flush;
 
   const bool tty = log_ == &std::cout && ::isatty(STDOUT_FILENO);
   progress_ = std::make_unique<ProgressBar>(log, tty, t.log_every);
@@ -279,7 +278,8 @@ void Trainer::step(const data::Batch& batch) {
   const int64_t index = state_.batch;
   const int64_t batches = train_loader_->num_batches();
   tc_.epoch = static_cast<double>(state_.epoch) + static_cast<double>(index) / static_cast<double>(batches);
-  set_learning_rate(*optimizer_, learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));
+  set_learning_rate(*optimizer_,
+                    learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));
   at::Tensor x = batch.images.to(device_, true);
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);

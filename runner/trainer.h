@@ -35,7 +35,7 @@ namespace whittle::data {
 class DataLoader;
 struct Batch;
 struct Dataset;
-}
+}  // namespace whittle::data
 
 namespace whittle::runner {
 
@@ -43,9 +43,9 @@ class ProgressBar;
 
 /// Command-line choices that override the recipe.
 struct RunOptions {
-  std::string out_dir;   ///< run directory ("" = recipe outputs.dir)
-  std::string device;    ///< "" = recipe training.device
-  bool resume = false;   ///< continue from <dir>/train_state.pt
+  std::string out_dir;          ///< run directory ("" = recipe outputs.dir)
+  std::string device;           ///< "" = recipe training.device
+  bool resume = false;          ///< continue from <dir>/train_state.pt
   std::ostream* log = nullptr;  ///< progress and report (nullptr = std::cout)
 };
 
@@ -115,11 +115,18 @@ class Trainer {
   /// Writes the training state (runner/train_state.h) to <dir>/train_state.pt.
   void save_state();
 
+  /// Where the run stands (saved with the training state).
   const TrainerState& state() const { return state_; }
+  /// The model being trained (on device()).
   GraphModule& model() { return model_; }
+  /// The current optimizer; a parameter change replaces it (rebuild_optimizer), so do not keep
+  /// the reference across step() or the epoch hooks.
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  /// What the modifiers' hooks receive.
   TrainContext& context() { return tc_; }
+  /// The recipe's modifiers, in recipe order.
   const std::vector<std::unique_ptr<Modifier>>& modifiers() const { return modifiers_; }
+  /// The training set's loader (batch(epoch, index) rebuilds any batch).
   data::DataLoader& train_loader() { return *train_loader_; }
   const at::Device& device() const { return device_; }
   const std::string& run_dir() const { return result_.run_dir; }

@@ -90,7 +90,8 @@ TEST_F(RebuildOptimizer, SgdKeepsMomentumOfParametersThatRemain) {
   EXPECT_DOUBLE_EQ(o.weight_decay(), 5e-4);
 
   // The next step continues a's momentum exactly as the old optimizer would have.
-  torch::optim::SGD reference({a.detach().clone().set_requires_grad(true)}, torch::optim::SGDOptions(0.025).momentum(0.9).nesterov(true).weight_decay(5e-4));
+  torch::optim::SGD reference({a.detach().clone().set_requires_grad(true)},
+                              torch::optim::SGDOptions(0.025).momentum(0.9).nesterov(true).weight_decay(5e-4));
   const at::Tensor ref_a = reference.param_groups()[0].params()[0];
   auto ref_state = std::make_unique<torch::optim::SGDParamState>();
   ref_state->momentum_buffer(momentum_a.clone());
@@ -160,7 +161,7 @@ TEST_F(RebuildOptimizer, AdamWAndParameterGroups) {
 // replaces a parameter mid-epoch
 
 struct ReplaceBiasOptions {
-  int64_t at_step = 2;         ///< optimizer step after which fc3.bias is replaced
+  int64_t at_step = 2;  ///< optimizer step after which fc3.bias is replaced
   std::string node = "fc3";
 };
 
@@ -221,16 +222,21 @@ class TrainerTest : public test::SeededTest {
 
   Recipe recipe(const std::string& optimizer) const {
     const std::string mnist = join_path(source_dir(), "data/mnist10k");
-    return parse_recipe("model: {name: lenet5}\n"
-                        "data: {train: " + mnist + ", test: " + mnist + ", test_split: t10k, batch_size: 32,\n"
-                        "       train_limit: 256, test_limit: 100, num_workers: 0}\n"
-                        "training:\n"
-                        "  epochs: 1\n"
-                        "  optimizer: {name: " + optimizer + ", lr: 0.01, momentum: 0.9}\n"
-                        "  threads: 1\n"
-                        "modifiers:\n"
-                        "  - {name: test_replace_bias, at_step: 2}\n",
-                        "<trainer_test>", source_dir());
+    return parse_recipe(
+        "model: {name: lenet5}\n"
+        "data: {train: " +
+            mnist + ", test: " + mnist +
+            ", test_split: t10k, batch_size: 32,\n"
+            "       train_limit: 256, test_limit: 100, num_workers: 0}\n"
+            "training:\n"
+            "  epochs: 1\n"
+            "  optimizer: {name: " +
+            optimizer +
+            ", lr: 0.01, momentum: 0.9}\n"
+            "  threads: 1\n"
+            "modifiers:\n"
+            "  - {name: test_replace_bias, at_step: 2}\n",
+        "<trainer_test>", source_dir());
   }
 };
 
@@ -405,7 +411,8 @@ Recipe qat_recipe(double quantize_start) {
        << "data: {train: " << mnist << ", test: " << mnist << "}\n"
        << "training: {epochs: 3}\n"
        << "modifiers:\n"
-       << "  - {name: quantize, method: dorefa, weight_bits: 4, activation_bits: 4, start_epoch: " << quantize_start << "}\n"
+       << "  - {name: quantize, method: dorefa, weight_bits: 4, activation_bits: 4, start_epoch: " << quantize_start
+       << "}\n"
        << "  - {name: fuse_batchnorm, mode: qat, start_epoch: " << quantize_start << ", freeze_bn_epoch: 2}\n";
   return parse_recipe(text.str(), "<qat>", source_dir());
 }
@@ -497,7 +504,8 @@ TEST(OptionsSchema, DefaultsComeFromTheStructAndParseTypesValues) {
     schema.parse(bad, "r.yaml:3: modifier 'prune'");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "r.yaml:3: modifier 'prune', key 'steps': expected an integer, got a number (2.5)");
+    EXPECT_EQ(std::string(e.what()),
+              "r.yaml:3: modifier 'prune', key 'steps': expected an integer, got a number (2.5)");
   }
   ModifierSettings choice;
   choice["criterion"] = "l3";
