@@ -1,5 +1,6 @@
 #include "tools/model_source.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -41,7 +42,9 @@ runner::ModelSource model_source(const std::string& spec, const std::optional<Sh
   const std::string ext = file_extension(spec);
   const bool file_like = ext == ".h5" || ext == ".hdf5" || ext == ".pt" || ext == ".pth" || ext == ".ts" ||
                          ext == ".torchscript";
-  if (file_like || path_exists(spec)) source.file = spec;
+  const auto zoo = zoo_models();
+  const bool zoo_name = std::find(zoo.begin(), zoo.end(), spec) != zoo.end();
+  if (file_like || (!zoo_name && path_exists(spec))) source.file = spec;
   else source.name = spec;
   source.num_classes = num_classes;
   if (input_shape) source.input_shape = *input_shape;

@@ -11,8 +11,9 @@
 
 namespace whittle::cli {
 
-/// The ModelSource of MODEL argument `spec`: a file when `spec` names an existing path or ends in
-/// a model file extension (.h5, .hdf5, .pt, .pth, .ts, .torchscript), else a zoo name.
+/// The ModelSource of MODEL argument `spec`: a file when `spec` ends in a model file extension
+/// (.h5, .hdf5, .pt, .pth, .ts, .torchscript) or, not being a zoo name, names an existing path;
+/// else a zoo name (load_model reports an unknown one).
 /// `input_shape` (--input-shape) goes to zoo models and TorchScript files; `num_classes`
 /// (--num-classes) to zoo models. Zoo models take LibTorch's global generator (no seed).
 runner::ModelSource model_source(const std::string& spec, const std::optional<Shape>& input_shape,
