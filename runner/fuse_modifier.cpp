@@ -1,5 +1,7 @@
 #include "runner/fuse_modifier.h"
 
+#include <nlohmann/json.hpp>
+
 #include <iostream>
 
 #include "fuse/fuse.h"
@@ -17,16 +19,10 @@ namespace {
 // at freeze_bn_epoch; at the end folds for good (finalize_qat_batchnorm, then the inference passes).
 class FuseBatchNormModifier : public Modifier {
  public:
-  explicit FuseBatchNormModifier(const ModifierSpec& spec) : Modifier(spec) {
-    const YAML::Node& s = spec.settings;
-    try {
-      if (s["mode"]) mode_ = s["mode"].as<std::string>();
-      if (s["freeze_bn_epoch"]) freeze_epoch_ = s["freeze_bn_epoch"].as<double>();
-      if (s["repvgg"]) options_.repvgg = s["repvgg"].as<bool>();
-      if (s["threshold"]) options_.threshold = s["threshold"].as<bool>();
-    } catch (const YAML::Exception& e) {
-      throw Error(where() + ": " + e.what(), ErrorKind::kUsage);
-    }
+  FuseBatchNormModifier(const ModifierSpec& spec, const FuseBatchNormModifierOptions& o)
+      : Modifier(spec), mode_(o.mode), freeze_epoch_(o.freeze_bn_epoch) {
+    options_.repvgg = o.repvgg;
+    options_.threshold = o.threshold;
     if (mode_ != "inference" && mode_ != "qat")
       throw Error(where() + ", key 'mode': '" + mode_ + "' is not one of inference, qat", ErrorKind::kUsage);
     if (mode_ == "inference" && freeze_epoch_ >= 0)
@@ -38,7 +34,7 @@ class FuseBatchNormModifier : public Modifier {
   void on_start(TrainContext& tc) override {
     if (mode_ != "qat") return;
     check_order(tc);
-    if (spec().start_epoch <= 0) prepare(tc);
+    if (!prepared_ && spec().start_epoch <= 0) prepare(tc);
   }
 
   void on_epoch_begin(TrainContext& tc) override {
@@ -57,6 +53,19 @@ class FuseBatchNormModifier : public Modifier {
     fuse::Report r = fuse::fuse_for_inference(tc.model, options_);
     tc.parameters_changed = true;
     std::cout << r.summary() << std::flush;
+  }
+
+  std::string state() const override {
+    return nlohmann::json{{"prepared", prepared_}, {"frozen", frozen_}}.dump();
+  }
+  void load_state(const std::string& text) override {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      prepared_ = j.at("prepared").get<bool>();
+      frozen_ = j.at("frozen").get<bool>();
+    } catch (const std::exception& e) {
+      throw Error(where() + ": unreadable saved state '" + text + "': " + e.what());
+    }
   }
 
  private:
@@ -90,8 +99,8 @@ class FuseBatchNormModifier : public Modifier {
     std::cout << r.summary() << std::flush;
   }
 
-  std::string mode_ = "inference";
-  double freeze_epoch_ = -1;
+  std::string mode_;
+  double freeze_epoch_;
   fuse::InferenceOptions options_;
   bool prepared_ = false;
   bool frozen_ = false;
@@ -99,21 +108,30 @@ class FuseBatchNormModifier : public Modifier {
 
 }  // namespace
 
+const OptionsSchema<FuseBatchNormModifierOptions>& fuse_modifier_schema() {
+  using O = FuseBatchNormModifierOptions;
+  static const OptionsSchema<O> schema =
+      OptionsSchema<O>()
+          .add("mode", &O::mode,
+               "inference: fold at the end of training; qat: train with the folded weight (batch statistics with "
+               "the σ_running/σ_batch correction) so the quantizers see it, fold for good at the end",
+               {"inference", "qat"})
+          .add("freeze_bn_epoch", &O::freeze_bn_epoch,
+               "qat: from this epoch on, train with the running statistics and stop updating them", {}, "never")
+          .add("repvgg", &O::repvgg, "at the end, also merge RepVGG blocks into single 3×3 convs")
+          .add("threshold", &O::threshold, "at the end, also turn BN + sign binarizer into thresholds");
+  return schema;
+}
+
 void register_fuse_modifier() {
   ModifierInfo info;
   info.name = "fuse_batchnorm";
   info.description = "BN folding: for inference at the end of training, or simulated during QAT (mode: qat)";
-  info.settings = {
-      KeySpec{"mode", KeyType::kString, "inference",
-              "inference: fold at the end of training; qat: train with the folded weight (batch statistics with "
-              "the σ_running/σ_batch correction) so the quantizers see it, fold for good at the end",
-              {}, {"inference", "qat"}},
-      KeySpec{"freeze_bn_epoch", KeyType::kFloat, "-1 (never)",
-              "qat: from this epoch on, train with the running statistics and stop updating them", {}, {}},
-      KeySpec{"repvgg", KeyType::kBool, "true", "at the end, also merge RepVGG blocks into single 3×3 convs", {}, {}},
-      KeySpec{"threshold", KeyType::kBool, "true", "at the end, also turn BN + sign binarizer into thresholds", {}, {}},
+  info.settings = fuse_modifier_schema().keys();
+  info.create = [](const ModifierSpec& spec) {
+    return std::make_unique<FuseBatchNormModifier>(
+        spec, fuse_modifier_schema().parse(spec.settings, spec.location + ": modifier 'fuse_batchnorm'"));
   };
-  info.create = [](const ModifierSpec& spec) { return std::make_unique<FuseBatchNormModifier>(spec); };
   register_modifier(std::move(info));
 }
 

@@ -3,6 +3,7 @@
 // registers a name, a description, its settings schema and a factory; the trainer calls its hooks.
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
@@ -16,12 +17,15 @@
 namespace whittle::runner {
 
 /// What the trainer lends a modifier's hooks. A modifier that changes the graph (adds quantizer
-/// nodes, removes channels) calls model->sync() and sets `parameters_changed`, and the trainer
-/// rebuilds the optimizer over the new parameter set (keeping its hyper-parameters).
+/// nodes, removes channels) calls model->sync() and sets `parameters_changed`; after the hook the
+/// trainer moves the model to `device` and rebuilds the optimizer over the new parameter set
+/// (rebuild_optimizer: same hyper-parameters, and the per-parameter state, such as momentum, of
+/// every parameter tensor that is still there).
 struct TrainContext {
   GraphModule model{nullptr};
-  torch::optim::Optimizer* optimizer = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;  ///< nullptr in on_start (built after it)
   const Recipe* recipe = nullptr;
+  at::Device device = at::kCPU;  ///< where the model trains
   double epoch = 0.0;        ///< fractional epoch (epoch index + fraction of its batches done)
   int64_t epoch_index = 0;   ///< current epoch, 0-based
   int64_t step = 0;          ///< optimizer steps done so far
@@ -39,8 +43,10 @@ class Modifier {
     return epoch >= spec_.start_epoch && (spec_.end_epoch < 0 || epoch < spec_.end_epoch);
   }
 
-  /// Once, before the first epoch (and again after a resume, on the restored model).
+  /// Once, before the first epoch, and again after a resume (on the restored model, after
+  /// load_state): a modifier that already changed the graph must not do so again.
   virtual void on_start(TrainContext&) {}
+  /// The epoch's first hook; not called again when a run resumes in the middle of the epoch.
   virtual void on_epoch_begin(TrainContext&) {}
   virtual void on_epoch_end(TrainContext&) {}
   /// After every optimizer step (e.g. BNN's latent weight clipping).
@@ -54,12 +60,21 @@ class Modifier {
   /// Once, after the last epoch and before the final checkpoint is written.
   virtual void on_finish(TrainContext&) {}
 
+  /// The modifier's own state as JSON text (what it has done so far: applied, frozen, pruned
+  /// fraction...), saved with the training state; "" (the default) when it has none.
+  virtual std::string state() const { return ""; }
+  /// Restores what state() returned, on resume, before on_start. The default ignores it. Throws
+  /// whittle::Error for text it cannot read.
+  virtual void load_state(const std::string& /*state*/) {}
+
  private:
   ModifierSpec spec_;
 };
 
 /// A modifier kind: its recipe name, a one-line description, its settings (validated before any
-/// work starts) and a factory.
+/// work starts; an OptionsSchema's keys(), runner/modifier_options.h) and a factory, which turns
+/// the entry's ModifierSpec (settings typed by that schema) into the modifier, throwing
+/// whittle::Error (usage) naming spec.location for settings it refuses.
 struct ModifierInfo {
   std::string name;
   std::string description;

@@ -1,5 +1,7 @@
 #include "runner/quantize_modifier.h"
 
+#include <nlohmann/json.hpp>
+
 #include <iostream>
 
 #include "core/error.h"
@@ -15,39 +17,41 @@ namespace {
 // optimizer step. The quantizers stay attached to the end (end_epoch only ends the clipping).
 class QuantizeModifier : public Modifier {
  public:
-  explicit QuantizeModifier(const ModifierSpec& spec) : Modifier(spec) {
-    const YAML::Node& s = spec.settings;
-    auto where = [&](const char* key) { return spec.location + ": modifier 'quantize', key '" + key + "'"; };
-    try {
-      if (s["method"]) config_.method = s["method"].as<std::string>();
-      if (s["weight_bits"]) config_.weight_bits = s["weight_bits"].as<int64_t>();
-      if (s["activation_bits"]) config_.activation_bits = s["activation_bits"].as<int64_t>();
-      if (s["activation_clip"]) config_.activation_clip = s["activation_clip"].as<double>();
-      if (s["granularity"]) config_.granularity = quantize::granularity_from_name(s["granularity"].as<std::string>());
-      if (s["xnor_detach_alpha"]) config_.xnor_detach_alpha = s["xnor_detach_alpha"].as<bool>();
-      if (s["xnor_scale_k"]) config_.xnor_scale_k = s["xnor_scale_k"].as<bool>();
-      if (s["clip_latent_weights"]) clip_ = s["clip_latent_weights"].as<bool>();
-    } catch (const YAML::Exception& e) {
-      throw Error(where("settings") + ": " + e.what(), ErrorKind::kUsage);
-    }
+  QuantizeModifier(const ModifierSpec& spec, const QuantizeModifierOptions& o) : Modifier(spec) {
+    config_.method = o.method;
+    if (o.weight_bits) config_.weight_bits = *o.weight_bits;
+    if (o.activation_bits) config_.activation_bits = *o.activation_bits;
+    config_.activation_clip = o.activation_clip;
+    config_.xnor_detach_alpha = o.xnor_detach_alpha;
+    config_.xnor_scale_k = o.xnor_scale_k;
     config_.targets = spec.targets;
     config_.ignore = spec.ignore;
     try {
+      if (o.granularity) config_.granularity = quantize::granularity_from_name(*o.granularity);
       config_ = quantize::resolve(config_);
     } catch (const Error& e) {
       throw Error(spec.location + ": modifier 'quantize': " + e.what(), ErrorKind::kUsage);
     }
-    clip_ = clip_ && config_.method == "bnn" && config_.weight_bits == 1;
+    clip_ = o.clip_latent_weights && config_.method == "bnn" && config_.weight_bits == 1;
   }
 
   void on_start(TrainContext& tc) override {
-    if (spec().start_epoch <= 0) attach(tc);
+    if (!applied_ && spec().start_epoch <= 0) attach(tc);
   }
   void on_epoch_begin(TrainContext& tc) override {
     if (!applied_ && active_at(tc.epoch)) attach(tc);
   }
   void on_step_end(TrainContext& tc) override {
     if (applied_ && clip_) quantize::clip_latent_weights(tc.model->graph());
+  }
+
+  std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
+  void load_state(const std::string& text) override {
+    try {
+      applied_ = nlohmann::json::parse(text).at("applied").get<bool>();
+    } catch (const std::exception& e) {
+      throw Error(spec().location + ": modifier 'quantize': unreadable saved state '" + text + "': " + e.what());
+    }
   }
 
  private:
@@ -67,25 +71,34 @@ class QuantizeModifier : public Modifier {
 
 }  // namespace
 
+const OptionsSchema<QuantizeModifierOptions>& quantize_modifier_schema() {
+  using O = QuantizeModifierOptions;
+  static const OptionsSchema<O> schema =
+      OptionsSchema<O>()
+          .add("method", &O::method, "dorefa, twn, bnn or xnor", {"dorefa", "twn", "bnn", "xnor"})
+          .add("weight_bits", &O::weight_bits, "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {},
+               "method default (dorefa 8, twn 2, bnn/xnor 1)")
+          .add("activation_bits", &O::activation_bits, "activation bits: dorefa/twn 1..8 or 32, bnn/xnor 1 or 32", {},
+               "method default (dorefa 8, twn 32, bnn/xnor 1)")
+          .add("activation_clip", &O::activation_clip,
+               "dorefa/twn activations: clip level c of c·quantize_k(clip(a, 0, c)/c) (1: the paper's [0, 1])")
+          .add("granularity", &O::granularity, "scale granularity of twn, xnor and 1-bit dorefa (and dorefa's max)",
+               {"per_tensor", "per_channel"}, "per_channel for twn/xnor, per_tensor for dorefa")
+          .add("xnor_detach_alpha", &O::xnor_detach_alpha, "xnor: no gradient through α = mean|W|")
+          .add("xnor_scale_k", &O::xnor_scale_k, "xnor: scale each binarized layer's output by K")
+          .add("clip_latent_weights", &O::clip_latent_weights, "bnn: clip latent weights to [-1, 1] after each step");
+  return schema;
+}
+
 void register_quantize_modifier() {
   ModifierInfo info;
   info.name = "quantize";
   info.description = "quantization-aware training: DoReFa, TWN, BNN or XNOR-Net quantizers on conv/linear layers";
-  info.settings = {
-      KeySpec{"method", KeyType::kString, "dorefa", "dorefa, twn, bnn or xnor", {}, {"dorefa", "twn", "bnn", "xnor"}},
-      KeySpec{"weight_bits", KeyType::kInt, "method default (dorefa 8, twn 2, bnn/xnor 1)",
-              "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {}, {}},
-      KeySpec{"activation_bits", KeyType::kInt, "method default (dorefa 8, twn 32, bnn/xnor 1)",
-              "activation bits: dorefa/twn 1..8 or 32, bnn/xnor 1 or 32", {}, {}},
-      KeySpec{"activation_clip", KeyType::kFloat, "1",
-              "dorefa/twn activations: clip level c of c·quantize_k(clip(a, 0, c)/c) (1: the paper's [0, 1])", {}, {}},
-      KeySpec{"granularity", KeyType::kString, "per_channel for twn/xnor, per_tensor for dorefa",
-              "scale granularity of twn, xnor and 1-bit dorefa (and dorefa's max)", {}, {"per_tensor", "per_channel"}},
-      KeySpec{"xnor_detach_alpha", KeyType::kBool, "false", "xnor: no gradient through α = mean|W|", {}, {}},
-      KeySpec{"xnor_scale_k", KeyType::kBool, "false", "xnor: scale each binarized layer's output by K", {}, {}},
-      KeySpec{"clip_latent_weights", KeyType::kBool, "true", "bnn: clip latent weights to [-1, 1] after each step", {}, {}},
+  info.settings = quantize_modifier_schema().keys();
+  info.create = [](const ModifierSpec& spec) {
+    return std::make_unique<QuantizeModifier>(
+        spec, quantize_modifier_schema().parse(spec.settings, spec.location + ": modifier 'quantize'"));
   };
-  info.create = [](const ModifierSpec& spec) { return std::make_unique<QuantizeModifier>(spec); };
   register_modifier(std::move(info));
 }
 

@@ -1,5 +1,7 @@
 #include "runner/recipe.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,6 +17,11 @@ namespace whittle::runner {
 namespace {
 
 [[noreturn]] void usage_error(const std::string& msg) { throw Error(msg, ErrorKind::kUsage); }
+
+// Validates `node` against `keys`, throwing whittle::Error (usage) naming `origin`, the line and
+// the dotted key path `where` on the first problem. Used for recipe sections and modifier settings.
+void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
+                   const std::string& where);
 
 // Nodes that came from --set overrides (and everything inside them), so that messages about them
 // say "--set" rather than a line of the file. Filled by parse_recipe for the duration of a parse.
@@ -266,6 +273,109 @@ const char* key_type_name(KeyType type) {
   return "?";
 }
 
+namespace {
+
+template <typename T>
+std::string list_text(const std::vector<T>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::string value_text(const SettingValue::Storage& s) {
+  struct Visitor {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const {
+      std::ostringstream os;
+      os << d;
+      return os.str();
+    }
+    std::string operator()(const std::string& t) const { return t; }
+    std::string operator()(const std::vector<double>& v) const { return list_text(v); }
+    std::string operator()(const std::vector<int64_t>& v) const { return list_text(v); }
+    std::string operator()(const std::vector<std::string>& v) const { return list_text(v); }
+  };
+  return std::visit(Visitor{}, s);
+}
+
+const char* value_kind(const SettingValue::Storage& s) {
+  switch (s.index()) {
+    case 0: return "a boolean";
+    case 1: return "an integer";
+    case 2: return "a number";
+    case 3: return "a string";
+    case 4: return "a list of numbers";
+    case 5: return "a list of integers";
+    default: return "a list of strings";
+  }
+}
+
+[[noreturn]] void not_a(const SettingValue::Storage& s, const char* wanted) {
+  usage_error("expected " + std::string(wanted) + ", got " + value_kind(s) + " (" + value_text(s) + ")");
+}
+
+int64_t to_integer(const SettingValue::Storage& s) {
+  if (const auto* i = std::get_if<int64_t>(&s)) return *i;
+  if (const auto* d = std::get_if<double>(&s))
+    if (std::isfinite(*d) && std::floor(*d) == *d && std::fabs(*d) < 9.0e18) return static_cast<int64_t>(*d);
+  not_a(s, "an integer");
+}
+
+}  // namespace
+
+template <>
+bool SettingValue::as<bool>() const {
+  if (const auto* b = std::get_if<bool>(&value_)) return *b;
+  not_a(value_, "a boolean");
+}
+template <>
+int64_t SettingValue::as<int64_t>() const { return to_integer(value_); }
+template <>
+int SettingValue::as<int>() const {
+  const int64_t v = to_integer(value_);
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) not_a(value_, "an int-sized integer");
+  return static_cast<int>(v);
+}
+template <>
+double SettingValue::as<double>() const {
+  if (const auto* d = std::get_if<double>(&value_)) return *d;
+  if (const auto* i = std::get_if<int64_t>(&value_)) return static_cast<double>(*i);
+  not_a(value_, "a number");
+}
+template <>
+std::string SettingValue::as<std::string>() const {
+  if (const auto* t = std::get_if<std::string>(&value_)) return *t;
+  not_a(value_, "a string");
+}
+template <>
+std::vector<double> SettingValue::as<std::vector<double>>() const {
+  if (const auto* v = std::get_if<std::vector<double>>(&value_)) return *v;
+  if (const auto* v = std::get_if<std::vector<int64_t>>(&value_)) return std::vector<double>(v->begin(), v->end());
+  not_a(value_, "a list of numbers");
+}
+template <>
+std::vector<int64_t> SettingValue::as<std::vector<int64_t>>() const {
+  if (const auto* v = std::get_if<std::vector<int64_t>>(&value_)) return *v;
+  not_a(value_, "a list of integers");
+}
+template <>
+std::vector<std::string> SettingValue::as<std::vector<std::string>>() const {
+  if (const auto* v = std::get_if<std::vector<std::string>>(&value_)) return *v;
+  if (const auto* t = std::get_if<std::string>(&value_)) return {*t};
+  not_a(value_, "a list of strings");
+}
+
+std::string SettingValue::text() const { return value_text(value_); }
+
+const SettingValue& ModifierSettings::operator[](const std::string& key) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) throw Error("modifier setting '" + key + "' is not given");
+  return it->second;
+}
+
 const std::vector<KeySpec>& recipe_schema() {
   static const std::vector<KeySpec> schema = build_schema();
   return schema;
@@ -293,6 +403,8 @@ std::string closest_match(const std::string& word, const std::vector<std::string
     if (!word.empty() && (c.rfind(word, 0) == 0 || word.rfind(c, 0) == 0)) return c;
   return "";
 }
+
+namespace {
 
 void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
                    const std::string& where) {
@@ -345,14 +457,64 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
   }
 }
 
-Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
-                    const std::vector<std::string>& overrides) {
-  YAML::Node root;
+// The typed value of a modifier setting `v` (validated against `spec`).
+SettingValue setting_value(const YAML::Node& v, const KeySpec& spec) {
+  switch (spec.type) {
+    case KeyType::kBool: return v.as<bool>();
+    case KeyType::kInt: return v.as<int64_t>();
+    case KeyType::kFloat: return v.as<double>();
+    case KeyType::kString: return v.Scalar();
+    case KeyType::kFloatList: return v.as<std::vector<double>>();
+    case KeyType::kIntList: return v.as<std::vector<int64_t>>();
+    case KeyType::kStringList:
+      if (v.IsScalar()) return std::vector<std::string>{v.Scalar()};
+      return v.as<std::vector<std::string>>();
+    default: {
+      YAML::Emitter out;
+      out << YAML::Flow << v;
+      return std::string(out.c_str());
+    }
+  }
+}
+
+// Reads the validated `data:` section `d` into `out` (no checks of the files).
+void read_data_section(const YAML::Node& d, DataSpec& out) {
+  get_path(d, "train", out.train);
+  get_path(d, "test", out.test);
+  get(d, "train_split", out.train_split);
+  get(d, "test_split", out.test_split);
+  get_path(d, "pack_to", out.pack_to);
+  get(d, "mean", out.mean);
+  get(d, "std", out.std);
+  get(d, "random_crop_padding", out.random_crop_padding);
+  get(d, "horizontal_flip", out.horizontal_flip);
+  get(d, "batch_size", out.batch_size);
+  get(d, "eval_batch_size", out.eval_batch_size);
+  get(d, "num_workers", out.num_workers);
+  get(d, "prefetch", out.prefetch);
+  get(d, "drop_last", out.drop_last);
+  get(d, "train_limit", out.train_limit);
+  get(d, "test_limit", out.test_limit);
+}
+
+YAML::Node load_yaml(const std::string& text, const std::string& origin) {
   try {
-    root = YAML::Load(text);
+    return YAML::Load(text);
   } catch (const YAML::Exception& e) {
     usage_error(origin + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
+}
+
+const KeySpec& section_spec(const char* name) {
+  const auto& schema = recipe_schema();
+  return *std::find_if(schema.begin(), schema.end(), [&](const KeySpec& k) { return k.name == name; });
+}
+
+}  // namespace
+
+Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root = load_yaml(text, origin);
   if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
   register_builtin_modifiers();
   std::vector<YAML::Node> override_nodes;
@@ -418,22 +580,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   const YAML::Node d = root["data"];
   for (const char* required : {"train", "test"})
     if (!d[required]) usage_error(at_line(origin, d) + ": missing key 'data." + std::string(required) + "'");
-  get_path(d, "train", r.data.train);
-  get_path(d, "test", r.data.test);
-  get(d, "train_split", r.data.train_split);
-  get(d, "test_split", r.data.test_split);
-  get_path(d, "pack_to", r.data.pack_to);
-  get(d, "mean", r.data.mean);
-  get(d, "std", r.data.std);
-  get(d, "random_crop_padding", r.data.random_crop_padding);
-  get(d, "horizontal_flip", r.data.horizontal_flip);
-  get(d, "batch_size", r.data.batch_size);
-  get(d, "eval_batch_size", r.data.eval_batch_size);
-  get(d, "num_workers", r.data.num_workers);
-  get(d, "prefetch", r.data.prefetch);
-  get(d, "drop_last", r.data.drop_last);
-  get(d, "train_limit", r.data.train_limit);
-  get(d, "test_limit", r.data.test_limit);
+  read_data_section(d, r.data);
   if (r.data.mean.size() != r.data.std.size())
     usage_error(at_line(origin, d) + ": 'data.mean' and 'data.std' must have the same length");
   for (double v : r.data.std)
@@ -527,12 +674,13 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       }
       if (ms.end_epoch >= 0 && ms.end_epoch < ms.start_epoch)
         usage_error(at_line(origin, e) + ": '" + where + "': end_epoch " + std::to_string(ms.end_epoch) + " is before start_epoch");
-      YAML::Node settings(YAML::NodeType::Map);
       for (const auto& kv : e) {
         const std::string k = kv.first.as<std::string>();
-        if (std::none_of(common.begin(), common.end(), [&](const KeySpec& c) { return c.name == k; })) settings[k] = kv.second;
+        if (std::any_of(common.begin(), common.end(), [&](const KeySpec& c) { return c.name == k; })) continue;
+        const auto spec = std::find_if(info->settings.begin(), info->settings.end(),
+                                       [&](const KeySpec& c) { return c.name == k; });
+        ms.settings[k] = setting_value(kv.second, *spec);
       }
-      ms.settings = settings;
       r.modifiers.push_back(std::move(ms));
     }
   }
@@ -551,6 +699,15 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   if (r.outputs.checkpoint.empty() || r.outputs.checkpoint.find('/') != std::string::npos)
     usage_error(origin + ": 'outputs.checkpoint' must be a plain file name");
   return r;
+}
+
+DataSpec parse_recipe_data(const std::string& text, const std::string& origin) {
+  DataSpec out;
+  const YAML::Node root = load_yaml(text, origin);
+  if (!root.IsMap() || !root["data"] || root["data"].IsNull()) return out;
+  validate_keys(root["data"], section_spec("data").children, origin, "data");
+  read_data_section(root["data"], out);
+  return out;
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {

@@ -5,10 +5,10 @@
 // the line; wrong types and missing files name the key and what was expected). docs/recipes.md
 // documents every key.
 
-#include <yaml-cpp/yaml.h>
-
-#include <optional>
+#include <cstdint>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "graph/graph.h"
@@ -83,6 +83,65 @@ struct TrainingSpec {
   int64_t log_every = 50;         ///< batches between plain progress lines (non-terminal output)
 };
 
+/// One value of a modifier setting, typed as the modifier's KeySpec says: a boolean, an integer,
+/// a number, a string, or a list of numbers, integers or strings (a section or free-form value is
+/// kept as its YAML text, a string).
+class SettingValue {
+ public:
+  using Storage = std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<int64_t>,
+                               std::vector<std::string>>;
+  SettingValue() = default;
+  SettingValue(bool v) : value_(v) {}
+  SettingValue(int v) : value_(static_cast<int64_t>(v)) {}
+  SettingValue(long v) : value_(static_cast<int64_t>(v)) {}
+  SettingValue(long long v) : value_(static_cast<int64_t>(v)) {}
+  SettingValue(double v) : value_(v) {}
+  SettingValue(const char* v) : value_(std::string(v)) {}
+  SettingValue(std::string v) : value_(std::move(v)) {}
+  SettingValue(std::vector<double> v) : value_(std::move(v)) {}
+  SettingValue(std::vector<int64_t> v) : value_(std::move(v)) {}
+  SettingValue(std::vector<std::string> v) : value_(std::move(v)) {}
+
+  /// The value as T: bool, int, int64_t, double, std::string, std::vector<double>,
+  /// std::vector<int64_t> or std::vector<std::string>. An integer converts to a number (and a list
+  /// of integers to a list of numbers), a number with an integral value to an integer, a string to
+  /// a list of one string. Throws whittle::Error (usage) saying what the value is otherwise.
+  template <typename T>
+  T as() const;
+  /// The value as recipe text ("4", "true", "[1, 2]"), for messages.
+  std::string text() const;
+  const Storage& storage() const { return value_; }
+
+ private:
+  Storage value_;
+};
+
+template <> bool SettingValue::as<bool>() const;
+template <> int SettingValue::as<int>() const;
+template <> int64_t SettingValue::as<int64_t>() const;
+template <> double SettingValue::as<double>() const;
+template <> std::string SettingValue::as<std::string>() const;
+template <> std::vector<double> SettingValue::as<std::vector<double>>() const;
+template <> std::vector<int64_t> SettingValue::as<std::vector<int64_t>>() const;
+template <> std::vector<std::string> SettingValue::as<std::vector<std::string>>() const;
+
+/// A modifier entry's own settings (every key but the common name, start_epoch, end_epoch,
+/// targets and ignore): only the keys the recipe gives. Defaults live in the modifier's options
+/// struct (runner/modifier_options.h).
+class ModifierSettings {
+ public:
+  bool contains(const std::string& key) const { return values_.count(key) > 0; }
+  /// The value of `key`; throws whittle::Error when the entry lacks it.
+  const SettingValue& operator[](const std::string& key) const;
+  /// The value of `key`, inserted (a default SettingValue, `false`) when absent.
+  SettingValue& operator[](const std::string& key) { return values_[key]; }
+  const std::map<std::string, SettingValue>& values() const { return values_; }
+  bool empty() const { return values_.empty(); }
+
+ private:
+  std::map<std::string, SettingValue> values_;
+};
+
 /// One entry of `modifiers:`.
 struct ModifierSpec {
   std::string name;                  ///< registered modifier name
@@ -90,7 +149,7 @@ struct ModifierSpec {
   double end_epoch = -1.0;           ///< epoch it stops (-1 = to the end)
   std::vector<std::string> targets;  ///< node names, op kinds, or "re:<regex>" (empty: the modifier's default)
   std::vector<std::string> ignore;   ///< same forms, excluded from targets
-  YAML::Node settings;               ///< the entry's own settings (validated against the modifier's schema)
+  ModifierSettings settings;         ///< the entry's own settings, typed by the modifier's schema
   int line = 0;                      ///< 1-based line of the entry in the recipe
   std::string location = "recipe";   ///< "file:line" of the entry for messages, "(with --set)" when overridden
 };
@@ -142,10 +201,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
                     const std::vector<std::string>& overrides = {});
 
-/// Validates `node` against `keys`, throwing whittle::Error (usage) naming `origin`, the line and
-/// the dotted key path `where` on the first problem. Used for recipe sections and modifier settings.
-void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
-                   const std::string& where);
+/// The `data:` section of recipe text `text` (for instance the recipe stored in a checkpoint),
+/// type-checked against the schema but without the checks that need the run's files (paths need
+/// not exist). Sections other than `data` are not read. Throws whittle::Error (usage) naming
+/// `origin` and the line for text that is not valid YAML or a `data` key of the wrong type.
+DataSpec parse_recipe_data(const std::string& text, const std::string& origin);
 
 /// The closest of `candidates` to `word` by edit distance ("" when none is close).
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);

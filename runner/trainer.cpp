@@ -2,54 +2,38 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/core/Generator.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <atomic>
-#include <cstring>
-#include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 
+#include "core/error.h"
+#include "core/file_util.h"
 #include "data/hdf5_dataset.h"
-#include "data/image_archive.h"
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
-#include "core/error.h"
-#include "core/file_util.h"
 #include "graph/op_registry.h"
-#include "graph/serialize.h"
-#include "graph/torchscript_import.h"
-#include "graph/version.h"
-#include "graph/zoo.h"
-#include "runner/modifier.h"
+#include "runner/model_loader.h"
+#include "runner/optimizer.h"
+#include "runner/progress.h"
 
 namespace whittle::runner {
 
 namespace {
 
 std::atomic<bool> g_stop{false};
-constexpr double kPi = 3.14159265358979323846;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::ordered_json;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// ---------------------------------------------------------------- data
 
 data::Dataset load_limited(const DataSpec& spec, const std::string& path, const std::string& split, int64_t limit,
                            std::ostream& log) {
@@ -69,190 +53,31 @@ data::Transform make_transform(const DataSpec& spec, bool train) {
   return t;
 }
 
-// ---------------------------------------------------------------- optimizer
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, const std::vector<at::Tensor>& params) {
-  if (o.name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
-  }
-  if (o.name == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
-  }
-  if (o.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
-  }
-  throw Error("unknown optimizer '" + o.name + "' (sgd, adam, adamw)", ErrorKind::kUsage);
-}
-
-void set_lr(torch::optim::Optimizer& opt, double lr) {
-  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
-}
-
-std::vector<at::Tensor> trainable(GraphModule& model) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : model->parameters())
-    if (p.requires_grad()) out.push_back(p);
-  return out;
-}
-
-// ---------------------------------------------------------------- model
-
-Graph build_graph(const Recipe& r, const data::Dataset& train) {
+// The recipe's model: a zoo model seeded with training.seed, or its file, with the declared input
+// shape or the dataset's image shape (N = 1).
+ModelSource model_source(const Recipe& r, const data::Dataset& train) {
   const ModelSpec& m = r.model;
-  Shape input = m.input_shape.empty() ? Shape{1, train.channels(), train.height(), train.width()} : m.input_shape;
-  if (!m.file.empty()) {
-    const std::string ext = file_extension(m.file);
-    if (ext == ".h5" || ext == ".hdf5") return load_checkpoint(m.file).graph;
-    return import_torchscript(m.file, input);
-  }
-  ZooOptions z;
-  z.num_classes = m.num_classes;
-  z.input_shape = input;
-  z.seed = static_cast<uint64_t>(r.training.seed);
-  return build_model(m.name, z);
-}
-
-// ---------------------------------------------------------------- training state
-
-void save_state(const std::string& path, GraphModule& model, torch::optim::Optimizer& opt, int64_t epoch,
-                int64_t batch, int64_t step) {
-  torch::serialize::OutputArchive a;
-  a.write("format", at::tensor(int64_t{1}));
-  a.write("epoch", at::tensor(epoch));
-  a.write("batch", at::tensor(batch));
-  a.write("step", at::tensor(step));
-  const std::string structure = graph_to_json(model->graph());
-  a.write("graph", at::from_blob(const_cast<char*>(structure.data()), {static_cast<int64_t>(structure.size())}, at::kByte).clone());
-  torch::serialize::OutputArchive tensors;
-  for (const auto& p : model->named_parameters()) tensors.write(p.key(), p.value().detach().cpu());
-  for (const auto& b : model->named_buffers()) tensors.write(b.key(), b.value().detach().cpu(), /*is_buffer=*/true);
-  a.write("tensors", tensors);
-  torch::serialize::OutputArchive optim;
-  opt.save(optim);
-  a.write("optimizer", optim);
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    a.write("cpu_rng", gen.get_state());
-  }
-  try {
-    write_atomic(path, [&](const std::string& tmp) { a.save_to(tmp); });
-  } catch (const std::exception& e) {
-    throw Error("cannot write training state " + path + ": " + e.what());
-  }
-}
-
-struct LoadedState {
-  int64_t epoch = 0, batch = 0, step = 0;
-};
-
-LoadedState load_state(const std::string& path, GraphModule& model, torch::optim::Optimizer& opt) {
-  if (!is_regular_file(path)) throw Error("--resume: no training state at " + path + " (nothing to resume)");
-  torch::serialize::InputArchive a;
-  try {
-    a.load_from(path);
-  } catch (const std::exception& e) {
-    throw Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + e.what());
-  }
-  auto read_int = [&](const char* k) {
-    at::Tensor t;
-    if (!a.try_read(k, t)) throw Error("--resume: " + path + " lacks '" + k + "'");
-    return t.item<int64_t>();
-  };
-  LoadedState s{read_int("epoch"), read_int("batch"), read_int("step")};
-  at::Tensor structure;
-  a.read("graph", structure);
-  const std::string saved(static_cast<const char*>(structure.data_ptr()), static_cast<size_t>(structure.numel()));
-  if (saved != graph_to_json(model->graph()))
-    throw Error("--resume: the model in " + path + " differs from the one this recipe builds (changed recipe?)");
-  torch::serialize::InputArchive tensors;
-  a.read("tensors", tensors);
-  at::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters()) {
-    at::Tensor t;
-    if (!tensors.try_read(p.key(), t)) throw Error("--resume: " + path + " lacks tensor " + p.key());
-    p.value().copy_(t);
-  }
-  for (auto& b : model->named_buffers()) {
-    at::Tensor t;
-    if (!tensors.try_read(b.key(), t, /*is_buffer=*/true)) throw Error("--resume: " + path + " lacks buffer " + b.key());
-    b.value().copy_(t);
-  }
-  torch::serialize::InputArchive optim;
-  a.read("optimizer", optim);
-  opt.load(optim);
-  at::Tensor rng;
-  a.read("cpu_rng", rng);
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(rng);
+  ModelSource s;
+  s.name = m.name;
+  s.file = m.file;
+  s.num_classes = m.num_classes;
+  s.seed = static_cast<uint64_t>(r.training.seed);
+  s.input_shape = m.input_shape.empty() ? Shape{1, train.channels(), train.height(), train.width()} : m.input_shape;
   return s;
 }
 
-// ---------------------------------------------------------------- progress
-
-class Progress {
- public:
-  Progress(std::ostream& os, bool tty, int64_t log_every) : os_(os), tty_(tty), log_every_(log_every) {}
-  void update(int64_t epoch, int64_t epochs, int64_t batch, int64_t batches, double loss, double images_per_s,
-              double eta_s) {
-    if (!tty_ && (log_every_ <= 0 || (batch + 1) % log_every_ != 0) && batch + 1 != batches) return;
-    std::ostringstream line;
-    line << "epoch " << epoch + 1 << "/" << epochs << "  ";
-    if (tty_) {
-      const int width = 24;
-      int filled = static_cast<int>(width * (batch + 1) / std::max<int64_t>(batches, 1));
-      line << "[" << std::string(static_cast<size_t>(filled), '#') << std::string(static_cast<size_t>(width - filled), '.') << "] ";
-    }
-    line << batch + 1 << "/" << batches << "  loss " << std::fixed << std::setprecision(4) << loss << "  "
-         << std::setprecision(0) << images_per_s << " img/s  ETA " << format_eta(eta_s);
-    if (tty_) os_ << "\r" << line.str() << "\033[K" << std::flush;
-    else os_ << line.str() << "\n" << std::flush;
-  }
-  void end_line() {
-    if (tty_) os_ << "\n";
-  }
-  static std::string format_eta(double s) {
-    int64_t t = static_cast<int64_t>(std::max(0.0, s));
-    std::ostringstream o;
-    o << t / 60 << ":" << std::setw(2) << std::setfill('0') << t % 60;
-    return o.str();
-  }
-
- private:
-  std::ostream& os_;
-  bool tty_;
-  int64_t log_every_;
-};
-
-// Dynamic loss scaling for fp16 autocast: scale the loss, unscale gradients, skip steps with
-// non-finite gradients and halve the scale; double it after 2000 clean steps.
-struct LossScaler {
-  bool enabled = false;
-  double scale = 65536.0;
-  int64_t clean_steps = 0;
-  bool unscale_and_check(const std::vector<at::Tensor>& params) {
-    if (!enabled) return true;
-    bool finite = true;
-    at::NoGradGuard g;
-    for (const auto& p : params) {
-      if (!p.grad().defined()) continue;
-      p.grad().mul_(1.0 / scale);
-      if (!at::isfinite(p.grad()).all().item<bool>()) finite = false;
-    }
-    if (!finite) {
-      scale /= 2;
-      clean_steps = 0;
-    } else if (++clean_steps >= 2000) {
-      scale *= 2;
-      clean_steps = 0;
-    }
-    return finite;
-  }
-};
+// Scales the gradients so that their global L2 norm is at most `max_norm`.
+void clip_gradient_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  at::NoGradGuard g;
+  double total = 0;
+  for (auto& gr : grads) total += gr.pow(2).sum().item<double>();
+  total = std::sqrt(total);
+  if (total > max_norm)
+    for (auto& gr : grads) gr.mul_(max_norm / (total + 1e-6));
+}
 
 }  // namespace
 
@@ -266,37 +91,6 @@ void install_sigint_handler() {
   };
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
-}
-
-double learning_rate_at(const ScheduleSpec& s, double lr, double e, double total) {
-  double rate = lr;
-  if (s.name == "constant") {
-    rate = lr;
-  } else if (s.name == "step") {
-    rate = lr * std::pow(s.gamma, std::floor(e / s.step_size));
-  } else if (s.name == "multistep") {
-    int passed = 0;
-    for (double m : s.milestones) passed += e >= m ? 1 : 0;
-    rate = lr * std::pow(s.gamma, passed);
-  } else if (s.name == "cosine") {
-    double f = std::min(1.0, std::max(0.0, e / total));
-    rate = s.min_lr + (lr - s.min_lr) * 0.5 * (1 + std::cos(kPi * f));
-  } else if (s.name == "one_cycle") {
-    const double peak = s.max_lr > 0 ? s.max_lr : lr;
-    const double start = peak / 25.0, end = peak / 1e4;
-    const double f = std::min(1.0, std::max(0.0, e / total));
-    if (f < s.pct_start) {
-      double p = f / s.pct_start;
-      rate = peak + (start - peak) * 0.5 * (1 + std::cos(kPi * p));
-    } else {
-      double p = (f - s.pct_start) / std::max(1e-12, 1 - s.pct_start);
-      rate = end + (peak - end) * 0.5 * (1 + std::cos(kPi * p));
-    }
-  } else {
-    throw Error("unknown lr_schedule '" + s.name + "'", ErrorKind::kUsage);
-  }
-  if (s.warmup_epochs > 0 && e < s.warmup_epochs) rate *= e / s.warmup_epochs;
-  return rate;
 }
 
 EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device) {
@@ -352,12 +146,10 @@ data::Dataset load_split(const std::string& path, const std::string& split, cons
 }
 
 at::Device open_device(const std::string& name) {
-  if (!is_device_name(name))
-    throw Error("device '" + name + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
+  if (!is_device_name(name)) throw Error("device '" + name + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
   const at::Device device(name);
   if (!device.is_cuda()) return device;
-  if (!at::hasCUDA())
-    throw Error("device '" + name + "' requested but no CUDA device is available", ErrorKind::kUsage);
+  if (!at::hasCUDA()) throw Error("device '" + name + "' requested but no CUDA device is available", ErrorKind::kUsage);
   const auto count = static_cast<int64_t>(at::getNumGPUs());
   if (device.has_index() && device.index() >= count)
     throw Error("device '" + name + "' requested but LibTorch sees " + std::to_string(count) + " CUDA device(s)",
@@ -365,15 +157,16 @@ at::Device open_device(const std::string& name) {
   return device;
 }
 
-RunResult run_recipe(const Recipe& r, const RunOptions& options) {
-  std::ostream& log = options.log ? *options.log : std::cout;
-  const auto t_start = Clock::now();
+// ---------------------------------------------------------------- Trainer
+
+Trainer::Trainer(const Recipe& r, const RunOptions& options)
+    : recipe_(r), options_(options), log_(options.log ? options.log : &std::cout), t_start_(Clock::now()) {
+  std::ostream& log = *log_;
   g_stop.store(false);
-  RunResult result;
-  result.run_dir = options.out_dir.empty() ? r.outputs.dir : options.out_dir;
-  const std::string& dir = result.run_dir;
-  result.checkpoint = join_path(dir, r.outputs.checkpoint);
-  const std::string state_path = join_path(dir, "train_state.pt");
+  result_.run_dir = options.out_dir.empty() ? r.outputs.dir : options.out_dir;
+  const std::string& dir = result_.run_dir;
+  result_.checkpoint = join_path(dir, r.outputs.checkpoint);
+  state_path_ = join_path(dir, "train_state.pt");
 
   // The run directory must be writable before any work starts.
   try {
@@ -385,13 +178,12 @@ RunResult run_recipe(const Recipe& r, const RunOptions& options) {
   }
 
   const TrainingSpec& t = r.training;
-  const std::string device_name = options.device.empty() ? t.device : options.device;
-  const at::Device device = open_device(device_name);
+  device_ = open_device(options.device.empty() ? t.device : options.device);
   if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
   at::manual_seed(static_cast<uint64_t>(t.seed));
   auto& ctx = at::globalContext();
   if (t.deterministic) ctx.setDeterministicAlgorithms(true, false);
-  if (device.is_cuda()) {
+  if (device_.is_cuda()) {
     ctx.setBenchmarkCuDNN(t.cudnn_benchmark && !t.deterministic);
     ctx.setDeterministicCuDNN(t.deterministic);
   }
@@ -406,239 +198,235 @@ RunResult run_recipe(const Recipe& r, const RunOptions& options) {
   train_opts.seed = static_cast<uint64_t>(t.seed);
   train_opts.num_workers = static_cast<int>(r.data.num_workers);
   train_opts.prefetch_batches = static_cast<int>(r.data.prefetch);
-  train_opts.pin_memory = device.is_cuda();
+  train_opts.pin_memory = device_.is_cuda();
   train_opts.transform = make_transform(r.data, true);
   data::LoaderOptions test_opts = train_opts;
   test_opts.batch_size = r.data.eval_batch_size;
   test_opts.shuffle = false;
   test_opts.drop_last = false;
   test_opts.transform = make_transform(r.data, false);
-  data::DataLoader train_loader(std::move(train), train_opts);
-  data::DataLoader test_loader(std::move(test), test_opts);
+  train_loader_ = std::make_unique<data::DataLoader>(std::move(train), train_opts);
+  test_loader_ = std::make_unique<data::DataLoader>(std::move(test), test_opts);
 
-  // Model, modifiers, optimizer.
-  GraphModule model(build_graph(r, train_loader.dataset()));
-  model->to(device);
-  std::vector<std::unique_ptr<Modifier>> modifiers;
-  for (const auto& spec : r.modifiers) modifiers.push_back(modifier_info(spec.name).create(spec));
-  TrainContext tc;
-  tc.model = model;
-  tc.recipe = &r;
-  for (auto& m : modifiers) m->on_start(tc);
-  if (tc.parameters_changed) model->to(device);
-  tc.parameters_changed = false;
-  std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(t.optimizer, trainable(model));
-  tc.optimizer = optimizer.get();
-  if (t.channels_last && device.is_cuda()) {
+  // Model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
+  std::optional<SavedTrainState> saved;
+  if (options.resume) saved.emplace(SavedTrainState::read(state_path_, r.text));
+  model_ = GraphModule(saved ? saved->take_graph() : load_model(model_source(r, train_loader_->dataset())));
+  model_->to(device_);
+
+  // Modifiers, optimizer.
+  for (const auto& spec : r.modifiers) modifiers_.push_back(modifier_info(spec.name).create(spec));
+  tc_.model = model_;
+  tc_.recipe = &recipe_;
+  tc_.device = device_;
+  if (saved) saved->restore_modifiers(modifiers_);
+  for (auto& m : modifiers_) m->on_start(tc_);
+  apply_parameter_changes();
+  optimizer_ = make_optimizer(t.optimizer, trainable_parameters(model_));
+  tc_.optimizer = optimizer_.get();
+  if (t.channels_last && device_.is_cuda()) {
     at::NoGradGuard g;
-    for (auto& p : model->parameters())
+    for (auto& p : model_->parameters())
       if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
   }
+  scaler_ = LossScaler(device_.is_cuda() && t.amp == "fp16");
+  autocast_ = device_.is_cuda() && t.amp != "none";
 
-  int64_t start_epoch = 0, start_batch = 0;
-  if (options.resume) {
-    LoadedState s = load_state(state_path, model, *optimizer);
-    start_epoch = s.epoch;
-    start_batch = s.batch;
-    tc.step = s.step;
-    log << "resuming " << dir << " at epoch " << start_epoch + 1 << ", batch " << start_batch << "\n";
+  if (saved) {
+    saved->restore_optimizer(*optimizer_);
+    saved->restore_loss_scaler(scaler_);
+    state_ = saved->state();
+    tc_.step = state_.step;
+    result_.epochs_done = state_.epoch;
+    saved->restore_rng();
+    log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
   }
   write_file_atomic(join_path(dir, "recipe.yaml"), r.text);
   if (!options.resume) write_file_atomic(join_path(dir, "metrics.jsonl"), "");
 
   const NodeCost cost = [&] {
-    NodeCost c = graph_cost(model->graph());
-    const Shape in = model->graph().value(model->graph().inputs().front()).shape;
+    NodeCost c = graph_cost(model_->graph());
+    const Shape in = model_->graph().value(model_->graph().inputs().front()).shape;
     if (!in.empty() && in[0] > 1) c.macs /= in[0];
     return c;
   }();
-  result.params = cost.params;
-  result.macs = cost.macs;
+  result_.params = cost.params;
+  result_.macs = cost.macs;
   log << "model " << (r.model.name.empty() ? r.model.file : r.model.name) << ": " << cost.params << " parameters, "
-      << cost.macs << " MACs/image; data: " << train_loader.num_samples() << " train / "
-      << test_loader.num_samples() << " test images; device " << device.str() << "\n" << std::flush;
+      << cost.macs << " MACs/image; data: " << train_loader_->num_samples() << " train / "
+      << test_loader_->num_samples() << " test images; device " << device_.str() << "\n"
+      << std::flush;
 
-  const bool tty = &log == &std::cout && ::isatty(STDOUT_FILENO);
-  Progress progress(log, tty, t.log_every);
-  LossScaler scaler;
-  scaler.enabled = device.is_cuda() && t.amp == "fp16";
-  const bool autocast = device.is_cuda() && t.amp != "none";
-  const int64_t batches = train_loader.num_batches();
-  const double total_epochs = static_cast<double>(t.epochs);
-  int64_t images_trained = 0;
-  double train_seconds = 0;
+  const bool tty = log_ == &std::cout && ::isatty(STDOUT_FILENO);
+  progress_ = std::make_unique<ProgressBar>(log, tty, t.log_every);
+}
 
-  for (int64_t epoch = start_epoch; epoch < t.epochs; ++epoch) {
-    tc.epoch_index = epoch;
-    tc.epoch = static_cast<double>(epoch);
-    for (auto& m : modifiers) m->on_epoch_begin(tc);
-    if (tc.parameters_changed) {
-      model->to(device);
-      optimizer = make_optimizer(t.optimizer, trainable(model));
-      tc.optimizer = optimizer.get();
-      tc.parameters_changed = false;
-    }
-    model->train();
-    train_loader.set_epoch(epoch);
-    const auto t_epoch = Clock::now();
-    double loss_sum = 0;
-    int64_t correct = 0, seen = 0;
-    const int64_t first = epoch == start_epoch ? start_batch : 0;
-    auto run_batch = [&](const data::Batch& batch, int64_t index) {
-      tc.epoch = static_cast<double>(epoch) + static_cast<double>(index) / static_cast<double>(batches);
-      set_lr(*optimizer, learning_rate_at(t.lr_schedule, t.optimizer.lr, tc.epoch, total_epochs));
-      at::Tensor x = batch.images.to(device, true);
-      at::Tensor y = batch.labels.to(device, true);
-      if (t.channels_last && device.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-      at::Tensor logits, loss;
-      {
-        if (autocast) {
-          at::autocast::set_autocast_enabled(at::kCUDA, true);
-          at::autocast::set_autocast_dtype(at::kCUDA, t.amp == "bf16" ? at::kBFloat16 : at::kHalf);
-        }
-        logits = model->forward(x);
-        if (autocast) {
-          at::autocast::set_autocast_enabled(at::kCUDA, false);
-          at::autocast::clear_cache();
-        }
-      }
-      logits = logits.to(at::kFloat);
-      loss = at::cross_entropy_loss(logits, y, {}, at::Reduction::Mean, -100, t.label_smoothing);
-      for (auto& m : modifiers)
-        if (m->active_at(tc.epoch)) loss = m->on_loss(tc, loss, x, y, logits);
-      at::Tensor scaled = loss / static_cast<double>(t.grad_accumulation);
-      if (scaler.enabled) scaled = scaled * scaler.scale;
-      scaled.backward();
-      if ((index + 1) % t.grad_accumulation == 0 || index + 1 == batches) {
-        auto params = trainable(model);
-        bool ok = scaler.unscale_and_check(params);
-        if (ok) {
-          if (t.grad_clip_norm > 0) {
-            std::vector<at::Tensor> grads;
-            for (auto& p : params)
-              if (p.grad().defined()) grads.push_back(p.grad());
-            at::NoGradGuard g;
-            double total = 0;
-            for (auto& gr : grads) total += gr.pow(2).sum().item<double>();
-            total = std::sqrt(total);
-            if (total > t.grad_clip_norm)
-              for (auto& gr : grads) gr.mul_(t.grad_clip_norm / (total + 1e-6));
-          }
-          optimizer->step();
-        }
-        optimizer->zero_grad(/*set_to_none=*/true);
-        ++tc.step;
-        for (auto& m : modifiers)
-          if (m->active_at(tc.epoch)) m->on_step_end(tc);
-      }
-      at::NoGradGuard g;
-      loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
-      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
-      seen += y.size(0);
-      const double el = seconds_since(t_epoch);
-      const double rate = static_cast<double>(seen) / std::max(el, 1e-9);
-      progress.update(epoch, t.epochs, index, batches, loss_sum / static_cast<double>(seen), rate,
-                      static_cast<double>((batches - index - 1) * r.data.batch_size) / std::max(rate, 1e-9));
-    };
-    int64_t index = first;
-    bool stopped = false;
-    if (first > 0) {
-      for (; index < batches && !g_stop.load(); ++index) run_batch(train_loader.batch(epoch, index), index);
-    } else {
-      for (auto& batch : train_loader) {
-        run_batch(batch, index);
-        ++index;
-        if (g_stop.load()) break;
-      }
-    }
-    progress.end_line();
-    train_seconds += seconds_since(t_epoch);
-    images_trained += seen;
-    if (g_stop.load() && index < batches) stopped = true;
-    if (stopped || (g_stop.load() && index >= batches)) {
-      // Save where we are: the next batch of this epoch (or the next epoch when it just ended).
-      const bool epoch_done = index >= batches;
-      save_state(state_path, model, *optimizer, epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : index, tc.step);
-      log << "interrupted: training state saved to " << state_path << " (continue with --resume)\n";
-      result.interrupted = true;
-      result.epochs_done = epoch_done ? epoch + 1 : epoch;
-      result.wall_seconds = seconds_since(t_start);
-      return result;
-    }
+Trainer::~Trainer() = default;
 
-    for (auto& m : modifiers) m->on_epoch_end(tc);
-    EvalMetrics ev = evaluate(model, test_loader, device);
-    result.test = ev;
-    result.epochs_done = epoch + 1;
-    json line;
-    line["epoch"] = epoch + 1;
-    line["train_loss"] = seen ? loss_sum / static_cast<double>(seen) : 0.0;
-    line["train_top1"] = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
-    line["test_top1"] = ev.top1;
-    line["test_top5"] = ev.top5;
-    line["test_loss"] = ev.loss;
-    line["lr"] = learning_rate_at(t.lr_schedule, t.optimizer.lr, static_cast<double>(epoch + 1) - 1e-9, total_epochs);
-    line["train_images_per_second"] = seen / std::max(seconds_since(t_epoch), 1e-9);
-    {
-      std::ofstream f(join_path(dir, "metrics.jsonl"), std::ios::app);
-      f << line.dump() << "\n";
+void Trainer::apply_parameter_changes() {
+  if (!tc_.parameters_changed) return;
+  model_->to(device_);
+  if (optimizer_) {
+    optimizer_ = rebuild_optimizer(*optimizer_, trainable_parameters(model_));
+    tc_.optimizer = optimizer_.get();
+  }
+  tc_.parameters_changed = false;
+}
+
+void Trainer::step(const data::Batch& batch) {
+  const TrainingSpec& t = recipe_.training;
+  const int64_t index = state_.batch;
+  const int64_t batches = train_loader_->num_batches();
+  tc_.epoch = static_cast<double>(state_.epoch) + static_cast<double>(index) / static_cast<double>(batches);
+  set_learning_rate(*optimizer_,
+                    learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));
+  at::Tensor x = batch.images.to(device_, true);
+  at::Tensor y = batch.labels.to(device_, true);
+  if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor logits;
+  {
+    AutocastScope autocast(autocast_, t.amp == "bf16" ? at::kBFloat16 : at::kHalf);
+    logits = model_->forward(x);
+  }
+  logits = logits.to(at::kFloat);
+  at::Tensor loss = at::cross_entropy_loss(logits, y, {}, at::Reduction::Mean, -100, t.label_smoothing);
+  for (auto& m : modifiers_)
+    if (m->active_at(tc_.epoch)) loss = m->on_loss(tc_, loss, x, y, logits);
+  at::Tensor scaled = scaler_.scale_loss(loss / static_cast<double>(t.grad_accumulation));
+  scaled.backward();
+  if ((index + 1) % t.grad_accumulation == 0 || index + 1 == batches) {
+    const std::vector<at::Tensor> params = trainable_parameters(model_);
+    if (scaler_.unscale_and_check(params)) {
+      if (t.grad_clip_norm > 0) clip_gradient_norm(params, t.grad_clip_norm);
+      optimizer_->step();
     }
-    log << "epoch " << epoch + 1 << "/" << t.epochs << ": test top-1 " << std::fixed << std::setprecision(2)
-        << 100 * ev.top1 << "%  top-5 " << 100 * ev.top5 << "%  loss " << std::setprecision(4) << ev.loss << "\n"
-        << std::flush;
-    if (r.outputs.save_every_epoch || epoch + 1 == t.epochs) {
-      save_checkpoint(result.checkpoint, model->graph(), r.text, line.dump());
-      save_state(state_path, model, *optimizer, epoch + 1, 0, tc.step);
+    optimizer_->zero_grad(/*set_to_none=*/true);
+    tc_.step = ++state_.step;
+    for (auto& m : modifiers_)
+      if (m->active_at(tc_.epoch)) m->on_step_end(tc_);
+  }
+  apply_parameter_changes();
+  at::NoGradGuard g;
+  state_.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+  state_.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+  state_.seen += y.size(0);
+  state_.batch = index + 1;
+}
+
+bool Trainer::train_epoch() {
+  const TrainingSpec& t = recipe_.training;
+  const int64_t epoch = state_.epoch;
+  const int64_t batches = train_loader_->num_batches();
+  tc_.epoch_index = epoch;
+  tc_.epoch = static_cast<double>(epoch);
+  if (state_.batch == 0) {
+    for (auto& m : modifiers_) m->on_epoch_begin(tc_);
+    apply_parameter_changes();
+  }
+  model_->train();
+  train_loader_->set_epoch(epoch);
+  t_epoch_ = Clock::now();
+  epoch_images_ = 0;
+  bool stopped = false;
+  train_loader_->start(state_.batch);
+  while (std::optional<data::Batch> batch = train_loader_->next()) {
+    const int64_t index = state_.batch;
+    step(*batch);
+    epoch_images_ += batch->labels.size(0);
+    const double rate = static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
+    progress_->update(epoch, t.epochs, index, batches, state_.loss_sum / static_cast<double>(state_.seen), rate,
+                      static_cast<double>((batches - index - 1) * recipe_.data.batch_size) / std::max(rate, 1e-9));
+    if (g_stop.load()) {
+      stopped = true;
+      break;
     }
   }
+  progress_->end_line();
+  train_seconds_ += seconds_since(t_epoch_);
+  images_trained_ += epoch_images_;
+  return !stopped;
+}
 
-  for (auto& m : modifiers) m->on_finish(tc);
-  model->eval();
+EvalMetrics Trainer::evaluate() { return runner::evaluate(model_, *test_loader_, device_); }
+
+void Trainer::save_state() {
+  save_train_state(state_path_, recipe_.text, state_, model_, modifiers_, *optimizer_, scaler_);
+}
+
+EvalMetrics Trainer::end_epoch() {
+  const TrainingSpec& t = recipe_.training;
+  const int64_t epoch = state_.epoch;
+  for (auto& m : modifiers_) m->on_epoch_end(tc_);
+  apply_parameter_changes();
+  const EvalMetrics ev = evaluate();
+  result_.test = ev;
+  result_.epochs_done = epoch + 1;
+  const double seen = static_cast<double>(state_.seen);
+  json line;
+  line["epoch"] = epoch + 1;
+  line["train_loss"] = state_.seen ? state_.loss_sum / seen : 0.0;
+  line["train_top1"] = state_.seen ? static_cast<double>(state_.correct) / seen : 0.0;
+  line["test_top1"] = ev.top1;
+  line["test_top5"] = ev.top5;
+  line["test_loss"] = ev.loss;
+  line["lr"] = learning_rate_at(t.lr_schedule, t.optimizer.lr, static_cast<double>(epoch + 1) - 1e-9,
+                                static_cast<double>(t.epochs));
+  line["train_images_per_second"] = static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
+  {
+    std::ofstream f(join_path(result_.run_dir, "metrics.jsonl"), std::ios::app);
+    f << line.dump() << "\n";
+  }
+  *log_ << "epoch " << epoch + 1 << "/" << t.epochs << ": test top-1 " << std::fixed << std::setprecision(2)
+        << 100 * ev.top1 << "%  top-5 " << 100 * ev.top5 << "%  loss " << std::setprecision(4) << ev.loss << "\n"
+        << std::flush;
+  TrainerState next;
+  next.epoch = epoch + 1;
+  next.step = state_.step;
+  state_ = next;
+  if (recipe_.outputs.save_every_epoch || epoch + 1 == t.epochs) {
+    save_checkpoint(result_.checkpoint, model_->graph(), recipe_.text, line.dump());
+    save_state();
+  }
+  return ev;
+}
+
+RunResult Trainer::run() {
+  while (state_.epoch < recipe_.training.epochs) {
+    if (!train_epoch()) {
+      // Save where we are: the next batch of this epoch.
+      save_state();
+      *log_ << "interrupted: training state saved to " << state_path_ << " (continue with --resume)\n";
+      result_.interrupted = true;
+      result_.epochs_done = state_.epoch;
+      result_.wall_seconds = seconds_since(t_start_);
+      return result_;
+    }
+    end_epoch();
+  }
+  return finish();
+}
+
+RunResult Trainer::finish() {
+  for (auto& m : modifiers_) m->on_finish(tc_);
+  model_->eval();
   json metrics;
-  metrics["test_top1"] = result.test.top1;
-  metrics["test_top5"] = result.test.top5;
-  metrics["test_loss"] = result.test.loss;
-  metrics["epochs"] = result.epochs_done;
-  save_checkpoint(result.checkpoint, model->graph(), r.text, metrics.dump());
-  result.checkpoint_bytes = file_size(result.checkpoint);
-  result.wall_seconds = seconds_since(t_start);
-  result.train_images_per_second = static_cast<double>(images_trained) / std::max(train_seconds, 1e-9);
+  metrics["test_top1"] = result_.test.top1;
+  metrics["test_top5"] = result_.test.top5;
+  metrics["test_loss"] = result_.test.loss;
+  metrics["epochs"] = result_.epochs_done;
+  save_checkpoint(result_.checkpoint, model_->graph(), recipe_.text, metrics.dump());
+  result_.checkpoint_bytes = file_size(result_.checkpoint);
+  result_.wall_seconds = seconds_since(t_start_);
+  result_.train_images_per_second = static_cast<double>(images_trained_) / std::max(train_seconds_, 1e-9);
+  const std::string report_path = join_path(result_.run_dir, "report.json");
+  write_report(report_path, recipe_, result_, device_.str());
+  print_report(*log_, recipe_, result_, report_path);
+  return result_;
+}
 
-  json report;
-  report["recipe"] = r.path;
-  report["model"] = r.model.name.empty() ? r.model.file : r.model.name;
-  report["test_top1"] = result.test.top1;
-  report["test_top5"] = result.test.top5;
-  report["test_loss"] = result.test.loss;
-  report["test_images"] = result.test.samples;
-  report["epochs"] = result.epochs_done;
-  report["params"] = result.params;
-  report["macs_per_image"] = result.macs;
-  report["checkpoint"] = result.checkpoint;
-  report["checkpoint_bytes"] = result.checkpoint_bytes;
-  report["wall_seconds"] = result.wall_seconds;
-  report["train_images_per_second"] = result.train_images_per_second;
-  report["device"] = device.str();
-  // Float results depend on these (docs/reproducibility.md).
-  report["cpu_capability"] = cpu_capability();
-  report["intra_op_threads"] = intra_op_threads();
-  report["seed"] = t.seed;
-  report["deterministic"] = t.deterministic;
-  report["torch_version"] = torch_version();
-  write_file_atomic(join_path(dir, "report.json"), report.dump(2) + "\n");
-
-  log << "\n"
-      << "  result                 " << (r.model.name.empty() ? r.model.file : r.model.name) << "\n"
-      << "  test top-1             " << std::fixed << std::setprecision(2) << 100 * result.test.top1 << " %\n"
-      << "  test top-5             " << 100 * result.test.top5 << " %\n"
-      << "  test loss              " << std::setprecision(4) << result.test.loss << "\n"
-      << "  parameters             " << result.params << "\n"
-      << "  MACs per image         " << result.macs << "\n"
-      << "  checkpoint             " << result.checkpoint << " (" << result.checkpoint_bytes << " bytes)\n"
-      << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n"
-      << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s\n"
-      << "  report                 " << join_path(dir, "report.json") << "\n";
-  return result;
+RunResult run_recipe(const Recipe& recipe, const RunOptions& options) {
+  Trainer trainer(recipe, options);
+  return trainer.run();
 }
 
 }  // namespace whittle::runner

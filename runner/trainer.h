@@ -1,36 +1,51 @@
 #pragma once
-// The training and evaluation loop behind `whittle run`: builds the model and the data from a
-// Recipe, trains with the recipe's optimizer and schedule while calling the modifiers' hooks,
-// evaluates every epoch, and keeps a run directory:
+// The training and evaluation loop behind `whittle run`: a Trainer builds the model and the data
+// from a Recipe, trains with the recipe's optimizer and schedule while calling the modifiers'
+// hooks, evaluates every epoch, and keeps a run directory:
 //
 //   <dir>/recipe.yaml      the effective recipe (after --set)
 //   <dir>/model.h5         the checkpoint (export/checkpoint.h), rewritten atomically each epoch
-//   <dir>/train_state.pt   resumable training state (graph, tensors, optimizer, epoch, RNG state)
+//   <dir>/train_state.pt   resumable training state (runner/train_state.h: recipe, graph as it is
+//                          now, tensors, modifiers' states, optimizer, position, RNG state)
 //   <dir>/metrics.jsonl    one JSON object per epoch
-//   <dir>/report.json      the final report (accuracy, loss, parameters, MACs, bytes, time, images/s)
+//   <dir>/report.json      the final report (runner/report.h)
+//
+// run_recipe(recipe, options) is Trainer(recipe, options).run().
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "graph/graph_module.h"
+#include "runner/amp.h"
+#include "runner/modifier.h"
 #include "runner/recipe.h"
+#include "runner/report.h"
+#include "runner/schedule.h"
+#include "runner/train_state.h"
 
 namespace whittle::data {
 class DataLoader;
+struct Batch;
 struct Dataset;
-}
+}  // namespace whittle::data
 
 namespace whittle::runner {
 
+class ProgressBar;
+
 /// Command-line choices that override the recipe.
 struct RunOptions {
-  std::string out_dir;   ///< run directory ("" = recipe outputs.dir)
-  std::string device;    ///< "" = recipe training.device
-  bool resume = false;   ///< continue from <dir>/train_state.pt
+  std::string out_dir;          ///< run directory ("" = recipe outputs.dir)
+  std::string device;           ///< "" = recipe training.device
+  bool resume = false;          ///< continue from <dir>/train_state.pt
   std::ostream* log = nullptr;  ///< progress and report (nullptr = std::cout)
 };
 
@@ -45,45 +60,111 @@ data::Dataset load_split(const std::string& path, const std::string& split, cons
 /// (usage) for another name, or for a CUDA device when LibTorch sees none or fewer than N + 1.
 at::Device open_device(const std::string& name);
 
-/// Classification metrics over a dataset.
-struct EvalMetrics {
-  double top1 = 0;     ///< fraction correct, in [0, 1]
-  double top5 = 0;     ///< fraction with the label among the 5 highest logits (all when < 5 classes)
-  double loss = 0;     ///< mean cross-entropy
-  int64_t samples = 0;
-};
+/// Evaluates `model` (switched to eval mode, no gradients) on every batch of `loader` on `device`:
+/// images [N, C, H, W], labels [N] int64, logits [N, classes].
+EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device);
 
-/// What a run produced.
-struct RunResult {
-  EvalMetrics test;                  ///< after the last completed epoch
-  bool interrupted = false;          ///< stopped by SIGINT (state saved; resume with --resume)
-  int64_t epochs_done = 0;
-  std::string run_dir;
-  std::string checkpoint;            ///< path of the checkpoint
-  int64_t checkpoint_bytes = 0;
-  int64_t params = 0;
-  int64_t macs = 0;                  ///< per image
-  double wall_seconds = 0;
-  double train_images_per_second = 0;
+/// One run of a recipe, step by step. The constructor does everything before the first batch, in
+/// this order (which fixes the use of LibTorch's global generator, so that a run is reproducible):
+/// the run directory is checked writable; the device opened; threads, at::manual_seed(seed) and
+/// deterministic mode set; the data loaded; the model built (load_model: a zoo model seeded with
+/// training.seed, or the recipe's file) or, on resume, rebuilt from the training state's graph and
+/// tensors; the modifiers created (on resume their saved states restored) and their on_start run;
+/// the optimizer built over the model's trainable parameters; on resume the optimizer state, the
+/// loss scaler, the position and, last, the CPU generator restored.
+///
+/// Not copyable; one Trainer at a time per process (request_stop is process-wide).
+class Trainer {
+ public:
+  /// Throws whittle::Error for an unwritable run directory (before any work), unloadable data or
+  /// model, a modifier's settings, or, on resume, a missing, damaged or older-format training
+  /// state or one saved with another recipe text.
+  Trainer(const Recipe& recipe, const RunOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Trains from state() to the last epoch, train_epoch() then end_epoch() for each, then
+  /// on_finish, the final checkpoint, report.json and the printed report. After request_stop()
+  /// it saves the training state where training stopped and returns with `interrupted` set.
+  RunResult run();
+
+  /// Trains the rest of epoch state().epoch from batch state().batch: on_epoch_begin first when
+  /// the epoch starts at batch 0 (not when a resumed run continues inside it), then step() per
+  /// batch with a progress line. Returns false when request_stop() stopped it (after the batch in
+  /// progress; state() says where), true when the epoch's batches are done.
+  bool train_epoch();
+
+  /// Ends the epoch whose batches train_epoch() finished: on_epoch_end, evaluation on the test set,
+  /// its metrics.jsonl line and log line, the checkpoint and training state (every epoch with
+  /// outputs.save_every_epoch, else after the last); state() moves to the next epoch's batch 0.
+  EvalMetrics end_epoch();
+
+  /// One training batch (images [N, C, H, W], labels [N]) as batch state().batch of the epoch:
+  /// the learning rate of the schedule at the fractional epoch, forward (under autocast with
+  /// training.amp), cross-entropy with label smoothing, each active modifier's on_loss, backward of
+  /// loss / grad_accumulation (scaled for fp16); every grad_accumulation batches (and at the epoch's
+  /// last batch) gradient unscaling and clipping, the optimizer step, zero_grad and each active
+  /// modifier's on_step_end. When a hook changed the parameter set, the optimizer is rebuilt
+  /// (rebuild_optimizer). Updates state(): batch, step and the epoch's running sums.
+  void step(const data::Batch& batch);
+
+  /// The model on the test set (evaluate()).
+  EvalMetrics evaluate();
+
+  /// Writes the training state (runner/train_state.h) to <dir>/train_state.pt.
+  void save_state();
+
+  /// Where the run stands (saved with the training state).
+  const TrainerState& state() const { return state_; }
+  /// The model being trained (on device()).
+  GraphModule& model() { return model_; }
+  /// The current optimizer; a parameter change replaces it (rebuild_optimizer), so do not keep
+  /// the reference across step() or the epoch hooks.
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  /// What the modifiers' hooks receive.
+  TrainContext& context() { return tc_; }
+  /// The recipe's modifiers, in recipe order.
+  const std::vector<std::unique_ptr<Modifier>>& modifiers() const { return modifiers_; }
+  /// The training set's loader (batch(epoch, index) rebuilds any batch).
+  data::DataLoader& train_loader() { return *train_loader_; }
+  const at::Device& device() const { return device_; }
+  const std::string& run_dir() const { return result_.run_dir; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void apply_parameter_changes();
+  RunResult finish();
+
+  Recipe recipe_;
+  RunOptions options_;
+  std::ostream* log_;
+  Clock::time_point t_start_;
+  Clock::time_point t_epoch_;
+  std::string state_path_;
+  at::Device device_ = at::kCPU;
+  std::unique_ptr<data::DataLoader> train_loader_;
+  std::unique_ptr<data::DataLoader> test_loader_;
+  GraphModule model_{nullptr};
+  std::vector<std::unique_ptr<Modifier>> modifiers_;
+  TrainContext tc_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LossScaler scaler_;
+  bool autocast_ = false;
+  std::unique_ptr<ProgressBar> progress_;
+  TrainerState state_;
+  RunResult result_;
+  int64_t images_trained_ = 0;  ///< images trained by this process (not before a resume)
+  int64_t epoch_images_ = 0;    ///< of them, in the current epoch
+  double train_seconds_ = 0;
 };
 
 /// Runs a recipe to completion (or to SIGINT, after which the training state is saved and the
-/// run can continue with RunOptions::resume). Throws whittle::Error for unloadable data or models,
-/// an unwritable run directory (checked before training starts), or a missing/incompatible
-/// training state on resume.
+/// run can continue with RunOptions::resume): Trainer(recipe, options).run(). Throws whittle::Error
+/// as Trainer's constructor does, or for a failure while training.
 RunResult run_recipe(const Recipe& recipe, const RunOptions& options);
 
-/// Evaluates `model` (switched to eval mode, no gradients) on every batch of `loader` on `device`.
-EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device);
-
-/// The learning rate of `schedule` for base rate `lr` at `epoch_position` (fractional epochs since
-/// the start) of `total_epochs`: constant, step (lr·γ^⌊e/step_size⌋), multistep, cosine (from lr to
-/// min_lr over the run), one_cycle (cosine rise to max_lr over pct_start of the run, then cosine
-/// fall to max_lr/1e4, as torch.optim.lr_scheduler.OneCycleLR with anneal cos); with warmup_epochs
-/// > 0 the rate is additionally scaled by epoch_position / warmup_epochs until then.
-double learning_rate_at(const ScheduleSpec& schedule, double lr, double epoch_position, double total_epochs);
-
-/// Asks a running run_recipe to stop after the current batch and save its state (async-signal-safe).
+/// Asks a running Trainer to stop after the current batch and save its state (async-signal-safe).
 void request_stop() noexcept;
 /// Installs a SIGINT handler that calls request_stop() (a second SIGINT kills the process).
 void install_sigint_handler();

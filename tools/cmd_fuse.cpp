@@ -10,7 +10,6 @@
 #include "export/checkpoint.h"
 #include "fuse/fuse.h"
 #include "core/error.h"
-#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -43,21 +42,10 @@ int run_fuse(const std::vector<std::string>& args) {
   if (model.empty()) throw Error("fuse: missing MODEL (see whittle fuse --help)", ErrorKind::kUsage);
   if (out.empty()) throw Error("fuse: missing --out FILE (see whittle fuse --help)", ErrorKind::kUsage);
 
-  std::string recipe, metrics;
-  Graph graph;
-  const std::string ext = file_extension(model);
-  if (ext == ".h5" || ext == ".hdf5" || (path_exists(model) && is_hdf5_file(model))) {
-    Checkpoint c = load_checkpoint(model);
-    graph = std::move(c.graph);
-    recipe = c.recipe;
-    metrics = c.metrics;
-  } else {
-    ModelRequest req;
-    req.spec = model;
-    req.num_classes = vm["num-classes"].as<int64_t>();
-    if (!shape_text.empty()) req.input_shape = parse_shape(shape_text, "--input-shape");
-    graph = load_model_graph(req);
-  }
+  std::optional<Shape> shape;
+  if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
+  runner::ModelMetadata meta;  // a checkpoint's recipe and metrics are kept
+  Graph graph = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()), &meta);
 
   fuse::InferenceOptions o;
   o.repvgg = !vm.count("no-repvgg");
@@ -91,7 +79,7 @@ int run_fuse(const std::vector<std::string>& args) {
                 << " (max |original| = " << scale << ")\n";
     }
   }
-  save_checkpoint(out, module->graph(), recipe, metrics);
+  save_checkpoint(out, module->graph(), meta.recipe, meta.metrics);
   std::cout << "wrote " << out << "\n";
   return 0;
 }

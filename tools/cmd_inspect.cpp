@@ -129,11 +129,9 @@ int run_inspect(const std::vector<std::string>& args) {
   }
   if (model.empty()) throw Error("inspect: missing MODEL (see whittle inspect --help)", ErrorKind::kUsage);
 
-  ModelRequest req;
-  req.spec = model;
-  req.num_classes = vm["num-classes"].as<int64_t>();
-  if (!shape_text.empty()) req.input_shape = parse_shape(shape_text, "--input-shape");
-  Graph g = load_model_graph(req);
+  std::optional<Shape> shape;
+  if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
+  Graph g = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()));
   const int64_t file_bytes = is_regular_file(model) ? file_size(model) : -1;
 
   nlohmann::ordered_json j;

@@ -1,11 +1,10 @@
 #include "tools/model_source.h"
 
+#include <algorithm>
 #include <sstream>
 
-#include "export/checkpoint.h"
 #include "core/error.h"
 #include "core/file_util.h"
-#include "graph/torchscript_import.h"
 #include "graph/zoo.h"
 
 namespace whittle::cli {
@@ -37,25 +36,19 @@ Shape parse_shape(const std::string& text, const std::string& what) {
   return shape;
 }
 
-Graph load_model_graph(const ModelRequest& request) {
-  const std::string& spec = request.spec;
+runner::ModelSource model_source(const std::string& spec, const std::optional<Shape>& input_shape,
+                                 int64_t num_classes) {
+  runner::ModelSource source;
   const std::string ext = file_extension(spec);
-  if (ext == ".pt" || ext == ".pth" || ext == ".ts" || ext == ".torchscript") {
-    if (!request.input_shape)
-      throw Error("TorchScript model " + spec + " needs --input-shape (e.g. --input-shape 1,3,224,224)", ErrorKind::kUsage);
-    return import_torchscript(spec, *request.input_shape);
-  }
-  if (ext == ".h5" || ext == ".hdf5" || (path_exists(spec) && is_hdf5_file(spec))) return load_checkpoint(spec).graph;
-  const auto names = zoo_models();
-  if (std::find(names.begin(), names.end(), spec) == names.end()) {
-    if (path_exists(spec))
-      throw Error(spec + ": unrecognized model file (expected a TorchScript .pt or a whittle checkpoint .h5)", ErrorKind::kUsage);
-    throw Error("unknown model '" + spec + "': not a file, and not a zoo model (" + join(names, ", ") + ")", ErrorKind::kUsage);
-  }
-  ZooOptions opts;
-  opts.num_classes = request.num_classes;
-  if (request.input_shape) opts.input_shape = *request.input_shape;
-  return build_model(spec, opts);
+  const bool file_like = ext == ".h5" || ext == ".hdf5" || ext == ".pt" || ext == ".pth" || ext == ".ts" ||
+                         ext == ".torchscript";
+  const auto zoo = zoo_models();
+  const bool zoo_name = std::find(zoo.begin(), zoo.end(), spec) != zoo.end();
+  if (file_like || (!zoo_name && path_exists(spec))) source.file = spec;
+  else source.name = spec;
+  source.num_classes = num_classes;
+  if (input_shape) source.input_shape = *input_shape;
+  return source;
 }
 
 }  // namespace whittle::cli

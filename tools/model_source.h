@@ -1,25 +1,23 @@
 #pragma once
-// Resolving the MODEL argument of the command-line program: a zoo name, a TorchScript file, or
-// (later) a whittle checkpoint.
+// The MODEL argument of the command-line program: a zoo name or a file (a whittle checkpoint or a
+// TorchScript module), turned into a runner::ModelSource for runner::load_model.
 
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "graph/graph.h"
+#include "runner/model_loader.h"
 
 namespace whittle::cli {
 
-/// What the user named as a model.
-struct ModelRequest {
-  std::string spec;                  ///< zoo name or file path
-  std::optional<Shape> input_shape;  ///< example input shape; required for TorchScript files
-  int64_t num_classes = 10;          ///< for zoo models
-};
-
-/// Builds the graph for `request`. Throws whittle::Error (usage kind) for an unknown name or a
-/// missing --input-shape, and whittle::Error for files that fail to load.
-Graph load_model_graph(const ModelRequest& request);
+/// The ModelSource of MODEL argument `spec`: a file when `spec` ends in a model file extension
+/// (.h5, .hdf5, .pt, .pth, .ts, .torchscript) or, not being a zoo name, names an existing path;
+/// else a zoo name (load_model reports an unknown one).
+/// `input_shape` (--input-shape) goes to zoo models and TorchScript files; `num_classes`
+/// (--num-classes) to zoo models. Zoo models take LibTorch's global generator (no seed).
+runner::ModelSource model_source(const std::string& spec, const std::optional<Shape>& input_shape,
+                                 int64_t num_classes);
 
 /// Names of the zoo models.
 std::vector<std::string> zoo_model_names();

@@ -1,0 +1,95 @@
+#include "runner/optimizer.h"
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace whittle::runner {
+
+namespace {
+
+// A `Kind` optimizer (with options type `Options`) over `groups`, defaults taken from `old`.
+template <typename Kind, typename Options>
+std::unique_ptr<torch::optim::Optimizer> rebuild_as(const Kind& old,
+                                                    const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  return std::make_unique<Kind>(groups, static_cast<const Options&>(old.defaults()));
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, const std::vector<at::Tensor>& params) {
+  if (o.name == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+  }
+  if (o.name == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+  }
+  if (o.name == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+  }
+  throw Error("unknown optimizer '" + o.name + "' (sgd, adam, adamw)", ErrorKind::kUsage);
+}
+
+std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::Optimizer& old,
+                                                           const std::vector<at::Tensor>& params) {
+  const auto& old_groups = old.param_groups();
+  if (old_groups.empty()) throw Error("rebuild_optimizer: the optimizer has no parameter group");
+  // Which group held each tensor.
+  std::unordered_map<const void*, size_t> group_of;
+  for (size_t g = 0; g < old_groups.size(); ++g)
+    for (const auto& p : old_groups[g].params()) group_of.emplace(p.unsafeGetTensorImpl(), g);
+  std::vector<std::vector<at::Tensor>> members(old_groups.size());
+  for (const auto& p : params) {
+    auto it = group_of.find(p.unsafeGetTensorImpl());
+    members[it == group_of.end() ? 0 : it->second].push_back(p);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < old_groups.size(); ++g) {
+    if (members[g].empty() && !(g == 0 && params.empty())) continue;
+    groups.emplace_back(members[g], old_groups[g].options().clone());
+  }
+
+  std::unique_ptr<torch::optim::Optimizer> fresh;
+  if (const auto* o = dynamic_cast<const torch::optim::SGD*>(&old)) {
+    fresh = rebuild_as<torch::optim::SGD, torch::optim::SGDOptions>(*o, groups);
+  } else if (const auto* o = dynamic_cast<const torch::optim::AdamW*>(&old)) {
+    fresh = rebuild_as<torch::optim::AdamW, torch::optim::AdamWOptions>(*o, groups);
+  } else if (const auto* o = dynamic_cast<const torch::optim::Adam*>(&old)) {
+    fresh = rebuild_as<torch::optim::Adam, torch::optim::AdamOptions>(*o, groups);
+  } else if (const auto* o = dynamic_cast<const torch::optim::RMSprop*>(&old)) {
+    fresh = rebuild_as<torch::optim::RMSprop, torch::optim::RMSpropOptions>(*o, groups);
+  } else if (const auto* o = dynamic_cast<const torch::optim::Adagrad*>(&old)) {
+    fresh = rebuild_as<torch::optim::Adagrad, torch::optim::AdagradOptions>(*o, groups);
+  } else {
+    throw Error("rebuild_optimizer: unsupported optimizer type (SGD, Adam, AdamW, RMSprop, Adagrad)");
+  }
+  // Adagrad fills its state at construction; what old held replaces it.
+  for (const auto& p : params) {
+    void* key = p.unsafeGetTensorImpl();
+    auto it = old.state().find(key);
+    if (it != old.state().end()) fresh->state()[key] = it->second->clone();
+  }
+  return fresh;
+}
+
+std::vector<at::Tensor> trainable_parameters(GraphModule& model) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : model->parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+}  // namespace whittle::runner

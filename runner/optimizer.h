@@ -1,0 +1,39 @@
+#pragma once
+// The optimizer of `training.optimizer`, and its rebuild when a modifier changes the parameter set.
+
+#include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+#include "graph/graph_module.h"
+#include "runner/recipe.h"
+
+namespace whittle::runner {
+
+/// A new optimizer as `spec` names it (torch::optim::SGD, Adam or AdamW with its hyper-parameters)
+/// over `params`, in one parameter group. Throws whittle::Error (usage) for another name.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
+                                                        const std::vector<at::Tensor>& params);
+
+/// The same kind of optimizer as `old` (SGD, Adam, AdamW, RMSprop or Adagrad) over `params`, with
+/// old's hyper-parameters as they are now (defaults and each group's options, the current
+/// learning rate included) and the per-parameter state (SGD momentum_buffer; Adam/AdamW step,
+/// exp_avg, exp_avg_sq, max_exp_avg_sq; ...) of every tensor of `params` that `old` held: the
+/// same tensor object (LibTorch keys Optimizer::state() by TensorImpl*), not a copy with equal
+/// values. A parameter old held stays in its group; a new one joins the first group; groups left
+/// empty are dropped. Parameters old held that are not in `params` lose their state. The state is
+/// shared with old (the tensors are not copied), so `old` should be discarded. Throws
+/// whittle::Error for another optimizer type.
+std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::Optimizer& old,
+                                                           const std::vector<at::Tensor>& params);
+
+/// The parameters of `model` that require gradients, in registration order (what the trainer
+/// optimizes).
+std::vector<at::Tensor> trainable_parameters(GraphModule& model);
+
+/// Sets the learning rate of every parameter group of `optimizer` to `lr`.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+}  // namespace whittle::runner

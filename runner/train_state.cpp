@@ -1,0 +1,181 @@
+#include "runner/train_state.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <torch/serialize/output-archive.h>
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "graph/serialize.h"
+#include "runner/amp.h"
+#include "runner/modifier.h"
+
+namespace whittle::runner {
+
+namespace {
+
+using json = nlohmann::json;
+
+at::Tensor int_tensor(int64_t v) { return at::tensor(v); }
+
+}  // namespace
+
+void save_train_state(const std::string& path, const std::string& recipe_text, const TrainerState& state,
+                      GraphModule& model, const std::vector<std::unique_ptr<Modifier>>& modifiers,
+                      const torch::optim::Optimizer& optimizer, const LossScaler& scaler) {
+  torch::serialize::OutputArchive a;
+  a.write("format", int_tensor(kTrainStateFormat));
+  a.write("recipe", c10::IValue(recipe_text));
+  a.write("epoch", int_tensor(state.epoch));
+  a.write("batch", int_tensor(state.batch));
+  a.write("step", int_tensor(state.step));
+  a.write("seen", int_tensor(state.seen));
+  a.write("correct", int_tensor(state.correct));
+  a.write("loss_sum", at::tensor(state.loss_sum, at::kDouble));
+  a.write("graph", c10::IValue(graph_to_json(model->graph())));
+  torch::serialize::OutputArchive tensors;
+  json frozen = json::array();
+  for (const auto& p : model->named_parameters()) {
+    tensors.write(p.key(), p.value().detach().cpu());
+    if (!p.value().requires_grad()) frozen.push_back(p.key());
+  }
+  for (const auto& b : model->named_buffers()) tensors.write(b.key(), b.value().detach().cpu(), /*is_buffer=*/true);
+  a.write("tensors", tensors);
+  a.write("frozen", c10::IValue(frozen.dump()));
+  json mods = json::array();
+  for (const auto& m : modifiers) mods.push_back({{"name", m->spec().name}, {"state", m->state()}});
+  a.write("modifiers", c10::IValue(mods.dump()));
+  torch::serialize::OutputArchive optim;
+  optimizer.save(optim);
+  a.write("optimizer", optim);
+  a.write("loss_scale", at::tensor(scaler.scale(), at::kDouble));
+  a.write("loss_scale_clean_steps", int_tensor(scaler.clean_steps()));
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    a.write("cpu_rng", gen.get_state());
+  }
+  try {
+    write_atomic(path, [&](const std::string& tmp) { a.save_to(tmp); });
+  } catch (const std::exception& e) {
+    throw Error("cannot write training state " + path + ": " + e.what());
+  }
+}
+
+SavedTrainState SavedTrainState::read(const std::string& path, const std::string& recipe_text) {
+  SavedTrainState s;
+  s.path_ = path;
+  if (!is_regular_file(path)) throw Error("--resume: no training state at " + path + " (nothing to resume)");
+  torch::serialize::InputArchive& a = s.archive_;
+  try {
+    a.load_from(path);
+  } catch (const std::exception& e) {
+    throw Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + e.what());
+  }
+  auto read_tensor = [&](const char* k) {
+    at::Tensor t;
+    if (!a.try_read(k, t)) throw Error("--resume: " + path + " lacks '" + k + "' (damaged training state)");
+    return t;
+  };
+  auto read_string = [&](const char* k) {
+    c10::IValue v;
+    if (!a.try_read(k, v) || !v.isString())
+      throw Error("--resume: " + path + " lacks '" + k + "' (damaged training state)");
+    return v.toStringRef();
+  };
+  const int64_t format = read_tensor("format").item<int64_t>();
+  if (format != kTrainStateFormat)
+    throw Error("--resume: " + path + " is a training state of format " + std::to_string(format) +
+                ", this whittle reads format " + std::to_string(kTrainStateFormat) +
+                (format < kTrainStateFormat ? " (written by an older whittle; start the run again without --resume)"
+                                            : " (written by a newer whittle)"));
+  if (read_string("recipe") != recipe_text)
+    throw Error("--resume: the recipe differs from the one the training state " + path +
+                    " was saved with (a resumed run must use the same recipe and --set overrides; the saved one is " +
+                    parent_directory(path) + "/recipe.yaml)",
+                ErrorKind::kUsage);
+  s.state_.epoch = read_tensor("epoch").item<int64_t>();
+  s.state_.batch = read_tensor("batch").item<int64_t>();
+  s.state_.step = read_tensor("step").item<int64_t>();
+  s.state_.seen = read_tensor("seen").item<int64_t>();
+  s.state_.correct = read_tensor("correct").item<int64_t>();
+  s.state_.loss_sum = read_tensor("loss_sum").item<double>();
+  s.graph_json_ = read_string("graph");
+  try {
+    for (const auto& f : json::parse(read_string("frozen"))) s.frozen_.push_back(f.get<std::string>());
+    for (const auto& m : json::parse(read_string("modifiers")))
+      s.modifiers_.emplace_back(m.at("name").get<std::string>(), m.at("state").get<std::string>());
+  } catch (const json::exception& e) {
+    throw Error("--resume: " + path + ": damaged training state: " + e.what());
+  }
+  s.loss_scale_ = read_tensor("loss_scale").item<double>();
+  s.loss_scale_clean_steps_ = read_tensor("loss_scale_clean_steps").item<int64_t>();
+  return s;
+}
+
+Graph SavedTrainState::take_graph() {
+  if (graph_taken_) throw Error("SavedTrainState::take_graph: the graph was taken already");
+  graph_taken_ = true;
+  torch::serialize::InputArchive tensors;
+  if (!archive_.try_read("tensors", tensors)) throw Error("--resume: " + path_ + " lacks 'tensors'");
+  auto source = [&](const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
+                    at::ScalarType dtype) {
+    const std::string key = node + "." + name;
+    at::Tensor t;
+    if (!tensors.try_read(key, t, /*is_buffer=*/role == TensorRole::kBuffer))
+      throw Error("--resume: " + path_ + " lacks " + (role == TensorRole::kBuffer ? "buffer " : "tensor ") + key);
+    if (t.sizes().vec() != shape || t.scalar_type() != dtype)
+      throw Error("--resume: " + path_ + ": tensor " + key + " is " + shape_str(t.sizes().vec()) + " " +
+                  dtype_name(t.scalar_type()) + ", the graph records " + shape_str(shape) + " " + dtype_name(dtype));
+    return t;
+  };
+  // The ops and weight transforms the modifiers put in the graph are registered by the registry
+  // lookups themselves (core/registration.h).
+  Graph g = graph_from_json(graph_json_, source, path_);
+  const std::set<std::string> frozen(frozen_.begin(), frozen_.end());
+  for (auto& n : g.nodes())
+    for (auto& kv : n.params)
+      if (kv.second.defined() && frozen.count(n.name + "." + kv.first)) kv.second.set_requires_grad(false);
+  return g;
+}
+
+void SavedTrainState::restore_modifiers(const std::vector<std::unique_ptr<Modifier>>& modifiers) const {
+  if (modifiers.size() != modifiers_.size())
+    throw Error("--resume: " + path_ + " holds the state of " + std::to_string(modifiers_.size()) +
+                " modifiers, the recipe has " + std::to_string(modifiers.size()));
+  for (size_t i = 0; i < modifiers.size(); ++i) {
+    if (modifiers[i]->spec().name != modifiers_[i].first)
+      throw Error("--resume: " + path_ + ": modifier " + std::to_string(i) + " was '" + modifiers_[i].first +
+                  "', the recipe has '" + modifiers[i]->spec().name + "'");
+    modifiers[i]->load_state(modifiers_[i].second);
+  }
+}
+
+void SavedTrainState::restore_optimizer(torch::optim::Optimizer& optimizer) {
+  torch::serialize::InputArchive optim;
+  if (!archive_.try_read("optimizer", optim)) throw Error("--resume: " + path_ + " lacks 'optimizer'");
+  try {
+    optimizer.load(optim);
+  } catch (const std::exception& e) {
+    throw Error("--resume: " + path_ + ": the saved optimizer state does not fit the model: " + e.what());
+  }
+}
+
+void SavedTrainState::restore_loss_scaler(LossScaler& scaler) const {
+  scaler.restore(loss_scale_, loss_scale_clean_steps_);
+}
+
+void SavedTrainState::restore_rng() {
+  at::Tensor rng;
+  if (!archive_.try_read("cpu_rng", rng)) throw Error("--resume: " + path_ + " lacks 'cpu_rng'");
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(rng);
+}
+
+}  // namespace whittle::runner

@@ -1,0 +1,590 @@
+// The Trainer and its parts: rebuild_optimizer keeps the state of the parameters that remain
+// (directly, and in a Trainer whose modifier replaces a parameter mid-epoch), modifiers' states,
+// typed modifier options, the model loader, and the training-state file checks.
+
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/output-archive.h>
+
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "data/loader.h"
+#include "export/checkpoint.h"
+#include "graph/graph_module.h"
+#include "graph/serialize.h"
+#include "graph/zoo.h"
+#include "runner/amp.h"
+#include "runner/model_loader.h"
+#include "runner/modifier.h"
+#include "runner/modifier_options.h"
+#include "runner/optimizer.h"
+#include "runner/quantize_modifier.h"
+#include "runner/recipe.h"
+#include "runner/train_state.h"
+#include "runner/trainer.h"
+#include "support.h"
+
+namespace whittle::runner {
+namespace {
+
+using test::binary_dir;
+using test::source_dir;
+
+std::string out_dir(const std::string& name) {
+  const std::string dir = join_path(binary_dir(), "testdata/trainer/" + name);
+  remove_tree(dir);
+  make_directories(dir);
+  return dir;
+}
+
+// One SGD or Adam/AdamW step on each of `params` with gradient g = p + 1 (all finite, non-zero).
+void one_step(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
+  opt.zero_grad();
+  for (const auto& p : params) p.mutable_grad() = p.detach() + 1.0;
+  opt.step();
+}
+
+const torch::optim::SGDParamState& sgd_state(const torch::optim::Optimizer& opt, const at::Tensor& p) {
+  return static_cast<const torch::optim::SGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+}
+
+template <typename State>
+const State& param_state(const torch::optim::Optimizer& opt, const at::Tensor& p) {
+  return static_cast<const State&>(*opt.state().at(p.unsafeGetTensorImpl()));
+}
+
+class RebuildOptimizer : public test::SeededTest {
+ protected:
+  at::Tensor a = at::randn({3, 2}).set_requires_grad(true);
+  at::Tensor b = at::randn({4}).set_requires_grad(true);
+  at::Tensor c = at::randn({2, 2}).set_requires_grad(true);
+};
+
+TEST_F(RebuildOptimizer, SgdKeepsMomentumOfParametersThatRemain) {
+  torch::optim::SGD old({a, b}, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(5e-4));
+  one_step(old, {a, b});
+  one_step(old, {a, b});
+  set_learning_rate(old, 0.025);  // as the schedule sets it
+  const at::Tensor momentum_a = sgd_state(old, a).momentum_buffer().clone();
+
+  // b is gone, c is new.
+  auto fresh = rebuild_optimizer(old, {a, c});
+  ASSERT_NE(dynamic_cast<torch::optim::SGD*>(fresh.get()), nullptr);
+  ASSERT_EQ(fresh->param_groups().size(), 1u);
+  const auto& params = fresh->param_groups()[0].params();
+  ASSERT_EQ(params.size(), 2u);
+  EXPECT_TRUE(params[0].is_same(a));
+  EXPECT_TRUE(params[1].is_same(c));
+  EXPECT_TRUE(sgd_state(*fresh, a).momentum_buffer().equal(momentum_a));
+  EXPECT_EQ(fresh->state().count(b.unsafeGetTensorImpl()), 0u);
+  EXPECT_EQ(fresh->state().count(c.unsafeGetTensorImpl()), 0u);
+  const auto& o = static_cast<const torch::optim::SGDOptions&>(fresh->param_groups()[0].options());
+  EXPECT_DOUBLE_EQ(o.lr(), 0.025);
+  EXPECT_DOUBLE_EQ(o.momentum(), 0.9);
+  EXPECT_TRUE(o.nesterov());
+  EXPECT_DOUBLE_EQ(o.weight_decay(), 5e-4);
+
+  // The next step continues a's momentum exactly as the old optimizer would have.
+  torch::optim::SGD reference({a.detach().clone().set_requires_grad(true)},
+                              torch::optim::SGDOptions(0.025).momentum(0.9).nesterov(true).weight_decay(5e-4));
+  const at::Tensor ref_a = reference.param_groups()[0].params()[0];
+  auto ref_state = std::make_unique<torch::optim::SGDParamState>();
+  ref_state->momentum_buffer(momentum_a.clone());
+  reference.state()[ref_a.unsafeGetTensorImpl()] = std::move(ref_state);
+  one_step(*fresh, {a, c});
+  one_step(reference, {ref_a});
+  EXPECT_TRUE(a.equal(ref_a));
+  EXPECT_EQ(fresh->state().count(c.unsafeGetTensorImpl()), 1u);
+}
+
+// The state before the first step: none to keep, and the rebuild still works.
+TEST_F(RebuildOptimizer, SgdWithoutStateYet) {
+  torch::optim::SGD old({a}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto fresh = rebuild_optimizer(old, {a, b});
+  EXPECT_TRUE(fresh->state().empty());
+  EXPECT_EQ(fresh->param_groups()[0].params().size(), 2u);
+}
+
+TEST_F(RebuildOptimizer, AdamKeepsStepAndMoments) {
+  torch::optim::Adam old({a, b, c}, torch::optim::AdamOptions(1e-3).betas({0.8, 0.99}).eps(1e-6).weight_decay(1e-4));
+  for (int i = 0; i < 3; ++i) one_step(old, {a, b, c});
+  const auto& sa = param_state<torch::optim::AdamParamState>(old, a);
+  const auto& sc = param_state<torch::optim::AdamParamState>(old, c);
+  const at::Tensor avg_a = sa.exp_avg().clone(), sq_a = sa.exp_avg_sq().clone();
+  const at::Tensor avg_c = sc.exp_avg().clone(), sq_c = sc.exp_avg_sq().clone();
+
+  auto fresh = rebuild_optimizer(old, {c, a});  // b removed; order follows the new list
+  ASSERT_NE(dynamic_cast<torch::optim::Adam*>(fresh.get()), nullptr);
+  ASSERT_EQ(fresh->state().size(), 2u);
+  const auto& na = param_state<torch::optim::AdamParamState>(*fresh, a);
+  const auto& nc = param_state<torch::optim::AdamParamState>(*fresh, c);
+  EXPECT_EQ(na.step(), 3);
+  EXPECT_EQ(nc.step(), 3);
+  EXPECT_TRUE(na.exp_avg().equal(avg_a));
+  EXPECT_TRUE(na.exp_avg_sq().equal(sq_a));
+  EXPECT_TRUE(nc.exp_avg().equal(avg_c));
+  EXPECT_TRUE(nc.exp_avg_sq().equal(sq_c));
+  const auto& o = static_cast<const torch::optim::AdamOptions&>(fresh->param_groups()[0].options());
+  EXPECT_EQ(std::get<0>(o.betas()), 0.8);
+  EXPECT_EQ(std::get<1>(o.betas()), 0.99);
+  EXPECT_DOUBLE_EQ(o.eps(), 1e-6);
+  EXPECT_DOUBLE_EQ(o.weight_decay(), 1e-4);
+}
+
+TEST_F(RebuildOptimizer, AdamWAndParameterGroups) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a}, std::make_unique<torch::optim::AdamWOptions>(1e-3));
+  groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<torch::optim::AdamWOptions>(5e-4));
+  torch::optim::AdamW old(groups, torch::optim::AdamWOptions(1e-3).weight_decay(0.05));
+  one_step(old, {a, b});
+  const at::Tensor avg_b = param_state<torch::optim::AdamWParamState>(old, b).exp_avg().clone();
+  auto fresh = rebuild_optimizer(old, {b, c, a});
+  ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(fresh.get()), nullptr);
+  ASSERT_EQ(fresh->param_groups().size(), 2u);
+  // a stays in group 0 and the new c joins it; b stays in group 1 with its learning rate.
+  EXPECT_EQ(fresh->param_groups()[0].params().size(), 2u);
+  EXPECT_TRUE(fresh->param_groups()[0].params()[0].is_same(c));
+  EXPECT_TRUE(fresh->param_groups()[0].params()[1].is_same(a));
+  ASSERT_EQ(fresh->param_groups()[1].params().size(), 1u);
+  EXPECT_TRUE(fresh->param_groups()[1].params()[0].is_same(b));
+  EXPECT_DOUBLE_EQ(fresh->param_groups()[1].options().get_lr(), 5e-4);
+  EXPECT_TRUE(param_state<torch::optim::AdamWParamState>(*fresh, b).exp_avg().equal(avg_b));
+  EXPECT_DOUBLE_EQ(static_cast<const torch::optim::AdamWOptions&>(fresh->defaults()).weight_decay(), 0.05);
+}
+
+// ---------------------------------------------------------------- a Trainer whose modifier
+// replaces a parameter mid-epoch
+
+struct ReplaceBiasOptions {
+  int64_t at_step = 2;  ///< optimizer step after which fc3.bias is replaced
+  std::string node = "fc3";
+};
+
+const OptionsSchema<ReplaceBiasOptions>& replace_bias_schema() {
+  static const auto s = OptionsSchema<ReplaceBiasOptions>()
+                            .add("at_step", &ReplaceBiasOptions::at_step, "step after which the bias is replaced")
+                            .add("node", &ReplaceBiasOptions::node, "node whose bias is replaced");
+  return s;
+}
+
+// In on_step_end of step `at_step`: records every parameter's optimizer state (by name), then
+// gives `node` a new bias tensor (zeros) and sets parameters_changed.
+class ReplaceBias : public Modifier {
+ public:
+  ReplaceBias(const ModifierSpec& spec, ReplaceBiasOptions o) : Modifier(spec), o_(std::move(o)) {}
+  void on_step_end(TrainContext& tc) override {
+    if (tc.step != o_.at_step) return;
+    optimizer_before = tc.optimizer;
+    for (const auto& p : tc.model->named_parameters()) {
+      auto it = tc.optimizer->state().find(p.value().unsafeGetTensorImpl());
+      if (it == tc.optimizer->state().end()) continue;
+      if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+        before[p.key()] = {s->momentum_buffer().clone()};
+      } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+        before[p.key()] = {s->exp_avg().clone(), s->exp_avg_sq().clone()};
+        steps[p.key()] = s->step();
+      }
+    }
+    Node& n = tc.model->graph().node(o_.node);
+    old_bias = n.params.at("bias");
+    n.params.set("bias", at::zeros_like(old_bias).set_requires_grad(true));
+    tc.model->sync();
+    tc.parameters_changed = true;
+  }
+
+  std::map<std::string, std::vector<at::Tensor>> before;
+  std::map<std::string, int64_t> steps;
+  const torch::optim::Optimizer* optimizer_before = nullptr;
+  at::Tensor old_bias;
+
+ private:
+  ReplaceBiasOptions o_;
+};
+
+class TrainerTest : public test::SeededTest {
+ protected:
+  void SetUp() override {
+    test::SeededTest::SetUp();
+    ModifierInfo info;
+    info.name = "test_replace_bias";
+    info.description = "replaces a layer's bias after a given step (tests)";
+    info.settings = replace_bias_schema().keys();
+    info.create = [](const ModifierSpec& spec) {
+      return std::make_unique<ReplaceBias>(spec, replace_bias_schema().parse(spec.settings, spec.location));
+    };
+    register_modifier(info);
+  }
+
+  Recipe recipe(const std::string& optimizer) const {
+    const std::string mnist = join_path(source_dir(), "data/mnist10k");
+    return parse_recipe(
+        "model: {name: lenet5}\n"
+        "data: {train: " +
+            mnist + ", test: " + mnist +
+            ", test_split: t10k, batch_size: 32,\n"
+            "       train_limit: 256, test_limit: 100, num_workers: 0}\n"
+            "training:\n"
+            "  epochs: 1\n"
+            "  optimizer: {name: " +
+            optimizer +
+            ", lr: 0.01, momentum: 0.9}\n"
+            "  threads: 1\n"
+            "modifiers:\n"
+            "  - {name: test_replace_bias, at_step: 2}\n",
+        "<trainer_test>", source_dir());
+  }
+};
+
+// Drives the Trainer batch by batch; after step 2 the modifier replaced fc3.bias, and the
+// optimizer that the Trainer rebuilt holds the state of every other parameter unchanged.
+void expect_state_carried_over(Trainer& tr, bool adam) {
+  auto* mod = dynamic_cast<ReplaceBias*>(tr.modifiers().at(0).get());
+  ASSERT_NE(mod, nullptr);
+  tr.model()->train();
+  tr.step(tr.train_loader().batch(0, 0));
+  EXPECT_TRUE(mod->before.empty());
+  tr.step(tr.train_loader().batch(0, 1));
+  EXPECT_EQ(tr.state().step, 2);
+  EXPECT_EQ(tr.state().batch, 2);
+  const size_t trainable = trainable_parameters(tr.model()).size();
+  ASSERT_EQ(mod->before.size(), trainable);  // every trainable tensor had state after 2 steps
+  EXPECT_FALSE(tr.context().parameters_changed);
+  EXPECT_EQ(tr.context().optimizer, &tr.optimizer());
+
+  // The new optimizer runs over the current trainable parameters, in order.
+  const std::vector<at::Tensor> now = trainable_parameters(tr.model());
+  const auto& params = tr.optimizer().param_groups().at(0).params();
+  ASSERT_EQ(params.size(), now.size());
+  for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(params[i].is_same(now[i])) << i;
+  EXPECT_DOUBLE_EQ(tr.optimizer().param_groups()[0].options().get_lr(), 0.01);
+
+  int carried = 0;
+  for (const auto& p : tr.model()->named_parameters()) {
+    auto it = tr.optimizer().state().find(p.value().unsafeGetTensorImpl());
+    if (p.key() == "fc3.bias") {
+      EXPECT_FALSE(p.value().is_same(mod->old_bias));
+      EXPECT_TRUE(it == tr.optimizer().state().end()) << "the replaced bias starts without state";
+      continue;
+    }
+    ASSERT_TRUE(it != tr.optimizer().state().end()) << p.key();
+    const std::vector<at::Tensor>& before = mod->before.at(p.key());
+    if (adam) {
+      const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
+      EXPECT_TRUE(s.exp_avg().equal(before[0])) << p.key();
+      EXPECT_TRUE(s.exp_avg_sq().equal(before[1])) << p.key();
+      EXPECT_EQ(s.step(), mod->steps.at(p.key())) << p.key();
+    } else {
+      const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
+      EXPECT_TRUE(s.momentum_buffer().equal(before[0])) << p.key();
+    }
+    ++carried;
+  }
+  EXPECT_EQ(carried, static_cast<int>(trainable) - 1);
+  // Training goes on; the new bias gets its state at the next step.
+  tr.step(tr.train_loader().batch(0, 2));
+  EXPECT_EQ(tr.optimizer().state().count(tr.model()->graph().node("fc3").params.at("bias").unsafeGetTensorImpl()), 1u);
+}
+
+TEST_F(TrainerTest, SgdMomentumOfRemainingParametersSurvivesAParameterChange) {
+  RunOptions o;
+  o.out_dir = out_dir("replace_bias_sgd");
+  std::ostringstream log;
+  o.log = &log;
+  Trainer tr(recipe("sgd"), o);
+  expect_state_carried_over(tr, /*adam=*/false);
+}
+
+TEST_F(TrainerTest, AdamMomentsOfRemainingParametersSurviveAParameterChange) {
+  RunOptions o;
+  o.out_dir = out_dir("replace_bias_adam");
+  std::ostringstream log;
+  o.log = &log;
+  Trainer tr(recipe("adam"), o);
+  expect_state_carried_over(tr, /*adam=*/true);
+}
+
+// A whole run with the modifier: completes, and --resume of the finished run refuses another recipe.
+TEST_F(TrainerTest, RunAndResumeChecks) {
+  RunOptions o;
+  o.out_dir = out_dir("replace_bias_run");
+  std::ostringstream log;
+  o.log = &log;
+  const Recipe r = recipe("sgd");
+  RunResult res = run_recipe(r, o);
+  EXPECT_EQ(res.epochs_done, 1) << log.str();
+  EXPECT_FALSE(res.interrupted);
+  EXPECT_TRUE(is_regular_file(join_path(o.out_dir, "train_state.pt")));
+  // Resuming a finished run restores it and does nothing more than the final steps.
+  o.resume = true;
+  RunResult again = run_recipe(r, o);
+  EXPECT_EQ(again.epochs_done, 1) << log.str();
+  // Another recipe text is refused.
+  Recipe other = parse_recipe(r.text + "# changed\n", "<other>", source_dir());
+  try {
+    run_recipe(other, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the recipe differs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(join_path(o.out_dir, "train_state.pt")), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- training-state file
+
+TEST(TrainState, RoundTripAndChecks) {
+  const std::string dir = out_dir("state");
+  const std::string path = join_path(dir, "train_state.pt");
+  ZooOptions zo;
+  zo.seed = 1;
+  GraphModule model(build_model("lenet5", zo));
+  model->graph().node("fc3").params.find("bias")->set_requires_grad(false);
+  torch::optim::SGD opt(trainable_parameters(model), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainerState st;
+  st.epoch = 2;
+  st.batch = 7;
+  st.step = 71;
+  st.loss_sum = 12.5;
+  st.correct = 200;
+  st.seen = 224;
+  LossScaler scaler(true);
+  scaler.restore(1024.0, 17);
+  save_train_state(path, "recipe text\n", st, model, {}, opt, scaler);
+
+  SavedTrainState saved = SavedTrainState::read(path, "recipe text\n");
+  EXPECT_EQ(saved.state().epoch, 2);
+  EXPECT_EQ(saved.state().batch, 7);
+  EXPECT_EQ(saved.state().step, 71);
+  EXPECT_EQ(saved.state().loss_sum, 12.5);
+  EXPECT_EQ(saved.state().correct, 200);
+  EXPECT_EQ(saved.state().seen, 224);
+  EXPECT_EQ(saved.frozen_parameters(), std::vector<std::string>{"fc3.bias"});
+  Graph g = saved.take_graph();
+  EXPECT_EQ(graph_to_json(g), graph_to_json(model->graph()));
+  for (const auto& n : g.nodes())
+    for (const auto& kv : n.params) {
+      EXPECT_TRUE(kv.second.equal(model->graph().node(n.name).params.at(kv.first))) << n.name << "." << kv.first;
+      EXPECT_EQ(kv.second.requires_grad(), !(n.name == "fc3" && kv.first == "bias")) << n.name << "." << kv.first;
+    }
+  EXPECT_THROW(saved.take_graph(), Error);
+  LossScaler back(true);
+  saved.restore_loss_scaler(back);
+  EXPECT_EQ(back.scale(), 1024.0);
+  EXPECT_EQ(back.clean_steps(), 17);
+
+  // Another recipe text: refused, naming the file.
+  try {
+    SavedTrainState::read(path, "another recipe\n");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("the recipe differs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  // A format 1 state (before the graph and the modifiers' states were saved): refused.
+  const std::string old_path = join_path(dir, "old_state.pt");
+  torch::serialize::OutputArchive a;
+  a.write("format", at::tensor(int64_t{1}));
+  a.write("epoch", at::tensor(int64_t{1}));
+  a.save_to(old_path);
+  try {
+    SavedTrainState::read(old_path, "recipe text\n");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("format 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("older whittle"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(old_path), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(SavedTrainState::read(join_path(dir, "missing.pt"), ""), Error);
+}
+
+// ---------------------------------------------------------------- modifiers' states
+
+Recipe qat_recipe(double quantize_start) {
+  const std::string mnist = join_path(source_dir(), "data/mnist10k");
+  std::ostringstream text;
+  text << "model: {name: lenet5}\n"
+       << "data: {train: " << mnist << ", test: " << mnist << "}\n"
+       << "training: {epochs: 3}\n"
+       << "modifiers:\n"
+       << "  - {name: quantize, method: dorefa, weight_bits: 4, activation_bits: 4, start_epoch: " << quantize_start
+       << "}\n"
+       << "  - {name: fuse_batchnorm, mode: qat, start_epoch: " << quantize_start << ", freeze_bn_epoch: 2}\n";
+  return parse_recipe(text.str(), "<qat>", source_dir());
+}
+
+int64_t count_op(const Graph& g, const std::string& op) {
+  int64_t n = 0;
+  for (const auto& node : g.nodes()) n += node.op == op ? 1 : 0;
+  return n;
+}
+
+TEST(ModifierState, RestoredModifiersDoNotApplyAgain) {
+  const Recipe r = qat_recipe(0);
+  std::vector<std::unique_ptr<Modifier>> mods;
+  for (const auto& spec : r.modifiers) mods.push_back(modifier_info(spec.name).create(spec));
+  TrainContext tc;
+  tc.model = GraphModule(build_model("lenet5"));
+  tc.recipe = &r;
+  EXPECT_EQ(mods[0]->state(), R"({"applied":false})");
+  EXPECT_EQ(mods[1]->state(), R"({"frozen":false,"prepared":false})");
+  for (auto& m : mods) m->on_start(tc);
+  tc.epoch = 2;
+  mods[1]->on_epoch_begin(tc);
+  EXPECT_EQ(mods[0]->state(), R"({"applied":true})");
+  EXPECT_EQ(mods[1]->state(), R"({"frozen":true,"prepared":true})");
+  const std::string graph = graph_to_json(tc.model->graph());
+  EXPECT_EQ(count_op(tc.model->graph(), "act_quant"), 3);
+  EXPECT_EQ(count_op(tc.model->graph(), "batch_norm"), 0);  // all four QAT-folded
+
+  // Fresh modifiers restored from those states change nothing in on_start or on_epoch_begin.
+  std::vector<std::unique_ptr<Modifier>> again;
+  for (const auto& spec : r.modifiers) again.push_back(modifier_info(spec.name).create(spec));
+  for (size_t i = 0; i < again.size(); ++i) again[i]->load_state(mods[i]->state());
+  for (auto& m : again) m->on_start(tc);
+  again[1]->on_epoch_begin(tc);
+  EXPECT_EQ(graph_to_json(tc.model->graph()), graph);
+  EXPECT_THROW(again[0]->load_state("not json"), Error);
+}
+
+// ---------------------------------------------------------------- typed options
+
+struct ExampleOptions {
+  double sparsity = 0.5;
+  int64_t steps = 3;
+  bool global = false;
+  std::string criterion = "l1";
+  std::vector<double> levels;
+  std::optional<int64_t> bits;
+};
+
+TEST(OptionsSchema, DefaultsComeFromTheStructAndParseTypesValues) {
+  using O = ExampleOptions;
+  const auto schema = OptionsSchema<O>()
+                          .add("sparsity", &O::sparsity, "fraction removed")
+                          .add("steps", &O::steps, "pruning steps", {}, "one per epoch")
+                          .add("global", &O::global, "rank across layers")
+                          .add("criterion", &O::criterion, "importance", {"l1", "l2"})
+                          .add("levels", &O::levels, "levels")
+                          .add("bits", &O::bits, "bits", {}, "the method's default");
+  const auto& k = schema.keys();
+  ASSERT_EQ(k.size(), 6u);
+  EXPECT_EQ(k[0].type, KeyType::kFloat);
+  EXPECT_EQ(k[0].default_text, "0.5");
+  EXPECT_EQ(k[1].type, KeyType::kInt);
+  EXPECT_EQ(k[1].default_text, "3 (one per epoch)");
+  EXPECT_EQ(k[2].default_text, "false");
+  EXPECT_EQ(k[3].default_text, "l1");
+  EXPECT_EQ(k[3].choices, (std::vector<std::string>{"l1", "l2"}));
+  EXPECT_EQ(k[4].type, KeyType::kFloatList);
+  EXPECT_EQ(k[4].default_text, "[]");
+  EXPECT_EQ(k[5].type, KeyType::kInt);
+  EXPECT_EQ(k[5].default_text, "the method's default");
+
+  ModifierSettings s;
+  s["sparsity"] = 1;  // an integer where a number is expected
+  s["criterion"] = "l2";
+  s["levels"] = std::vector<int64_t>{1, 2};
+  s["bits"] = 4;
+  const O o = schema.parse(s, "r.yaml:3: modifier 'prune'");
+  EXPECT_EQ(o.sparsity, 1.0);
+  EXPECT_EQ(o.steps, 3);
+  EXPECT_EQ(o.criterion, "l2");
+  EXPECT_EQ(o.levels, (std::vector<double>{1.0, 2.0}));
+  ASSERT_TRUE(o.bits.has_value());
+  EXPECT_EQ(*o.bits, 4);
+
+  ModifierSettings bad;
+  bad["steps"] = 2.5;
+  try {
+    schema.parse(bad, "r.yaml:3: modifier 'prune'");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "r.yaml:3: modifier 'prune', key 'steps': expected an integer, got a number (2.5)");
+  }
+  ModifierSettings choice;
+  choice["criterion"] = "l3";
+  EXPECT_THROW(schema.parse(choice, "x"), Error);
+}
+
+// The built-in modifiers' settings reach them typed from the recipe.
+TEST(OptionsSchema, RecipeSettingsAreTyped) {
+  const Recipe r = qat_recipe(1);
+  const ModifierSettings& q = r.modifiers.at(0).settings;
+  EXPECT_EQ(std::get<std::string>(q["method"].storage()), "dorefa");
+  EXPECT_EQ(std::get<int64_t>(q["weight_bits"].storage()), 4);
+  EXPECT_FALSE(q.contains("start_epoch"));  // common keys are fields of ModifierSpec
+  const auto o = quantize_modifier_schema().parse(q, "<qat>");
+  EXPECT_EQ(o.method, "dorefa");
+  EXPECT_EQ(o.weight_bits, 4);
+  EXPECT_EQ(o.activation_clip, 1.0);
+  EXPECT_TRUE(o.clip_latent_weights);
+  const ModifierSettings& f = r.modifiers.at(1).settings;
+  EXPECT_EQ(std::get<double>(f["freeze_bn_epoch"].storage()), 2.0);  // a number key stores a double
+}
+
+// ---------------------------------------------------------------- model loader
+
+TEST(ModelLoader, ZooCheckpointTorchScriptAndErrors) {
+  ModelSource zoo;
+  zoo.name = "lenet5";
+  zoo.seed = 7;
+  zoo.input_shape = {1, 1, 28, 28};
+  Graph a = load_model(zoo);
+  ZooOptions zo;
+  zo.seed = 7;
+  zo.input_shape = {1, 1, 28, 28};
+  Graph b = build_model("lenet5", zo);
+  for (const auto& n : a.nodes())
+    for (const auto& kv : n.params) EXPECT_TRUE(kv.second.equal(b.node(n.name).params.at(kv.first))) << n.name;
+
+  const std::string dir = out_dir("loader");
+  const std::string ckpt = join_path(dir, "m.h5");
+  save_checkpoint(ckpt, a, "model: {name: lenet5}\n", "{\"test_top1\": 0.5}");
+  ModelSource file;
+  file.file = ckpt;
+  ModelMetadata meta;
+  Graph c = load_model(file, &meta);
+  EXPECT_EQ(meta.kind, ModelMetadata::Kind::kCheckpoint);
+  EXPECT_EQ(meta.recipe, "model: {name: lenet5}\n");
+  EXPECT_EQ(graph_to_json(c), graph_to_json(a));
+  // The HDF5 signature makes a checkpoint whatever the file is called.
+  const std::string renamed = join_path(dir, "m.bin");
+  write_file_atomic(renamed, read_file(ckpt));
+  file.file = renamed;
+  load_model(file, &meta);
+  EXPECT_EQ(meta.kind, ModelMetadata::Kind::kCheckpoint);
+
+  auto usage_error = [](const ModelSource& s) {
+    try {
+      load_model(s);
+    } catch (const Error& e) {
+      return e.kind() == ErrorKind::kUsage ? std::string(e.what()) : "not a usage error: " + std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ModelSource none;
+  EXPECT_NE(usage_error(none).find("either a zoo name or a file"), std::string::npos);
+  ModelSource both = zoo;
+  both.file = ckpt;
+  EXPECT_NE(usage_error(both).find("either a zoo name or a file"), std::string::npos);
+  ModelSource unknown;
+  unknown.name = "resnet21";
+  EXPECT_NE(usage_error(unknown).find("unknown model 'resnet21'"), std::string::npos);
+  ModelSource missing;
+  missing.file = join_path(dir, "none.h5");
+  EXPECT_NE(usage_error(missing).find("does not exist"), std::string::npos);
+  const std::string ts = join_path(dir, "model.pt");
+  write_file_atomic(ts, "not a model");
+  ModelSource torchscript;
+  torchscript.file = ts;
+  EXPECT_NE(usage_error(torchscript).find("needs an input shape"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace whittle::runner
