@@ -11,17 +11,10 @@ import subprocess
 import sys
 import time
 
-BIN = os.environ["WHITTLE_BIN"]
-SRC = os.environ["WHITTLE_SOURCE_DIR"]
-OUT = os.path.join(os.environ["WHITTLE_BINARY_DIR"], "testdata", "cli")
-MNIST = os.path.join(SRC, "data", "mnist10k")
-failures = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_harness import BIN, MNIST, SRC, check, finish, out_dir  # noqa: E402
 
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+OUT = out_dir("cli")
 
 
 def run(*args, **kw):
@@ -221,5 +214,4 @@ r = run("run", base, "--set", "data.test=" + rgb)
 check(r.returncode == 1 and "input" in r.stderr, f"run failing at run time exits 1: {r.stderr.strip()[-300:]}")
 check(open(ckpt, "rb").read() == before, "the earlier checkpoint is not damaged")
 
-print(f"{len(failures)} failed" if failures else "all passed")
-sys.exit(1 if failures else 0)
+finish()

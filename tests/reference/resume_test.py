@@ -17,17 +17,10 @@ import sys
 import h5py
 import numpy as np
 
-BIN = os.environ["WHITTLE_BIN"]
-SRC = os.environ["WHITTLE_SOURCE_DIR"]
-OUT = os.path.join(os.environ["WHITTLE_BINARY_DIR"], "testdata", "resume")
-MNIST = os.path.join(SRC, "data", "mnist10k")
-failures = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_harness import BIN, MNIST, SRC, check, failures, finish, out_dir  # noqa: E402
 
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+OUT = out_dir("resume")
 
 
 shutil.rmtree(OUT, ignore_errors=True)
@@ -138,5 +131,4 @@ r = subprocess.run([BIN, "run", RECIPE, "--out", os.path.join(OUT, "never_run"),
                    capture_output=True, text=True, cwd=SRC)
 check(r.returncode == 1 and "no training state at" in r.stderr, f"resume without a state: exit {r.returncode}, {r.stderr.strip()[-200:]}")
 
-print(f"{len(failures)} failed" if failures else "all passed")
-sys.exit(1 if failures else 0)
+finish()
