@@ -1,7 +1,8 @@
 #pragma once
-// The one registration entry point. Every module (graph's built-in ops, quantize, fuse, runner's
-// modifiers, and the modules to come) adds one registration function that registers its ops,
-// weight transforms, passes and modifiers; every registry lookup runs the pending ones first.
+// The one registration entry point. Every module above graph/ (quantize, fuse, runner's modifiers,
+// and the modules to come) adds one registration function that registers its ops, weight
+// transforms, passes and modifiers; every registry lookup runs the pending ones first. (graph's
+// own built-in ops and its mask transform are registered by the op registry on first use.)
 // Loading a checkpoint, the command-line program and a program linking the installed library
 // all go through it, so no caller has to remember to register anything.
 
