@@ -137,6 +137,15 @@ void sync_path(const std::string& path) noexcept {
 }
 
 void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write) {
+  // rename(2) would replace whatever `path` is: a device node (/dev/null), a FIFO, a socket. Only a
+  // regular file (or a symlink to one) is ever replaced; anything else is refused before writing.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode) ? "a directory" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";
+    throw Error("cannot write " + path + ": it exists and is " + std::string(what) +
+                ", not a regular file (whittle only replaces regular files)");
+  }
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   try {

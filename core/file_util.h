@@ -39,7 +39,9 @@ std::string read_file(const std::string& path);
 /// directory entry synced, so readers and a crash at any moment see either the old file or the
 /// whole new one. If `write` throws, or any step fails, the temporary is removed and `path` is left
 /// as it was; the error is a whittle::Error naming `path` ("cannot write PATH: why"), or what
-/// `write` threw when that already is one naming it.
+/// `write` threw when that already is one naming it. A `path` that exists and is not a regular
+/// file (or a symlink to one) — a directory, a device node such as /dev/null, a FIFO, a socket —
+/// is refused before anything is written.
 void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
 /// write_atomic with `content` as the file's bytes.
 void write_file_atomic(const std::string& path, const std::string& content);

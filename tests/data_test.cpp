@@ -5,6 +5,7 @@
 #include <png.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "data/rng.h"
 #include "data/transforms.h"
 #include "core/error.h"
+#include "core/file_util.h"
 #include "support.h"
 
 namespace whittle::data {
@@ -572,6 +574,33 @@ TEST_F(DataHdf5, FailedWriteLeavesNothing) {
   bad.labels = longs({0, 5});
   expect_error([&] { write_hdf5_dataset(bad, dir + "/bad.h5"); }, {dir + "/bad.h5", "label 5", "sample 1"});
   EXPECT_TRUE(files_in(dir).empty());
+}
+
+// The atomic writer replaces regular files only: a FIFO (standing in for /dev/null or /dev/full,
+// which a rename would replace with a regular file) or a directory is refused before writing,
+// and stays what it was.
+TEST_F(DataHdf5, WritersRefuseADestinationThatIsNotARegularFile) {
+  const std::string dir = scratch_dir();
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  make_directories(dir + "/folder");
+  auto is_fifo = [&] {
+    struct stat st {};
+    return ::stat(fifo.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+  };
+  expect_error([&] { write_hdf5_dataset(random_dataset(2, 1, 2, 2, 2), fifo); }, {fifo, "a FIFO", "not a regular file"});
+  expect_error([&] { write_file_atomic(fifo, "x"); }, {fifo, "a FIFO"});
+  expect_error([&] { write_file_atomic(dir + "/folder", "x"); }, {dir + "/folder", "a directory"});
+  EXPECT_TRUE(is_fifo());
+  EXPECT_TRUE(is_directory(dir + "/folder"));
+  // Nothing else was written beside them (no temporary left behind).
+  std::vector<std::string> names = list_directory(dir);
+  EXPECT_EQ(names, (std::vector<std::string>{"fifo", "folder"}));
+  // A regular file, and a symlink to one, are still replaced.
+  write_file_atomic(dir + "/plain.txt", "a");
+  ASSERT_EQ(::symlink((dir + "/plain.txt").c_str(), (dir + "/link.txt").c_str()), 0);
+  write_file_atomic(dir + "/link.txt", "b");
+  EXPECT_EQ(read_file(dir + "/link.txt"), "b");
 }
 
 TEST_F(DataHdf5, PackImageFolderToHdf5) {
