@@ -1,5 +1,6 @@
 #include "core/registration.h"
 
+#include <atomic>
 #include <mutex>
 #include <utility>
 
@@ -12,6 +13,7 @@ struct ModuleRegistrations {
   std::vector<std::pair<std::string, void (*)()>> list;
   size_t done = 0;
   bool running = false;
+  std::atomic<bool> pending{false};  ///< a registration was added and has not run yet
 };
 
 ModuleRegistrations& module_registrations() {
@@ -27,10 +29,14 @@ void add_module_registration(const std::string& module, void (*registration)()) 
   for (const auto& m : r.list)
     if (m.first == module) return;
   r.list.emplace_back(module, registration);
+  r.pending.store(true, std::memory_order_release);
 }
 
 void ensure_registered() {
   ModuleRegistrations& r = module_registrations();
+  // Every registry lookup comes here (op_traits in a forward, too): after start-up there is
+  // nothing pending, and the check is one atomic load.
+  if (!r.pending.load(std::memory_order_acquire)) return;
   std::lock_guard<std::recursive_mutex> lock(r.mutex);
   if (r.running) return;  // a registration looking something up
   r.running = true;
@@ -40,6 +46,7 @@ void ensure_registered() {
       ++r.done;
       fn();
     }
+    r.pending.store(false, std::memory_order_release);
   } catch (...) {
     r.running = false;
     throw;

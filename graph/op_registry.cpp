@@ -163,12 +163,16 @@ void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64
       fail(c.name + ": channel " + std::to_string(keep.back()) + " out of range (" + c.name + " has " +
            std::to_string(size) + " on axis " + std::to_string(c.axis) + ")");
     }
-    at::NoGradGuard no_grad;
-    at::Tensor sliced = t->index_select(c.axis, at::tensor(index, at::TensorOptions().dtype(at::kLong).device(t->device())))
-                            .contiguous();
-    sliced.set_requires_grad(t->requires_grad());
-    *t = sliced;
+    select_channels(*t, c.axis, index);
   }
+}
+
+void select_channels(at::Tensor& tensor, int64_t axis, const std::vector<int64_t>& index) {
+  at::NoGradGuard no_grad;
+  at::Tensor sliced =
+      tensor.index_select(axis, at::tensor(index, at::TensorOptions().dtype(at::kLong).device(tensor.device()))).contiguous();
+  sliced.set_requires_grad(tensor.requires_grad());
+  tensor = sliced;
 }
 
 namespace {

@@ -146,6 +146,9 @@ void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& ke
 /// side), mapping global channel indices to per-group ones where ChannelTensor::per_group (then
 /// every group must keep the same channels). Throws whittle::Error naming the node and tensor.
 void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64_t>& keep);
+/// Replaces `tensor` by its entries `index` along `axis` (a new contiguous tensor on the same
+/// device, with the same requires_grad): the one tensor operation of every slicer.
+void select_channels(at::Tensor& tensor, int64_t axis, const std::vector<int64_t>& index);
 
 /// What a weight transform does, which decides how it stacks with others.
 enum class TransformKind {

@@ -94,11 +94,7 @@ void slice_conv(Node& n, ChannelRole side, const std::vector<int64_t>& keep) {
       if (!t || !t->defined()) continue;
       if (keep.empty() || keep.back() >= t->size(c.axis))
         fail(n, "cannot keep these channels of a depthwise convolution (" + std::to_string(t->size(c.axis)) + " channels)");
-      at::NoGradGuard no_grad;
-      at::Tensor sliced = t->index_select(c.axis, at::tensor(keep, at::TensorOptions().dtype(at::kLong).device(t->device())))
-                              .contiguous();
-      sliced.set_requires_grad(t->requires_grad());
-      *t = sliced;
+      select_channels(*t, c.axis, keep);
     }
     n.attrs["groups"] = static_cast<int64_t>(keep.size());
     return;

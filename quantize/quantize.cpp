@@ -19,11 +19,6 @@ namespace whittle::quantize {
 
 namespace {
 
-// The layers a quantizer acts on, and the weight axis of their output channels, are the op
-// registry's (OpTraits::channel_tensors).
-bool is_layer(const Node& n) { return is_weighted_layer(n); }
-
-int64_t layer_axis(const Node& n) { return weight_output_axis(n).value_or(0); }
 
 Granularity node_granularity(const Node& n, Granularity fallback) {
   return n.has_attr("granularity") ? granularity_from_name(n.attr_str("granularity")) : fallback;
@@ -141,9 +136,6 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Ops between a ReLU and a layer through which sign(relu input) may stand in for the ReLU
-// (OpTraits::commutes_with_sign).
-bool sign_commutes(const std::string& op) { return op_traits(op).commutes_with_sign; }
 
 Node make_node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
                std::map<std::string, Attr> attrs) {
@@ -243,13 +235,13 @@ Report apply(Graph& graph, const Config& config_in) {
   // 1. Collect the layers to quantize, in graph order.
   std::vector<std::string> layers;
   for (const auto& n : graph.nodes())
-    if (is_layer(n)) layers.push_back(n.name);
+    if (is_weighted_layer(n)) layers.push_back(n.name);  // the registry says which ops are layers
   if (layers.empty()) return report;
   const std::set<std::string> named(c.targets.begin(), c.targets.end());
   std::vector<std::string> chosen;
   for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
     const Node& n = graph.node(name);
-    if (!is_layer(n)) continue;
+    if (!is_weighted_layer(n)) continue;
     if ((name == layers.front() || name == layers.back()) && !named.count(name)) {
       report.skipped.push_back(name + ": first or last layer stays in full precision (name it in targets to quantize it)");
       continue;
@@ -270,7 +262,7 @@ Report apply(Graph& graph, const Config& config_in) {
       Node& n = graph.node(name);
       push_weight_transform(n, c.method);
       n.attrs["weight_bits"] = c.method == "twn" ? int64_t{2} : c.weight_bits;
-      n.attrs["weight_axis"] = layer_axis(n);
+      n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
       if (c.method != "bnn") n.attrs["granularity"] = std::string(granularity_name(*c.granularity));
       if (c.method == "xnor") n.attrs["xnor_detach_alpha"] = int64_t{c.xnor_detach_alpha ? 1 : 0};
     }
@@ -307,7 +299,8 @@ Report apply(Graph& graph, const Config& config_in) {
         const ValueInfo& vi = graph.value(cur);
         if (vi.producer.empty()) break;
         const Node& p = graph.node(vi.producer);
-        if (!sign_commutes(p.op) || p.inputs.size() != 1 || graph.users(cur).size() != 1 || graph.is_output(cur)) break;
+        // Ops through which sign(relu input) may stand in for the ReLU (OpTraits::commutes_with_sign).
+        if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || graph.users(cur).size() != 1 || graph.is_output(cur)) break;
         chain.push_back(p.name);
         cur = p.inputs[0];
       }

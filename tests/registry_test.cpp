@@ -84,7 +84,9 @@ TEST(OpRegistry, SlicingAConvKeepsTheChosenFiltersAndInputs) {
   Node out = n;
   slice_channels(out, ChannelRole::kOutput, {1, 4, 5});
   EXPECT_EQ(out.params.at("weight").sizes(), (at::IntArrayRef{3, 4, 3, 3}));
-  EXPECT_TRUE(run_conv(out, x).equal(full.index_select(1, idx({1, 4, 5}))));
+  // A convolution with 3 filters may run another kernel than one with 6 (oneDNN picks by shape,
+  // CPU instruction set and thread count), so the outputs agree to rounding, not bitwise.
+  EXPECT_TRUE(at::allclose(run_conv(out, x), full.index_select(1, idx({1, 4, 5})), 1e-5, 1e-5));
   // Input side: the kept input channels give the same output as zeroing the others.
   Node in = n;
   slice_channels(in, ChannelRole::kInput, {0, 2});
