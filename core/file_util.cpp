@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -140,12 +141,9 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
   // rename(2) would replace whatever `path` is: a device node (/dev/null), a FIFO, a socket. Only a
   // regular file (or a symlink to one) is ever replaced; anything else is refused before writing.
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    const char* what = S_ISDIR(st.st_mode) ? "a directory" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                       : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";
-    throw Error("cannot write " + path + ": it exists and is " + std::string(what) +
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error("cannot write " + path + ": it exists and is " + describe_path(path) +
                 ", not a regular file (whittle only replaces regular files)");
-  }
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   try {
@@ -173,6 +171,80 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     f.flush();
     if (!f) throw Error("cannot write " + path + ": write failed (disk full?)");
   });
+}
+
+std::string describe_path(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return ::lstat(path.c_str(), &st) == 0 ? "a dangling symlink" : "missing";
+    return std::string("unreadable (") + std::strerror(errno) + ")";
+  }
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISREG(st.st_mode)) return st.st_size == 0 ? "an empty file" : "a file of " + std::to_string(st.st_size) + " bytes";
+  return "not a regular file";
+}
+
+void check_directory_creatable(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw Error(path + " is " + describe_path(path) + ", not a directory");
+    if (::access(path.c_str(), W_OK | X_OK) != 0) throw Error(path + ": " + std::strerror(errno));
+    return;
+  }
+  // The nearest existing ancestor must be a directory we may create entries in.
+  std::string p = path;
+  while (!p.empty() && p.back() == '/') p.pop_back();
+  for (;;) {
+    const size_t slash = p.rfind('/');
+    p = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    if (::stat(p.c_str(), &st) == 0) break;
+    if (p == "." || p == "/") throw Error("cannot create " + path + ": no existing parent folder");
+  }
+  if (!S_ISDIR(st.st_mode)) throw Error("cannot create " + path + ": " + p + " is " + describe_path(p) + ", not a folder");
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    throw Error("cannot create " + path + " in " + p + ": " + std::strerror(errno));
+}
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) : path_(join_path(dir, ".whittle.lock")) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error("cannot lock " + dir + ": " + path_ + ": " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[64] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      if (err == EWOULDBLOCK)
+        throw Error(dir + " is in use by another " + what + (holder.empty() ? "" : " (pid " + holder + ")") +
+                    "; wait for it to finish or choose another directory");
+      throw Error("cannot lock " + dir + ": " + std::strerror(err));
+    }
+    // The previous holder may have unlinked the file between our open and flock: then the lock
+    // is on a removed file and means nothing; take the new one.
+    struct stat held {}, now {};
+    if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &now) == 0 && held.st_ino == now.st_ino &&
+        held.st_dev == now.st_dev) {
+      const std::string pid = std::to_string(::getpid()) + "\n";
+      if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, pid.data(), pid.size(), 0);
+      return;
+    }
+    ::close(fd_);
+    fd_ = -1;
+  }
+  throw Error("cannot lock " + dir + ": " + path_ + " keeps being replaced");
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still held, so that no one locks the file being removed
+  ::close(fd_);
 }
 
 }  // namespace whittle

@@ -50,5 +50,28 @@ void write_file_atomic(const std::string& path, const std::string& content);
 bool is_hdf5_file(const std::string& path);
 /// fsync(2) of a file or directory; best effort (errors are ignored: some file systems refuse it).
 void sync_path(const std::string& path) noexcept;
+/// What `path` is, for messages: "missing", "a directory", "a character device", "a FIFO",
+/// "a socket", "an empty file", "a file of N bytes", "a dangling symlink".
+std::string describe_path(const std::string& path);
+/// Checks, creating nothing, that `path` is a writable directory or could be created as one (its
+/// nearest existing ancestor is a writable directory). Throws whittle::Error saying why not.
+void check_directory_creatable(const std::string& path);
+
+/// An exclusive lock on directory `dir` held by this process: flock(2) on `<dir>/.whittle.lock`,
+/// which holds the holder's pid and is removed on release. Advisory: it keeps out other processes
+/// that take the same lock (two `whittle run` into one run directory), nothing else.
+class DirectoryLock {
+ public:
+  /// Takes the lock without waiting. Throws whittle::Error "<dir> is in use by another <what> (pid
+  /// N)..." when another process holds it, or naming the lock file when it cannot be created.
+  DirectoryLock(const std::string& dir, const std::string& what);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace whittle

@@ -208,6 +208,7 @@ Dataset read_hdf5_dataset(const std::string& path) {
 
 void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const Hdf5WriteOptions& options) {
   dataset.validate(path);
+  if (dataset.size() == 0) throw Error(path + ": refusing to write a dataset that holds no images");
   if (options.compression < 0 || options.compression > 9)
     throw Error(path + ": compression level must be 0..9, got " + std::to_string(options.compression));
   std::lock_guard<std::mutex> lock(hdf5::library_mutex());

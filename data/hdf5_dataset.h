@@ -32,7 +32,7 @@ Dataset read_hdf5_dataset(const std::string& path);
 /// `format` = "whittle.dataset" and `format_version` = 1. The file is written under a temporary name in
 /// the same folder, flushed to disk, then renamed over `path`, so a crash never leaves a
 /// half-written file at `path`. Throws whittle::Error naming `path` when the dataset is invalid
-/// (see Dataset::validate) or the file cannot be written; the temporary file is removed then.
+/// (see Dataset::validate) or holds no images, or the file cannot be written; the temporary file is removed then.
 void write_hdf5_dataset(const Dataset& dataset, const std::string& path, const Hdf5WriteOptions& options = {});
 
 

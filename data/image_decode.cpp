@@ -134,6 +134,7 @@ ImageDecoder::~ImageDecoder() {
 }
 
 ImageHeader ImageDecoder::header(const uint8_t* data, size_t size, const std::string& name) {
+  if (size == 0) throw Error(name + ": empty file (0 bytes), not an image");
   ImageHeader h;
   h.format = sniff_image_format(data, size);
   if (h.format == ImageFormat::kJpeg) {

@@ -71,7 +71,10 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
     throw Error(path + ": unrecognised dataset file (expected HDF5, an MNIST IDX images file, a CIFAR-10 "
                        "binary batch of 3073-byte records, or an image-folder archive .tar/.tar.gz/.tgz)");
   }
-  if (!is_directory(path)) throw Error(path + ": no such file or folder");
+  if (!is_directory(path)) {
+    if (!path_exists(path)) throw Error(path + ": no such file or folder");
+    throw Error(path + ": is " + describe_path(path) + ", not a dataset file or folder");
+  }
   if (!find_mnist_files(path, "train").first.empty() || !find_mnist_files(path, "t10k").first.empty()) {
     set(path);
     return DatasetFormat::kMnistIdx;
@@ -94,9 +97,9 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
                      "image folder root/<class>/<image>)");
 }
 
-Dataset load_dataset(const std::string& path, const LoadOptions& options) {
-  std::string target;
-  const DatasetFormat format = detect_format(path, options, &target);
+namespace {
+
+Dataset load_any(const std::string& path, const std::string& target, DatasetFormat format, const LoadOptions& options) {
   switch (format) {
     case DatasetFormat::kHdf5: return read_hdf5_dataset(target);
     case DatasetFormat::kMnistIdx: {
@@ -122,6 +125,18 @@ Dataset load_dataset(const std::string& path, const LoadOptions& options) {
     }
   }
   throw Error(path + ": unsupported dataset format");
+}
+
+}  // namespace
+
+Dataset load_dataset(const std::string& path, const LoadOptions& options) {
+  std::string target;
+  const DatasetFormat format = detect_format(path, options, &target);
+  Dataset d = load_any(path, target, format, options);
+  if (d.size() == 0)
+    throw Error(target + ": the " + to_string(format) + " dataset" +
+                (format == DatasetFormat::kHdf5 ? std::string() : " (split " + options.split + ")") + " holds no images");
+  return d;
 }
 
 Dataset pack_dataset(const std::string& source, const std::string& destination, const LoadOptions& options,

@@ -44,7 +44,8 @@ DatasetFormat detect_format(const std::string& path, const LoadOptions& options,
 
 /// Loads the dataset at `path` in whatever supported format it is (see detect_format): MNIST IDX,
 /// CIFAR-10 binary, an image folder or a tar archive of one, or whittle's HDF5 layout. Returns images uint8 [N, C, H, W],
-/// labels int64 [N] and the class names. Throws whittle::Error from detection or the reader.
+/// labels int64 [N] and the class names. Throws whittle::Error from detection or the reader, and
+/// for a dataset that holds no images.
 Dataset load_dataset(const std::string& path, const LoadOptions& options = {});
 
 /// Loads `source` (any format load_dataset reads) and writes it to `destination` in whittle's

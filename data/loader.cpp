@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <system_error>
 
 #include "data/rng.h"
 #include "core/error.h"
@@ -22,27 +23,40 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   }
   if (options_.batch_size <= 0)
     throw Error("DataLoader: batch_size must be > 0, got " + std::to_string(options_.batch_size));
-  if (options_.num_workers < 0)
-    throw Error("DataLoader: num_workers must be ≥ 0, got " + std::to_string(options_.num_workers));
-  if (options_.prefetch_batches < 0)
-    throw Error("DataLoader: prefetch_batches must be ≥ 0, got " + std::to_string(options_.prefetch_batches));
+  if (options_.num_workers < 0 || options_.num_workers > kMaxWorkers)
+    throw Error("DataLoader: num_workers must be 0.." + std::to_string(kMaxWorkers) + ", got " +
+                std::to_string(options_.num_workers));
+  if (options_.prefetch_batches < 0 || options_.prefetch_batches > kMaxPrefetchBatches)
+    throw Error("DataLoader: prefetch_batches must be 0.." + std::to_string(kMaxPrefetchBatches) + ", got " +
+                std::to_string(options_.prefetch_batches));
   options_.transform.validate(dataset_->channels(), dataset_->height(), dataset_->width());
   const int64_t n = dataset_->size();
   num_batches_ = options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
   num_samples_ = options_.drop_last ? num_batches_ * options_.batch_size : n;
   prefetch_ = options_.prefetch_batches > 0 ? options_.prefetch_batches : 2 * options_.num_workers;
   pin_ = options_.pin_memory && at::hasCUDA();
-  for (int w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+  for (int w = 0; w < options_.num_workers; ++w) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {
+      stop_workers();
+      throw Error("DataLoader: could not start loader thread " + std::to_string(w + 1) + " of " +
+                  std::to_string(options_.num_workers) + " (" + e.what() + "); use fewer num_workers");
+    }
+  }
 }
 
-DataLoader::~DataLoader() {
+void DataLoader::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
+
+DataLoader::~DataLoader() { stop_workers(); }
 
 void DataLoader::set_epoch(int64_t epoch) {
   std::lock_guard<std::mutex> lock(mutex_);

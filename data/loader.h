@@ -21,6 +21,11 @@
 
 namespace whittle::data {
 
+/// The most loader threads a DataLoader starts (more only contend for the cores and the memory).
+inline constexpr int kMaxWorkers = 256;
+/// The most batches a DataLoader prepares ahead of its consumer.
+inline constexpr int kMaxPrefetchBatches = 4096;
+
 /// Options of DataLoader.
 struct LoaderOptions {
   int64_t batch_size = 128;
@@ -72,8 +77,9 @@ struct Batch {
 class DataLoader {
  public:
   /// Takes `dataset` (validated, see Dataset::validate) and checks the options against it.
-  /// Throws whittle::Error for an invalid dataset, batch_size ≤ 0, num_workers < 0, or a
-  /// transform that does not fit the images.
+  /// Throws whittle::Error for an invalid dataset, batch_size ≤ 0, num_workers outside
+  /// 0..kMaxWorkers, prefetch_batches outside 0..kMaxPrefetchBatches, a transform that does not
+  /// fit the images, or a worker thread the system refuses to start (the ones started are stopped).
   DataLoader(Dataset dataset, LoaderOptions options);
   DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
   ~DataLoader();
@@ -143,6 +149,7 @@ class DataLoader {
   Batch make_batch(int64_t epoch, const std::vector<int64_t>& order, int64_t index) const;
   std::shared_ptr<const std::vector<int64_t>> order_for(int64_t epoch) const;
   void worker_loop();
+  void stop_workers();  // asks the workers to stop and joins them
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;

@@ -135,17 +135,27 @@ std::vector<at::Tensor> GraphModuleImpl::forward_with_intermediates(const std::v
     args.clear();
     for (size_t s : step.inputs) args.push_back(env[s]);
     const Node* node = step.node;
-    if (!step.transforms.empty()) {
-      // The shadow shares every tensor with the node; only its weight is the transformed one.
-      step.shadow->params = node->params;
-      step.shadow->buffers = node->buffers;
-      const at::Tensor* latent = node->params.find("weight");
-      at::Tensor weight = latent ? *latent : at::Tensor();
-      for (const WeightTransform* t : step.transforms) weight = t->apply(*node, weight, training);
-      step.shadow->params.set("weight", weight);
-      node = step.shadow.get();
+    std::vector<at::Tensor> outs;
+    try {
+      if (!step.transforms.empty()) {
+        // The shadow shares every tensor with the node; only its weight is the transformed one.
+        step.shadow->params = node->params;
+        step.shadow->buffers = node->buffers;
+        const at::Tensor* latent = node->params.find("weight");
+        at::Tensor weight = latent ? *latent : at::Tensor();
+        for (const WeightTransform* t : step.transforms) weight = t->apply(*node, weight, training);
+        step.shadow->params.set("weight", weight);
+        node = step.shadow.get();
+      }
+      outs = step.traits->forward(*node, args, training);
+    } catch (const c10::Error& e) {
+      // ATen's message without its C++ backtrace, with the node that raised it.
+      std::string msg = e.what_without_backtrace();
+      if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+      std::string shapes;
+      for (const auto& a : args) shapes += (shapes.empty() ? "" : ", ") + (a.defined() ? shape_str(a.sizes().vec()) : "none");
+      throw Error("node '" + step.node->name + "' (" + step.node->op + "), inputs " + shapes + ": " + msg);
     }
-    std::vector<at::Tensor> outs = step.traits->forward(*node, args, training);
     if (outs.size() != step.outputs.size())
       throw Error("node '" + step.node->name + "' (" + step.node->op + "): forward returned " + std::to_string(outs.size()) +
                   " outputs, expected " + std::to_string(step.outputs.size()));

@@ -38,7 +38,15 @@ namespace {
   throw Error("node '" + n.name + "' (" + n.op + "): " + msg);
 }
 
-std::vector<int64_t> pair(const Node& n, const std::string& key, int64_t fallback) { return n.attr_pair(key, fallback); }
+// A 2-D window attribute, range-checked (a stride of 0 from a damaged file would divide by zero):
+// stride, dilation and kernel_size ≥ 1, padding and output_padding ≥ 0.
+std::vector<int64_t> pair(const Node& n, const std::string& key, int64_t fallback) {
+  std::vector<int64_t> v = n.attr_pair(key, fallback);
+  const int64_t least = key == "padding" || key == "output_padding" ? 0 : 1;
+  if (v[0] < least || v[1] < least)
+    fail(n, "attribute '" + key + "' is " + shape_str(v) + "; it must be ≥ " + std::to_string(least));
+  return v;
+}
 
 int64_t wrap_dim(const Node& n, int64_t dim, size_t rank) {
   const auto r = static_cast<int64_t>(rank);
@@ -192,6 +200,7 @@ void register_conv() {
     auto s = pair(n, "stride", 1), p = pair(n, "padding", 0), op = pair(n, "output_padding", 0), d = pair(n, "dilation", 1);
     int64_t h = (in[0][2] - 1) * s[0] - 2 * p[0] + d[0] * (w[2] - 1) + op[0] + 1;
     int64_t wo = (in[0][3] - 1) * s[1] - 2 * p[1] + d[1] * (w[3] - 1) + op[1] + 1;
+    if (h < 1 || wo < 1) fail(n, "padding " + shape_str(p) + " leaves no output for input " + shape_str(in[0]));
     return std::vector<Shape>{{in[0][0], w[1] * g, h, wo}};
   };
   ct.macs = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>&) {

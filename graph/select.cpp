@@ -26,6 +26,28 @@ bool node_matches(const Node& n, const std::string& pattern) {
   return n.name == pattern || n.op == pattern;
 }
 
+std::string pattern_problem(const std::string& pattern) {
+  if (!is_regex(pattern)) return "";
+  try {
+    compile(pattern);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool matches_any_node(const Graph& graph, const std::string& pattern) {
+  if (is_regex(pattern)) {
+    const std::regex re = compile(pattern);
+    for (const auto& n : graph.nodes())
+      if (std::regex_match(n.name, re)) return true;
+    return false;
+  }
+  for (const auto& n : graph.nodes())
+    if (n.name == pattern || n.op == pattern) return true;
+  return false;
+}
+
 std::vector<std::string> select_nodes(const Graph& graph, const std::vector<std::string>& targets,
                                       const std::vector<std::string>& ignore) {
   for (const auto& t : targets) {

@@ -14,6 +14,14 @@ namespace whittle {
 /// Throws whittle::Error for an invalid regular expression, naming it.
 bool node_matches(const Node& n, const std::string& pattern);
 
+/// "" when `pattern` can be matched, else what is wrong with it: an invalid regular expression
+/// ("invalid regular expression 're:(': ..."). Throws nothing.
+std::string pattern_problem(const std::string& pattern);
+
+/// Whether any node of `graph` matches `pattern` (node_matches). Throws whittle::Error for an
+/// invalid regular expression.
+bool matches_any_node(const Graph& graph, const std::string& pattern);
+
 /// Nodes matching any of `targets` and none of `ignore`, in graph order. Empty `targets` select
 /// every node. Throws whittle::Error when a target pattern that is a plain name (not an op kind,
 /// not a regex) matches no node, naming the pattern, so that typos do not pass silently.

@@ -25,6 +25,10 @@ class FuseBatchNormModifier : public Modifier {
     options_.threshold = o.threshold;
     if (mode_ != "inference" && mode_ != "qat")
       throw Error(where() + ", key 'mode': '" + mode_ + "' is not one of inference, qat", ErrorKind::kUsage);
+    if (freeze_epoch_ < 0 && freeze_epoch_ != -1.0)
+      throw Error(where() + ", key 'freeze_bn_epoch': " + SettingValue(freeze_epoch_).text() +
+                      " is neither an epoch (≥ 0) nor −1 (never)",
+                  ErrorKind::kUsage);
     if (mode_ == "inference" && freeze_epoch_ >= 0)
       throw Error(where() + ", key 'freeze_bn_epoch': applies to mode qat only", ErrorKind::kUsage);
     options_.targets = spec.targets;
@@ -37,16 +41,9 @@ class FuseBatchNormModifier : public Modifier {
     if (!prepared_ && spec().start_epoch <= 0) prepare(tc);
   }
 
-  void on_epoch_begin(TrainContext& tc) override {
-    if (mode_ != "qat") return;
-    if (!prepared_ && active_at(tc.epoch)) prepare(tc);
-    if (prepared_ && !frozen_ && freeze_epoch_ >= 0 && tc.epoch >= freeze_epoch_) {
-      const int64_t n = fuse::freeze_qat_batchnorm(tc.model->graph());
-      tc.model->sync();  // the parameters stay the same tensors, so the optimizer keeps its state
-      frozen_ = true;
-      std::cout << "fuse_batchnorm: BN statistics frozen in " << n << " layers at epoch " << tc.epoch << "\n" << std::flush;
-    }
-  }
+  void on_epoch_begin(TrainContext& tc) override { advance(tc); }
+  // Windows and freeze_bn_epoch may fall inside an epoch: checked before every batch too.
+  void on_step_begin(TrainContext& tc) override { advance(tc); }
 
   void on_finish(TrainContext& tc) override {
     tc.model->eval();
@@ -89,6 +86,18 @@ class FuseBatchNormModifier : public Modifier {
     }
   }
 
+  // Prepares when the window has opened and freezes when freeze_bn_epoch has come (epoch tc.epoch).
+  void advance(TrainContext& tc) {
+    if (mode_ != "qat") return;
+    if (!prepared_ && active_at(tc.epoch)) prepare(tc);
+    if (prepared_ && !frozen_ && freeze_epoch_ >= 0 && tc.epoch >= freeze_epoch_) {
+      const int64_t n = fuse::freeze_qat_batchnorm(tc.model->graph());
+      tc.model->sync();  // the parameters stay the same tensors, so the optimizer keeps its state
+      frozen_ = true;
+      std::cout << "fuse_batchnorm: BN statistics frozen in " << n << " layers at epoch " << tc.epoch << "\n" << std::flush;
+    }
+  }
+
   void prepare(TrainContext& tc) {
     fuse::QatOptions q;
     q.targets = options_.targets;
@@ -117,7 +126,9 @@ const OptionsSchema<FuseBatchNormModifierOptions>& fuse_modifier_schema() {
                "the σ_running/σ_batch correction) so the quantizers see it, fold for good at the end",
                {"inference", "qat"})
           .add("freeze_bn_epoch", &O::freeze_bn_epoch,
-               "qat: from this epoch on, train with the running statistics and stop updating them", {}, "never")
+               "qat: from this epoch on, train with the running statistics and stop updating them (−1: never)", {},
+               "never")
+          .in_range(Range::at_least(-1))
           .add("repvgg", &O::repvgg, "at the end, also merge RepVGG blocks into single 3×3 convs")
           .add("threshold", &O::threshold, "at the end, also turn BN + sign binarizer into thresholds");
   return schema;

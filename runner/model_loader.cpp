@@ -36,6 +36,10 @@ Graph load_model(const ModelSource& source, ModelMetadata* metadata) {
   }
   const std::string& file = source.file;
   if (!path_exists(file)) throw Error("model file " + file + " does not exist", ErrorKind::kUsage);
+  if (!is_regular_file(file) || file_size(file) == 0)
+    throw Error("model file " + file + " is " + describe_path(file) +
+                    ", not a whittle checkpoint (.h5) or a TorchScript file (.pt)",
+                ErrorKind::kUsage);
   const std::string ext = file_extension(file);
   if (ext == ".h5" || ext == ".hdf5" || is_hdf5_file(file)) {
     Checkpoint c = load_checkpoint(file);

@@ -49,6 +49,10 @@ class Modifier {
   /// The epoch's first hook; not called again when a run resumes in the middle of the epoch.
   virtual void on_epoch_begin(TrainContext&) {}
   virtual void on_epoch_end(TrainContext&) {}
+  /// Before every training batch, with tc.epoch the batch's fractional epoch (epoch index +
+  /// batch / batches), whatever the window: where a window that opens inside an epoch
+  /// (start_epoch 1.5) takes effect, at the first batch whose epoch reaches it.
+  virtual void on_step_begin(TrainContext&) {}
   /// After every optimizer step (e.g. BNN's latent weight clipping).
   virtual void on_step_end(TrainContext&) {}
   /// May replace the training loss of a batch (e.g. distillation); `input` N×C×H×W, `target` [N],

@@ -18,11 +18,13 @@
 //   PruneOptions o = schema().parse(spec.settings, spec.location + ": modifier 'prune'");
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "core/error.h"
@@ -99,7 +101,7 @@ class OptionsSchema {
       default_text = SettingValue(defaults.*member).text();
       if (!note.empty()) default_text += " (" + note + ")";
     }
-    keys_.push_back(KeySpec{key, detail::OptionType<Value>::kType, default_text, std::move(description), {}, choices});
+    keys_.push_back(KeySpec{key, detail::OptionType<Value>::kType, default_text, std::move(description), {}, choices, {}});
     setters_.push_back([member, choices, key](Options& o, const SettingValue& v) {
       Value value = v.as<Value>();
       if constexpr (std::is_same_v<Value, std::string>) {
@@ -114,12 +116,19 @@ class OptionsSchema {
     return *this;
   }
 
+  /// Restricts the numeric key added last to `range` (checked with the recipe, before any work,
+  /// and by parse()). Every number is checked finite whatever its range. Returns *this.
+  OptionsSchema& in_range(Range range) {
+    if (!keys_.empty()) keys_.back().range = range;
+    return *this;
+  }
+
   /// One KeySpec per bound field, in the order added (ModifierInfo::settings).
   const std::vector<KeySpec>& keys() const { return keys_; }
 
   /// Options{} with each key of `settings` set from its value. Throws whittle::Error (usage)
-  /// "<where>, key '<key>': ..." for a key that is not bound or a value of the wrong type or not
-  /// among the choices.
+  /// "<where>, key '<key>': ..." for a key that is not bound or a value of the wrong type, not
+  /// among the choices, not finite or outside its range.
   Options parse(const ModifierSettings& settings, const std::string& where) const {
     Options o{};
     for (const auto& [key, value] : settings.values()) {
@@ -127,6 +136,7 @@ class OptionsSchema {
       while (i < keys_.size() && keys_[i].name != key) ++i;
       if (i == keys_.size()) throw Error(where + ": unknown key '" + key + "'", ErrorKind::kUsage);
       try {
+        check_numbers(value, keys_[i].range);
         setters_[i](o, value);
       } catch (const Error& e) {
         throw Error(where + ", key '" + key + "': " + e.what(), ErrorKind::kUsage);
@@ -136,6 +146,19 @@ class OptionsSchema {
   }
 
  private:
+  static void check_numbers(const SettingValue& value, const Range& range) {
+    std::vector<double> numbers;
+    const auto& st = value.storage();
+    if (const auto* d = std::get_if<double>(&st)) numbers = {*d};
+    if (const auto* i = std::get_if<int64_t>(&st)) numbers = {static_cast<double>(*i)};
+    if (const auto* v = std::get_if<std::vector<double>>(&st)) numbers = *v;
+    if (const auto* v = std::get_if<std::vector<int64_t>>(&st)) numbers.assign(v->begin(), v->end());
+    for (double x : numbers)
+      if (!range.contains(x))
+        throw Error(value.text() + (std::isfinite(x) ? " is outside " + range.text() : " is not a finite number"),
+                    ErrorKind::kUsage);
+  }
+
   std::vector<KeySpec> keys_;
   std::vector<std::function<void(Options&, const SettingValue&)>> setters_;
 };

@@ -13,7 +13,7 @@ namespace whittle::runner {
 namespace {
 
 // Attaches the quantizers when its window opens (on_start when start_epoch is 0, otherwise at the
-// first epoch inside the window) and, for BNN, clips the latent weights to [−1, 1] after every
+// first batch inside the window, which for a whole start_epoch is the epoch's first) and, for BNN, clips the latent weights to [−1, 1] after every
 // optimizer step. The quantizers stay attached to the end (end_epoch only ends the clipping).
 class QuantizeModifier : public Modifier {
  public:
@@ -39,6 +39,10 @@ class QuantizeModifier : public Modifier {
     if (!applied_ && spec().start_epoch <= 0) attach(tc);
   }
   void on_epoch_begin(TrainContext& tc) override {
+    if (!applied_ && active_at(tc.epoch)) attach(tc);
+  }
+  // A window opening inside an epoch (start_epoch 1.5) attaches at that epoch's first batch past it.
+  void on_step_begin(TrainContext& tc) override {
     if (!applied_ && active_at(tc.epoch)) attach(tc);
   }
   void on_step_end(TrainContext& tc) override {
@@ -78,10 +82,13 @@ const OptionsSchema<QuantizeModifierOptions>& quantize_modifier_schema() {
           .add("method", &O::method, "dorefa, twn, bnn or xnor", {"dorefa", "twn", "bnn", "xnor"})
           .add("weight_bits", &O::weight_bits, "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {},
                "method default (dorefa 8, twn 2, bnn/xnor 1)")
+          .in_range(Range::closed(1, 32))
           .add("activation_bits", &O::activation_bits, "activation bits: dorefa/twn 1..8 or 32, bnn/xnor 1 or 32", {},
                "method default (dorefa 8, twn 32, bnn/xnor 1)")
+          .in_range(Range::closed(1, 32))
           .add("activation_clip", &O::activation_clip,
                "dorefa/twn activations: clip level c of c·quantize_k(clip(a, 0, c)/c) (1: the paper's [0, 1])")
+          .in_range(Range::above(0))
           .add("granularity", &O::granularity, "scale granularity of twn, xnor and 1-bit dorefa (and dorefa's max)",
                {"per_tensor", "per_channel"}, "per_channel for twn/xnor, per_tensor for dorefa")
           .add("xnor_detach_alpha", &O::xnor_detach_alpha, "xnor: no gradient through α = mean|W|")

@@ -9,7 +9,9 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "graph/select.h"
 #include "graph/zoo.h"
+#include "data/loader.h"
 #include "runner/modifier.h"
 
 namespace whittle::runner {
@@ -18,10 +20,16 @@ namespace {
 
 [[noreturn]] void usage_error(const std::string& msg) { throw Error(msg, ErrorKind::kUsage); }
 
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 // Validates `node` against `keys`, throwing whittle::Error (usage) naming `origin`, the line and
 // the dotted key path `where` on the first problem. Used for recipe sections and modifier settings.
 void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
-                   const std::string& where);
+                   const std::string& where, const std::string& label = "");
 
 // Nodes that came from --set overrides (and everything inside them), so that messages about them
 // say "--set" rather than a line of the file. Filled by parse_recipe for the duration of a parse.
@@ -49,11 +57,15 @@ std::string at_line(const std::string& origin, const YAML::Node& node) {
 }
 
 KeySpec key(std::string name, KeyType type, std::string def, std::string desc, std::vector<std::string> choices = {}) {
-  return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, std::move(choices)};
+  return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, std::move(choices), {}};
+}
+
+KeySpec key(std::string name, KeyType type, std::string def, std::string desc, Range range) {
+  return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, {}, range};
 }
 
 KeySpec section(std::string name, std::string desc, std::vector<KeySpec> children) {
-  return KeySpec{std::move(name), KeyType::kMap, "", std::move(desc), std::move(children), {}};
+  return KeySpec{std::move(name), KeyType::kMap, "", std::move(desc), std::move(children), {}, {}};
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -114,8 +126,8 @@ std::vector<KeySpec> build_schema() {
       "model", "The network to train (required section).",
       {key("name", KeyType::kString, "—", "zoo model: lenet5, vgg_small, nin, resnet20, resnet32, resnet56, mobilenet_v2, repvgg_a0"),
        key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`)"),
-       key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model"),
-       key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph")}));
+       key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model", Range::at_least(1)),
+       key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph", Range::at_least(1))}));
   s.push_back(section(
       "data", "Datasets, preprocessing and loading (required section).",
       {key("train", KeyType::kString, "required", "training set: MNIST IDX folder or file, CIFAR-10 binary folder, image folder, .tar.gz of image folders, or .h5"),
@@ -123,50 +135,50 @@ std::vector<KeySpec> build_schema() {
        key("train_split", KeyType::kString, "train", "split read from `train` when it holds several (MNIST: train/t10k, CIFAR: train/test)"),
        key("test_split", KeyType::kString, "test", "split read from `test`"),
        key("pack_to", KeyType::kString, "\"\"", "folder for packed HDF5 copies of image-folder datasets, made on first use"),
-       key("mean", KeyType::kFloatList, "[] (none)", "per-channel normalization mean, pixel values in [0, 1]"),
-       key("std", KeyType::kFloatList, "[] (none)", "per-channel normalization standard deviation"),
-       key("random_crop_padding", KeyType::kInt, "0", "training augmentation: pad by N zero pixels, crop back at a random offset"),
+       key("mean", KeyType::kFloatList, "[] (none)", "per-channel normalization mean, pixel values in [0, 1]", Range::closed(0, 1)),
+       key("std", KeyType::kFloatList, "[] (none)", "per-channel normalization standard deviation", Range::above(0)),
+       key("random_crop_padding", KeyType::kInt, "0", "training augmentation: pad by N zero pixels, crop back at a random offset", Range::closed(0, 1024)),
        key("horizontal_flip", KeyType::kBool, "false", "training augmentation: random left-right flip"),
-       key("batch_size", KeyType::kInt, "128", "training batch size"),
-       key("eval_batch_size", KeyType::kInt, "500", "evaluation batch size"),
-       key("num_workers", KeyType::kInt, "2", "loader threads"),
-       key("prefetch", KeyType::kInt, "4", "batches prepared ahead of training"),
+       key("batch_size", KeyType::kInt, "128", "training batch size", Range::at_least(1)),
+       key("eval_batch_size", KeyType::kInt, "500", "evaluation batch size", Range::at_least(1)),
+       key("num_workers", KeyType::kInt, "2", "loader threads", Range::closed(0, data::kMaxWorkers)),
+       key("prefetch", KeyType::kInt, "4", "batches prepared ahead of training", Range::closed(1, data::kMaxPrefetchBatches)),
        key("drop_last", KeyType::kBool, "true", "drop the last incomplete training batch"),
-       key("train_limit", KeyType::kInt, "0 (all)", "use only the first N training images"),
-       key("test_limit", KeyType::kInt, "0 (all)", "use only the first N test images")}));
+       key("train_limit", KeyType::kInt, "0 (all)", "use only the first N training images", Range::at_least(0)),
+       key("test_limit", KeyType::kInt, "0 (all)", "use only the first N test images", Range::at_least(0))}));
   s.push_back(section(
       "training", "The optimization schedule (required section; `training: {}` takes every default).",
-      {key("epochs", KeyType::kInt, "1", "number of epochs"),
+      {key("epochs", KeyType::kInt, "1", "number of epochs", Range::closed(1, 1000000)),
        section("optimizer", "Optimizer and its hyper-parameters.",
                {key("name", KeyType::kString, "sgd", "sgd, adam or adamw", {"sgd", "adam", "adamw"}),
-                key("lr", KeyType::kFloat, "0.1", "base learning rate"),
-                key("momentum", KeyType::kFloat, "0.9", "SGD momentum"),
+                key("lr", KeyType::kFloat, "0.1", "base learning rate", Range::above(0)),
+                key("momentum", KeyType::kFloat, "0.9", "SGD momentum", Range::half_open(0, 1)),
                 key("nesterov", KeyType::kBool, "false", "SGD Nesterov momentum"),
-                key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)"),
-                key("beta1", KeyType::kFloat, "0.9", "Adam β1"),
-                key("beta2", KeyType::kFloat, "0.999", "Adam β2"),
-                key("eps", KeyType::kFloat, "1e-8", "Adam ε")}),
+                key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)", Range::at_least(0)),
+                key("beta1", KeyType::kFloat, "0.9", "Adam β1", Range::half_open(0, 1)),
+                key("beta2", KeyType::kFloat, "0.999", "Adam β2", Range::half_open(0, 1)),
+                key("eps", KeyType::kFloat, "1e-8", "Adam ε", Range::above(0))}),
        section("lr_schedule", "Learning-rate schedule, evaluated every step.",
                {key("name", KeyType::kString, "constant", "constant, step, multistep, cosine or one_cycle",
                     {"constant", "step", "multistep", "cosine", "one_cycle"}),
-                key("step_size", KeyType::kFloat, "30", "step: epochs between decays"),
-                key("milestones", KeyType::kFloatList, "[]", "multistep: epochs where lr is multiplied by gamma"),
-                key("gamma", KeyType::kFloat, "0.1", "step/multistep decay factor"),
-                key("min_lr", KeyType::kFloat, "0", "cosine: final learning rate"),
-                key("max_lr", KeyType::kFloat, "0 (= optimizer.lr)", "one_cycle: peak learning rate"),
-                key("pct_start", KeyType::kFloat, "0.3", "one_cycle: fraction of the steps spent rising"),
-                key("warmup_epochs", KeyType::kFloat, "0", "linear warmup from 0 over this many epochs")}),
-       key("label_smoothing", KeyType::kFloat, "0", "cross-entropy label smoothing"),
-       key("grad_accumulation", KeyType::kInt, "1", "optimizer step every N batches"),
-       key("grad_clip_norm", KeyType::kFloat, "0 (off)", "clip the global gradient L2 norm"),
-       key("seed", KeyType::kInt, "0", "seed for initialization, shuffling and augmentation"),
+                key("step_size", KeyType::kFloat, "30", "step: epochs between decays", Range::above(0)),
+                key("milestones", KeyType::kFloatList, "[]", "multistep: epochs where lr is multiplied by gamma", Range::at_least(0)),
+                key("gamma", KeyType::kFloat, "0.1", "step/multistep decay factor", Range::above(0)),
+                key("min_lr", KeyType::kFloat, "0", "cosine: final learning rate", Range::at_least(0)),
+                key("max_lr", KeyType::kFloat, "0 (= optimizer.lr)", "one_cycle: peak learning rate", Range::at_least(0)),
+                key("pct_start", KeyType::kFloat, "0.3", "one_cycle: fraction of the steps spent rising", Range{0, 1, true, true}),
+                key("warmup_epochs", KeyType::kFloat, "0", "linear warmup from 0 over this many epochs", Range::at_least(0))}),
+       key("label_smoothing", KeyType::kFloat, "0", "cross-entropy label smoothing", Range::half_open(0, 1)),
+       key("grad_accumulation", KeyType::kInt, "1", "optimizer step every N batches", Range::at_least(1)),
+       key("grad_clip_norm", KeyType::kFloat, "0 (off)", "clip the global gradient L2 norm", Range::at_least(0)),
+       key("seed", KeyType::kInt, "0", "seed for initialization, shuffling and augmentation", Range::at_least(0)),
        key("deterministic", KeyType::kBool, "false", "deterministic kernels; same seed, same run"),
        key("device", KeyType::kString, "cpu", "cpu, cuda or cuda:N (the command line's --device overrides it)"),
        key("amp", KeyType::kString, "none", "CUDA autocast: none, bf16 or fp16 (with loss scaling)", {"none", "bf16", "fp16"}),
        key("channels_last", KeyType::kBool, "false", "CUDA: NHWC memory format"),
        key("cudnn_benchmark", KeyType::kBool, "true", "CUDA: cuDNN autotuning (off in deterministic mode)"),
-       key("threads", KeyType::kInt, "0 (LibTorch default)", "intra-op CPU threads"),
-       key("log_every", KeyType::kInt, "50", "batches between progress lines when output is not a terminal")}));
+       key("threads", KeyType::kInt, "0 (LibTorch default)", "intra-op CPU threads", Range::closed(0, 1024)),
+       key("log_every", KeyType::kInt, "50", "batches between progress lines when output is not a terminal", Range::at_least(1))}));
   s.push_back(KeySpec{"modifiers", KeyType::kList, "[]",
                       "Compression modifiers, each a map with `name`, `start_epoch`, `end_epoch`, `targets`, "
                       "`ignore` and the modifier's own settings (see below).",
@@ -181,8 +193,8 @@ std::vector<KeySpec> build_schema() {
 
 std::vector<KeySpec> modifier_common_keys() {
   return {key("name", KeyType::kString, "required", "the modifier"),
-          key("start_epoch", KeyType::kFloat, "0", "epoch (fractional) at which it becomes active"),
-          key("end_epoch", KeyType::kFloat, "-1 (to the end)", "epoch at which it stops"),
+          key("start_epoch", KeyType::kFloat, "0", "epoch (fractional) at which it becomes active", Range::at_least(0)),
+          key("end_epoch", KeyType::kFloat, "-1 (to the end)", "epoch at which it stops", Range::at_least(-1)),
           key("targets", KeyType::kStringList, "the modifier's default", "node names, op kinds or re:<regex>"),
           key("ignore", KeyType::kStringList, "[]", "node names, op kinds or re:<regex> to leave alone")};
 }
@@ -229,9 +241,16 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
       } catch (const std::exception&) {
         usage_error("--set '" + assignment + "': '" + k + "' must be a list index (0.." + std::to_string(node.size()) + ")");
       }
-      if (idx >= node.size())
-        usage_error("--set '" + assignment + "': index " + k + " is past the end of a list of " + std::to_string(node.size()));
-      if (last) node[idx] = value;
+      // Index size() appends an entry (modifiers.2={name: fuse_batchnorm} after two modifiers).
+      if (idx > node.size() || (idx == node.size() && !last)) {
+        std::string entry;
+        for (size_t j = 0; j <= i; ++j) entry += (j ? "." : "") + parts[j];
+        usage_error("--set '" + assignment + "': index " + k + " is past the end of a list of " + std::to_string(node.size()) +
+                    (idx == node.size() ? " (a whole new entry can be appended: --set " + entry + "={name: ...})"
+                                        : " (the next entry to append is " + std::to_string(node.size()) + ")"));
+      }
+      if (idx == node.size()) node.push_back(value);
+      else if (last) node[idx] = value;
       else walk(node[idx], i + 1);
       return;
     }
@@ -243,12 +262,15 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
     }
     if (!node[k] || node[k].IsNull()) {
       const std::string& next = parts[i + 1];
-      if (next.find_first_not_of("0123456789") == std::string::npos) {
+      if (next == "0" && i + 2 == parts.size()) {
+        node[k] = YAML::Node(YAML::NodeType::Sequence);  // a list's first entry: the list is new
+      } else if (next.find_first_not_of("0123456789") == std::string::npos) {
         std::string here;
         for (size_t j = 0; j <= i; ++j) here += (j ? "." : "") + parts[j];
         usage_error("--set '" + assignment + "': " + origin + " has no list '" + here + "', so no entry " + next);
+      } else {
+        node[k] = YAML::Node(YAML::NodeType::Map);
       }
-      node[k] = YAML::Node(YAML::NodeType::Map);
     }
     walk(node[k], i + 1);
   };
@@ -381,6 +403,26 @@ const std::vector<KeySpec>& recipe_schema() {
   return schema;
 }
 
+bool Range::contains(double v) const {
+  if (!std::isfinite(v)) return false;
+  if (lo_open ? !(v > lo) : !(v >= lo)) return false;
+  return hi_open ? v < hi : v <= hi;
+}
+
+std::string Range::text() const {
+  auto num = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+  if (!has_lo && !has_hi) return "";
+  if (!has_hi) return (lo_open ? "> " : "≥ ") + num(lo);
+  if (!has_lo) return (hi_open ? "< " : "≤ ") + num(hi);
+  if (!lo_open && !hi_open) return num(lo) + ".." + num(hi);
+  return std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
+}
+
 bool is_device_name(const std::string& device) {
   if (device == "cpu" || device == "cuda") return true;
   if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 8) return false;
@@ -406,15 +448,40 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 
 namespace {
 
+// What a YAML node is, for messages: "'4'", "an empty value", "a section", "a list".
+std::string node_kind(const YAML::Node& v) {
+  if (!v || v.IsNull()) return "an empty value";
+  if (v.IsScalar()) return "'" + v.Scalar() + "'";
+  return v.IsMap() ? "a section" : "a list";
+}
+
+// Checks the numeric scalar `v` (already known to parse as `spec.type`'s number type) against
+// spec.range: finite, and inside the interval.
+void check_range(const YAML::Node& v, const KeySpec& spec, const std::string& origin, const std::string& path) {
+  const double x = v.as<double>();
+  if (!std::isfinite(x))
+    usage_error(at_line(origin, v) + ": '" + path + "' is " + v.Scalar() + "; recipe numbers must be finite");
+  if (!spec.range.contains(x))
+    usage_error(at_line(origin, v) + ": '" + path + "' is " + v.Scalar() + "; it must be " +
+                (std::isfinite(spec.range.lo) && std::isfinite(spec.range.hi) ? "in " : "") + spec.range.text());
+}
+
 void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, const std::string& origin,
-                   const std::string& where) {
-  const std::string label = where.empty() ? "the top level" : "'" + where + "'";
+                   const std::string& where, const std::string& given_label) {
+  const std::string label = !given_label.empty() ? given_label : where.empty() ? "the top level" : "'" + where + "'";
   if (!node.IsMap()) usage_error(at_line(origin, node) + ": " + label + " must be a section (key: value pairs)");
   std::vector<std::string> names;
   for (const auto& k : keys) names.push_back(k.name);
+  std::map<std::string, YAML::Node> seen;
   for (const auto& kv : node) {
     const std::string name = kv.first.as<std::string>();
     const std::string path = where.empty() ? name : where + "." + name;
+    // yaml-cpp keeps every copy of a repeated key and lookups return the first: a duplicate would
+    // silently lose the later value.
+    if (auto dup = seen.find(name); dup != seen.end())
+      usage_error(at_line(origin, kv.first) + ": key '" + path + "' is given twice (also at " +
+                  at_line(origin, dup->second) + ")");
+    seen.emplace(name, kv.first);
     auto spec = std::find_if(keys.begin(), keys.end(), [&](const KeySpec& k) { return k.name == name; });
     if (spec == keys.end()) {
       std::string hint = closest_match(name, names);
@@ -437,14 +504,16 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
       case KeyType::kStringList: {
         if (v.IsScalar() && spec->type == KeyType::kStringList) break;  // one string stands for a list of one
         if (!v.IsSequence()) usage_error(wrong + ", e.g. [1, 2]");
-        for (const auto& e : v)
-          if (!scalar_is(e, element_type(spec->type))) usage_error(wrong + "; element '" + (e.IsScalar() ? e.Scalar() : "...") + "' is not");
+        for (const auto& e : v) {
+          if (!scalar_is(e, element_type(spec->type))) usage_error(wrong + "; element " + node_kind(e) + " is not");
+          if (spec->type != KeyType::kStringList) check_range(e, *spec, origin, path);
+        }
         break;
       }
       case KeyType::kAny: break;
       default:
-        if (!scalar_is(v, spec->type))
-          usage_error(wrong + ", got " + (v.IsScalar() ? "'" + v.Scalar() + "'" : v.IsMap() ? "a section" : "a list"));
+        if (!scalar_is(v, spec->type)) usage_error(wrong + ", got " + node_kind(v));
+        if (spec->type == KeyType::kInt || spec->type == KeyType::kFloat) check_range(v, *spec, origin, path);
         if (!spec->choices.empty() &&
             std::find(spec->choices.begin(), spec->choices.end(), v.Scalar()) == spec->choices.end()) {
           std::string hint = closest_match(v.Scalar(), spec->choices);
@@ -655,11 +724,11 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       }
       std::vector<KeySpec> all = common;
       all.insert(all.end(), info->settings.begin(), info->settings.end());
-      validate_keys(e, all, origin, where + " (" + name + ")");
+      validate_keys(e, all, origin, where, "'" + where + "' (" + name + ")");
       ModifierSpec ms;
       ms.name = name;
       ms.line = e.Mark().line + 1;
-      ms.location = at_line(origin, e);
+      ms.location = at_line(origin, e) + ", " + where;
       const std::string own = "modifiers." + std::to_string(i) + ".";
       if (std::any_of(overrides.begin(), overrides.end(), [&](const std::string& o) { return o.rfind(own, 0) == 0; }) &&
           ms.location.find("(--set)") == std::string::npos)
@@ -672,8 +741,19 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
         if (v.IsScalar()) out->push_back(v.Scalar());
         else *out = v.as<std::vector<std::string>>();
       }
-      if (ms.end_epoch >= 0 && ms.end_epoch < ms.start_epoch)
-        usage_error(at_line(origin, e) + ": '" + where + "': end_epoch " + std::to_string(ms.end_epoch) + " is before start_epoch");
+      const std::string entry = at_line(origin, e) + ": '" + where + "' (" + name + ")";
+      if (ms.end_epoch != -1.0 && ms.end_epoch <= ms.start_epoch)
+        usage_error(entry + ": end_epoch " + number_text(ms.end_epoch) + " is not after start_epoch " +
+                    number_text(ms.start_epoch) + " (end_epoch −1 runs to the end)");
+      // A window that opens after the run ends would silently do nothing.
+      if (ms.start_epoch >= static_cast<double>(r.training.epochs))
+        usage_error(entry + ": start_epoch " + number_text(ms.start_epoch) + " is not inside the run of " +
+                    std::to_string(r.training.epochs) + " epoch(s) (training.epochs): the modifier would never apply");
+      for (const auto* patterns : {&ms.targets, &ms.ignore})
+        for (const auto& p : *patterns)
+          if (p.empty()) usage_error(entry + ": an empty pattern in targets/ignore");
+          else if (const std::string problem = pattern_problem(p); !problem.empty())
+            usage_error(entry + ": " + problem);
       for (const auto& kv : e) {
         const std::string k = kv.first.as<std::string>();
         if (std::any_of(common.begin(), common.end(), [&](const KeySpec& c) { return c.name == k; })) continue;

@@ -6,6 +6,7 @@
 // documents every key.
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <variant>
@@ -176,6 +177,30 @@ struct Recipe {
 /// The type of a recipe value, for validation and docs.
 enum class KeyType { kString, kInt, kFloat, kBool, kFloatList, kIntList, kStringList, kMap, kList, kAny };
 
+/// The allowed interval of a numeric recipe value (integers, numbers and the elements of their
+/// lists): [lo, hi], either end open or unbounded. Every number must also be finite (no .inf,
+/// .nan), whatever its range.
+struct Range {
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false;  ///< lo itself is excluded
+  bool hi_open = false;  ///< hi itself is excluded
+  /// Any finite value.
+  static Range any() { return {}; }
+  /// ≥ v.
+  static Range at_least(double v) { return {v, std::numeric_limits<double>::infinity(), false, false}; }
+  /// > v.
+  static Range above(double v) { return {v, std::numeric_limits<double>::infinity(), true, false}; }
+  /// [a, b].
+  static Range closed(double a, double b) { return {a, b, false, false}; }
+  /// [a, b).
+  static Range half_open(double a, double b) { return {a, b, false, true}; }
+  /// Whether `v` lies inside (and is finite).
+  bool contains(double v) const;
+  /// The interval as recipe docs print it ("≥ 0", "> 0", "0..1", "[0, 1)"; "" for any()).
+  std::string text() const;
+};
+
 /// One key of a recipe section: its name, type, default (as text, for docs), and description.
 struct KeySpec {
   std::string name;
@@ -184,6 +209,7 @@ struct KeySpec {
   std::string description;
   std::vector<KeySpec> children;  ///< for kMap
   std::vector<std::string> choices;  ///< allowed string values (empty: any)
+  Range range;                       ///< numeric keys: the allowed values (checked before any work)
 };
 
 /// The schema of the recipe's sections (model, data, training, modifiers, outputs).

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -21,6 +22,7 @@
 #include "data/loader.h"
 #include "export/checkpoint.h"
 #include "graph/op_registry.h"
+#include "graph/select.h"
 #include "runner/model_loader.h"
 #include "runner/optimizer.h"
 #include "runner/progress.h"
@@ -35,9 +37,12 @@ using json = nlohmann::ordered_json;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-data::Dataset load_limited(const DataSpec& spec, const std::string& path, const std::string& split, int64_t limit,
-                           std::ostream& log) {
+// The recipe's `data.<key>` set (key "train" or "test"), the first `limit` images of it (0: all).
+// Throws whittle::Error naming the key for a set without images.
+data::Dataset load_limited(const DataSpec& spec, const char* key, const std::string& path, const std::string& split,
+                           int64_t limit, std::ostream& log) {
   data::Dataset ds = load_split(path, split, spec.pack_to, log);
+  if (ds.size() == 0) throw Error("'data." + std::string(key) + "': " + path + " (split " + split + ") holds no images");
   if (limit > 0 && limit < ds.size()) ds = ds.subset(at::arange(limit, at::kLong));
   return ds;
 }
@@ -167,14 +172,19 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   const std::string& dir = result_.run_dir;
   result_.checkpoint = join_path(dir, r.outputs.checkpoint);
   state_path_ = join_path(dir, "train_state.pt");
+  if (options.resume && options.overwrite)
+    throw Error("--resume continues the run in " + dir + " and --overwrite replaces it: give one", ErrorKind::kUsage);
 
-  // The run directory must be writable before any work starts.
+  // The run directory must be usable before any work starts, but nothing is created until the
+  // recipe has been checked against the data and the model.
   try {
-    make_directories(dir);
-    write_file_atomic(join_path(dir, ".write-test"), "ok");
-    remove_file(join_path(dir, ".write-test"));
+    check_directory_creatable(dir);
   } catch (const Error& e) {
     throw Error("output directory " + dir + " cannot be written: " + e.what());
+  }
+  if (is_directory(dir)) {
+    lock_ = std::make_unique<DirectoryLock>(dir, "whittle run");
+    check_previous_run();
   }
 
   const TrainingSpec& t = r.training;
@@ -189,8 +199,8 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   }
 
   // Data.
-  data::Dataset train = load_limited(r.data, r.data.train, r.data.train_split, r.data.train_limit, log);
-  data::Dataset test = load_limited(r.data, r.data.test, r.data.test_split, r.data.test_limit, log);
+  data::Dataset train = load_limited(r.data, "train", r.data.train, r.data.train_split, r.data.train_limit, log);
+  data::Dataset test = load_limited(r.data, "test", r.data.test, r.data.test_split, r.data.test_limit, log);
   data::LoaderOptions train_opts;
   train_opts.batch_size = r.data.batch_size;
   train_opts.shuffle = true;
@@ -205,8 +215,15 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   test_opts.shuffle = false;
   test_opts.drop_last = false;
   test_opts.transform = make_transform(r.data, false);
+  const int64_t train_images = train.size();
   train_loader_ = std::make_unique<data::DataLoader>(std::move(train), train_opts);
   test_loader_ = std::make_unique<data::DataLoader>(std::move(test), test_opts);
+  if (train_loader_->num_batches() == 0)
+    throw Error(r.path + ": 'data.batch_size' " + std::to_string(r.data.batch_size) + " is more than the " +
+                    std::to_string(train_images) +
+                    " training images and data.drop_last is true: an epoch would make no optimizer step",
+                ErrorKind::kUsage);
+  check_modifier_windows();
 
   // Model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
   std::optional<SavedTrainState> saved;
@@ -214,8 +231,22 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   model_ = GraphModule(saved ? saved->take_graph() : load_model(model_source(r, train_loader_->dataset())));
   model_->to(device_);
 
-  // Modifiers, optimizer.
+  // Modifiers (their settings checked by their factories, their patterns against the model).
   for (const auto& spec : r.modifiers) modifiers_.push_back(modifier_info(spec.name).create(spec));
+  if (!saved) check_modifier_targets();
+  check_input_shapes();
+
+  // Everything is checked: from here on the run directory is written.
+  if (!lock_) {
+    make_directories(dir);
+    lock_ = std::make_unique<DirectoryLock>(dir, "whittle run");
+  }
+  // --overwrite: the previous run's report goes now (the run is no longer finished); its
+  // checkpoint and training state stay until this run replaces them at the end of its first
+  // epoch, so a run that fails before that loses nothing.
+  if (options.overwrite) remove_file(join_path(dir, "report.json"));
+
+  // Modifiers' start, optimizer.
   tc_.model = model_;
   tc_.recipe = &recipe_;
   tc_.device = device_;
@@ -263,6 +294,80 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
 
 Trainer::~Trainer() = default;
 
+std::vector<std::string> Trainer::run_files() const {
+  return {recipe_.outputs.checkpoint, "train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml"};
+}
+
+void Trainer::check_previous_run() const {
+  if (options_.resume || options_.overwrite) return;
+  const std::string& dir = result_.run_dir;
+  std::string found;
+  for (const std::string& f : run_files())
+    if (path_exists(join_path(dir, f))) found += (found.empty() ? "" : ", ") + f;
+  if (found.empty()) return;
+  const bool finished = path_exists(join_path(dir, "report.json"));
+  throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found +
+                  "): --resume continues it, --overwrite replaces it, --out DIR writes elsewhere",
+              ErrorKind::kUsage);
+}
+
+void Trainer::check_modifier_windows() const {
+  // A step's fractional epoch is epoch + batch / batches; the last step's is
+  // (epochs − 1) + (batches − 1) / batches. A window must open at or before it.
+  const int64_t batches = train_loader_->num_batches();
+  const double last = static_cast<double>(recipe_.training.epochs - 1) +
+                      static_cast<double>(batches - 1) / static_cast<double>(batches);
+  for (const auto& m : recipe_.modifiers)
+    if (m.start_epoch > last)
+      throw Error(m.location + ": modifier '" + m.name + "': start_epoch " + SettingValue(m.start_epoch).text() +
+                      " is after the run's last step (epoch " + SettingValue(last).text() + ", with " +
+                      std::to_string(batches) + " batches an epoch): the modifier would never apply",
+                  ErrorKind::kUsage);
+}
+
+void Trainer::check_input_shapes() const {
+  const Graph& g = model_->graph();
+  if (g.inputs().size() != 1) return;
+  const Shape& in = g.value(g.inputs().front()).shape;
+  if (in.size() != 4) return;
+  const Shape want(in.begin() + 1, in.end());
+  for (const auto& [key, loader] : {std::pair<const char*, const data::DataLoader*>{"train", train_loader_.get()},
+                                    {"test", test_loader_.get()}}) {
+    const data::Dataset& ds = loader->dataset();
+    const Shape got{ds.channels(), ds.height(), ds.width()};
+    if (got != want)
+      throw Error(recipe_.path + ": 'data." + key + "' images are " + shape_str(got) + " (C, H, W) but the model '" +
+                      (recipe_.model.name.empty() ? recipe_.model.file : recipe_.model.name) + "' takes " +
+                      shape_str(want) + " (its input " + shape_str(in) + ")",
+                  ErrorKind::kUsage);
+  }
+}
+
+void Trainer::check_modifier_targets() const {
+  const Graph& g = model_->graph();
+  for (const auto& m : recipe_.modifiers) {
+    for (const auto* patterns : {&m.targets, &m.ignore}) {
+      for (const std::string& p : *patterns) {
+        bool any = false;
+        try {
+          any = matches_any_node(g, p);
+        } catch (const Error& e) {
+          throw Error(m.location + ": modifier '" + m.name + "': " + e.what(), ErrorKind::kUsage);
+        }
+        if (any) continue;
+        std::set<std::string> ops;
+        for (const auto& n : g.nodes()) ops.insert(n.op);
+        std::string list;
+        for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
+        throw Error(m.location + ": modifier '" + m.name + "': " + (patterns == &m.targets ? "target" : "ignore") +
+                        " pattern '" + p + "' matches no node of the model (node names, op kinds " + list +
+                        ", or re:<regex>; `whittle inspect` lists the nodes)",
+                    ErrorKind::kUsage);
+      }
+    }
+  }
+}
+
 void Trainer::apply_parameter_changes() {
   if (!tc_.parameters_changed) return;
   model_->to(device_);
@@ -278,6 +383,8 @@ void Trainer::step(const data::Batch& batch) {
   const int64_t index = state_.batch;
   const int64_t batches = train_loader_->num_batches();
   tc_.epoch = static_cast<double>(state_.epoch) + static_cast<double>(index) / static_cast<double>(batches);
+  for (auto& m : modifiers_) m->on_step_begin(tc_);
+  apply_parameter_changes();
   set_learning_rate(*optimizer_,
                     learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));
   at::Tensor x = batch.images.to(device_, true);
@@ -292,6 +399,17 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor loss = at::cross_entropy_loss(logits, y, {}, at::Reduction::Mean, -100, t.label_smoothing);
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch)) loss = m->on_loss(tc_, loss, x, y, logits);
+  const double loss_value = loss.item<double>();
+  if (!std::isfinite(loss_value)) {
+    const std::string kept =
+        state_.epoch == 0 ? "nothing was saved (no epoch finished)"
+                          : "the checkpoint and training state in " + result_.run_dir + " are from the end of epoch " +
+                                std::to_string(state_.epoch);
+    throw Error("training stopped: the loss is " + std::string(std::isnan(loss_value) ? "NaN" : "infinite") +
+                " at step " + std::to_string(state_.step + 1) + " (epoch " + std::to_string(state_.epoch + 1) +
+                ", batch " + std::to_string(index + 1) + " of " + std::to_string(batches) + "); " + kept +
+                ". A learning rate too high for the model (training.optimizer.lr) is the usual cause");
+  }
   at::Tensor scaled = scaler_.scale_loss(loss / static_cast<double>(t.grad_accumulation));
   scaled.backward();
   if ((index + 1) % t.grad_accumulation == 0 || index + 1 == batches) {
@@ -307,7 +425,7 @@ void Trainer::step(const data::Batch& batch) {
   }
   apply_parameter_changes();
   at::NoGradGuard g;
-  state_.loss_sum += loss.item<double>() * static_cast<double>(y.size(0));
+  state_.loss_sum += loss_value * static_cast<double>(y.size(0));
   state_.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
   state_.seen += y.size(0);
   state_.batch = index + 1;
@@ -359,6 +477,12 @@ EvalMetrics Trainer::end_epoch() {
   for (auto& m : modifiers_) m->on_epoch_end(tc_);
   apply_parameter_changes();
   const EvalMetrics ev = evaluate();
+  if (!std::isfinite(ev.loss))
+    throw Error("training stopped: after epoch " + std::to_string(epoch + 1) + " the test loss is " +
+                (std::isnan(ev.loss) ? "NaN" : "infinite") + " (the model's weights are no longer finite); " +
+                (epoch == 0 ? std::string("nothing was saved")
+                            : "the checkpoint and training state in " + result_.run_dir + " are from epoch " +
+                                  std::to_string(epoch)));
   result_.test = ev;
   result_.epochs_done = epoch + 1;
   const double seen = static_cast<double>(state_.seen);

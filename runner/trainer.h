@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "runner/amp.h"
 #include "runner/modifier.h"
@@ -46,6 +47,9 @@ struct RunOptions {
   std::string out_dir;          ///< run directory ("" = recipe outputs.dir)
   std::string device;           ///< "" = recipe training.device
   bool resume = false;          ///< continue from <dir>/train_state.pt
+  bool overwrite = false;       ///< replace a run already in the directory (else that is an error):
+                                ///< its report.json goes at the start, its checkpoint and training
+                                ///< state when this run writes its own (end of the first epoch)
   std::ostream* log = nullptr;  ///< progress and report (nullptr = std::cout)
 };
 
@@ -66,19 +70,27 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
 
 /// One run of a recipe, step by step. The constructor does everything before the first batch, in
 /// this order (which fixes the use of LibTorch's global generator, so that a run is reproducible):
-/// the run directory is checked writable; the device opened; threads, at::manual_seed(seed) and
-/// deterministic mode set; the data loaded; the model built (load_model: a zoo model seeded with
+/// the run directory is checked usable (writable or creatable; when it exists, locked and checked
+/// for a previous run); the device opened; threads, at::manual_seed(seed) and deterministic mode
+/// set; the data loaded and checked (images in both sets, at least one step an epoch, every
+/// modifier window opening at a step); the model built (load_model: a zoo model seeded with
 /// training.seed, or the recipe's file) or, on resume, rebuilt from the training state's graph and
-/// tensors; the modifiers created (on resume their saved states restored) and their on_start run;
-/// the optimizer built over the model's trainable parameters; on resume the optimizer state, the
-/// loss scaler, the position and, last, the CPU generator restored.
+/// tensors; the modifiers created and their target patterns checked against the model; only then
+/// the run directory created and locked (with RunOptions::overwrite, the previous run's
+/// report.json removed); on resume the modifiers' saved states restored; their on_start run; the optimizer
+/// built over the model's trainable parameters; on resume the optimizer state, the loss scaler,
+/// the position and, last, the CPU generator restored. Errors before the directory is created
+/// leave nothing behind.
 ///
 /// Not copyable; one Trainer at a time per process (request_stop is process-wide).
 class Trainer {
  public:
-  /// Throws whittle::Error for an unwritable run directory (before any work), unloadable data or
-  /// model, a modifier's settings, or, on resume, a missing, damaged or older-format training
-  /// state or one saved with another recipe text.
+  /// Throws whittle::Error for an unwritable run directory (before any work), one another process
+  /// is running in (a DirectoryLock), one holding a previous run without RunOptions::resume or
+  /// overwrite (usage), unloadable or empty data, a batch size that leaves no step (usage), a
+  /// modifier window opening after the last step or a target pattern matching no node (usage),
+  /// unloadable model, a modifier's settings, or, on resume, a missing, damaged or older-format
+  /// training state or one saved with another recipe text.
   Trainer(const Recipe& recipe, const RunOptions& options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -101,12 +113,15 @@ class Trainer {
   EvalMetrics end_epoch();
 
   /// One training batch (images [N, C, H, W], labels [N]) as batch state().batch of the epoch:
-  /// the learning rate of the schedule at the fractional epoch, forward (under autocast with
+  /// every modifier's on_step_begin at the batch's fractional epoch (a parameter change rebuilds
+  /// the optimizer), the learning rate of the schedule at that epoch, forward (under autocast with
   /// training.amp), cross-entropy with label smoothing, each active modifier's on_loss, backward of
   /// loss / grad_accumulation (scaled for fp16); every grad_accumulation batches (and at the epoch's
   /// last batch) gradient unscaling and clipping, the optimizer step, zero_grad and each active
   /// modifier's on_step_end. When a hook changed the parameter set, the optimizer is rebuilt
-  /// (rebuild_optimizer). Updates state(): batch, step and the epoch's running sums.
+  /// (rebuild_optimizer). Updates state(): batch, step and the epoch's running sums. Throws
+  /// whittle::Error, before the backward pass, when the loss is not finite (naming the step; the
+  /// files on disk stay those of the last finished epoch).
   void step(const data::Batch& batch);
 
   /// The model on the test set (evaluate()).
@@ -135,9 +150,15 @@ class Trainer {
   using Clock = std::chrono::steady_clock;
   void apply_parameter_changes();
   RunResult finish();
+  std::vector<std::string> run_files() const;  // what a run writes in its directory
+  void check_previous_run() const;             // a run already there needs --resume or --overwrite
+  void check_modifier_windows() const;         // every window opens at a step of the run
+  void check_modifier_targets() const;         // every pattern matches a node of the model
+  void check_input_shapes() const;             // both data sets' images fit the model's input
 
   Recipe recipe_;
   RunOptions options_;
+  std::unique_ptr<DirectoryLock> lock_;  // held on the run directory for the Trainer's lifetime
   std::ostream* log_;
   Clock::time_point t_start_;
   Clock::time_point t_epoch_;

@@ -15,16 +15,18 @@ namespace whittle::cli {
 
 int run_run(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle run RECIPE [--out DIR] [--set key=value]... [--resume] [--device cpu|cuda]\n\n"
+      "usage: whittle run RECIPE [--out DIR] [--set key=value]... [--resume | --overwrite] [--device cpu|cuda]\n\n"
       "Trains and evaluates the model of a YAML recipe (docs/recipes.md) and writes a run directory\n"
       "with the checkpoint, metrics.jsonl, report.json and a resumable training state.\n"
-      "Ctrl-C saves the training state; --resume continues from it.\n\n"
+      "Ctrl-C saves the training state; --resume continues from it. A run directory that already holds\n"
+      "a run is left alone unless --resume or --overwrite is given; one run at a time uses a directory.\n\n"
       "example:\n  whittle run recipes/mnist/lenet5.yaml --set training.epochs=2 --out runs/quick\n\noptions");
   std::string recipe_path, out, device;
   std::vector<std::string> sets;
   opts.add_options()("help,h", "this text")("out", po::value<std::string>(&out), "run directory (default: recipe outputs.dir)")(
       "set", po::value<std::vector<std::string>>(&sets)->composing(), "override a recipe key: path.to.key=value (repeatable)")(
-      "resume", "continue the run in the run directory")("device", po::value<std::string>(&device), "cpu, cuda or cuda:N");
+      "resume", "continue the run in the run directory")(
+      "overwrite", "replace a run already in the run directory")("device", po::value<std::string>(&device), "cpu, cuda or cuda:N");
   po::variables_map vm = parse_command_line(args, opts, {{"recipe", &recipe_path}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
@@ -38,6 +40,7 @@ int run_run(const std::vector<std::string>& args) {
   ro.out_dir = out;
   ro.device = device;
   ro.resume = vm.count("resume") > 0;
+  ro.overwrite = vm.count("overwrite") > 0;
   runner::install_sigint_handler();
   runner::RunResult res = runner::run_recipe(recipe, ro);
   return res.interrupted ? 130 : 0;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <boost/program_options.hpp>
+#include <c10/util/Exception.h>
 
 #include "core/error.h"
 #include "graph/version.h"
@@ -93,6 +94,15 @@ int main(int argc, char** argv) {
     } catch (const whittle::Error& e) {
       std::cerr << "whittle " << c.name << ": error: " << e.what() << "\n";
       return e.kind() == whittle::ErrorKind::kUsage ? 2 : 1;
+    } catch (const c10::Error& e) {
+      // LibTorch's message alone: its C++ backtrace says nothing to a user.
+      std::string msg = e.what_without_backtrace();
+      if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+      std::cerr << "whittle " << c.name << ": error: LibTorch: " << msg << "\n";
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::cerr << "whittle " << c.name << ": error: out of memory\n";
+      return 1;
     } catch (const std::exception& e) {
       std::cerr << "whittle " << c.name << ": error: " << e.what() << "\n";
       return 1;

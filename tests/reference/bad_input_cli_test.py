@@ -1,0 +1,200 @@
+"""Bad input through the `whittle` program: each case asserts the exit code, that the message names
+the key, line, node or path at fault, that no LibTorch backtrace reaches the user, and that nothing
+was created, replaced or left half-written where that applies.
+
+Run by CTest with WHITTLE_BIN, WHITTLE_SOURCE_DIR and WHITTLE_BINARY_DIR set.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_harness import BIN, MNIST, SRC, check, finish, out_dir  # noqa: E402
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+OUT = out_dir("bad_input_cli")
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+
+BASE = "recipes/mnist/lenet5.yaml"
+W2A2 = "recipes/mnist/lenet5_dorefa_w2a2.yaml"
+QUICK = ["--set", "data.train_limit=256", "--set", "data.test_limit=256", "--set", "training.epochs=1"]
+
+
+def run(*args, **kw):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=SRC, **kw)
+
+
+def files(d):
+    return sorted(os.listdir(d)) if os.path.isdir(d) else None
+
+
+def expect(args, code, needles, what, creates_nothing=None):
+    """Runs whittle with `args`; checks the exit code, every needle in stderr, no backtrace, and that
+    the path `creates_nothing` does not exist afterwards."""
+    r = run(*args)
+    err = r.stderr
+    needles = [needles] if isinstance(needles, str) else needles
+    missing = [n for n in needles if n not in err]
+    ok = r.returncode == code and not missing and "Exception raised from" not in err and "frame #" not in err
+    last = err.strip().splitlines()[-1] if err.strip() else "(no message)"
+    check(ok, f"{what}: exit {r.returncode} (want {code}), '{last}'" + (f"; missing {missing}" if missing else ""))
+    if creates_nothing is not None:
+        check(not os.path.exists(creates_nothing), f"{what}: {creates_nothing} not created")
+    return r
+
+
+def inspect_json(path):
+    r = run("inspect", path, "--json")
+    return json.loads(r.stdout) if r.returncode == 0 else {"nodes": []}
+
+
+# 1. A modifier starting inside an epoch applies from that step: the checkpoint is 2-bit.
+mid = os.path.join(OUT, "mid_epoch")
+r = run("run", W2A2, "--set", "training.epochs=2", "--set", "modifiers.0.start_epoch=1.5", "--set",
+        "data.train_limit=512", "--set", "data.test_limit=256", "--out", mid)
+bits = {n["name"]: n.get("weight_bits") for n in inspect_json(os.path.join(mid, "model.h5"))["nodes"]}
+size = os.path.getsize(os.path.join(mid, "model.h5")) if r.returncode == 0 else 0
+check(r.returncode == 0 and bits.get("conv2") == 2 and bits.get("fc1") == 2 and 0 < size < 60_000,
+      f"start_epoch 1.5 of 2: quantized (conv2 {bits.get('conv2')} bits, fc1 {bits.get('fc1')} bits, {size} B)")
+order = r.stdout.find("quantize (dorefa, W2A2"), r.stdout.find("epoch 1/2: test"), r.stdout.find("epoch 2/2: test")
+check(order[1] < order[0] < order[2], "the quantizers are attached during epoch 2, after epoch 1's evaluation")
+half = os.path.join(OUT, "half_epoch")
+r = run("run", W2A2, *QUICK, "--set", "modifiers.0.start_epoch=0.5", "--out", half)
+bits = {n["name"]: n.get("weight_bits") for n in inspect_json(os.path.join(half, "model.h5"))["nodes"]}
+check(r.returncode == 0 and bits.get("conv2") == 2, f"start_epoch 0.5 of 1: quantized ({bits.get('conv2')} bits)")
+
+# 2. Windows outside the run.
+d = os.path.join(OUT, "window")
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.start_epoch=5", "--out", d], 2,
+       "lenet5_dorefa_w2a2.yaml:27, modifiers.0' (quantize): start_epoch 5 is not inside the run of 1 epoch(s)",
+       "start_epoch after the run", d)
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.start_epoch=-3", "--out", d], 2,
+       "'modifiers.0.start_epoch' is -3; it must be ≥ 0", "negative start_epoch", d)
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.start_epoch=0.99", "--out", d], 2,
+       "start_epoch 0.99 is after the run's last step (epoch 0.75, with 4 batches an epoch)",
+       "start_epoch after the last step", d)
+
+# 3. Zero bits.
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.weight_bits=0", "--out", d], 2,
+       "'modifiers.0.weight_bits' is 0; it must be in 1..32", "weight_bits 0", d)
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.activation_bits=0", "--out", d], 2,
+       "'modifiers.0.activation_bits' is 0; it must be in 1..32", "activation_bits 0", d)
+
+# 4. No step.
+expect(["run", BASE, *QUICK, "--set", "data.batch_size=1000000000", "--out", d], 2,
+       "'data.batch_size' 1000000000 is more than the 256 training images", "a run without a step", d)
+
+# 5. Non-finite settings; a non-finite loss stops the run and keeps the last good checkpoint.
+expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=.inf", "--out", d], 2,
+       "'training.optimizer.lr' is .inf; recipe numbers must be finite", "lr .inf", d)
+good = os.path.join(OUT, "good")
+r = run("run", BASE, *QUICK, "--out", good)
+check(r.returncode == 0, "a good one-epoch run" + ("" if r.returncode == 0 else ": " + r.stderr[-500:]))
+ckpt = open(os.path.join(good, "model.h5"), "rb").read()
+state = open(os.path.join(good, "train_state.pt"), "rb").read()
+expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e30", "--out", good, "--overwrite"], 1,
+       ["training stopped: the loss is NaN at step 2 (epoch 1, batch 2 of 4)", "nothing was saved"],
+       "NaN loss")
+check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt and
+      open(os.path.join(good, "train_state.pt"), "rb").read() == state,
+      "NaN loss: the previous checkpoint and training state are untouched")
+
+# 6. Empty datasets.
+empty = os.path.join(OUT, "empty.h5")
+with h5py.File(empty, "w") as f:
+    f["images"] = np.zeros((0, 1, 28, 28), np.uint8)
+    f["labels"] = np.zeros((0,), np.int64)
+packed = os.path.join(OUT, "packed.h5")
+expect(["data", "pack", empty, "--to", packed], 1, "holds no images", "data pack of an empty dataset", packed)
+expect(["eval", os.path.join(good, "model.h5"), "--data", empty], 1, "holds no images", "eval on an empty dataset")
+expect(["run", BASE, *QUICK, "--set", "data.test=" + empty, "--out", d], 1, "holds no images",
+       "run with an empty test set", d)
+
+# 7. Duplicate keys.
+dup = os.path.join(OUT, "dup.yaml")
+with open(dup, "w") as f:
+    f.write(f"model: {{name: lenet5}}\ndata: {{train: {MNIST}, test: {MNIST}}}\ntraining: {{epochs: 1}}\n"
+            "training:\n  epochs: 2\n")
+expect(["run", dup, "--out", d], 2, "dup.yaml:4: key 'training' is given twice (also at " + dup + ":3)",
+       "a key given twice", d)
+
+# 9. Loader threads: a limit up front, and a thread the system refuses is an error, not an abort.
+expect(["run", BASE, *QUICK, "--set", "data.num_workers=100000", "--out", d], 2,
+       "'data.num_workers' is 100000; it must be in 0..256", "num_workers 100000", d)
+# Each thread reserves its stack (RLIMIT_STACK, here 1 GiB) from the address space (RLIMIT_AS, here
+# baseline + 8 GiB): 256 loader threads do not fit.
+r = subprocess.run(["bash", "-c", f"ulimit -s 1048576 && ulimit -v 41943040 && exec {BIN} run {BASE} "
+                    "--set data.train_limit=256 --set data.test_limit=256 --set training.epochs=1 "
+                    f"--set data.num_workers=256 --out {d}"], capture_output=True, text=True, cwd=SRC)
+check(r.returncode == 1 and "could not start loader thread" in r.stderr and "terminate called" not in r.stderr,
+      f"thread creation failure: exit {r.returncode}, '{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}'")
+shutil.rmtree(d, ignore_errors=True)
+
+# 11. One run at a time in a run directory; a finished one is not silently replaced.
+busy = os.path.join(OUT, "busy")
+slow = [BASE, "--set", "data.train_limit=4000", "--set", "data.test_limit=256", "--set", "training.epochs=2",
+        "--set", "training.threads=1", "--out", busy]
+first = subprocess.Popen([BIN, "run", *slow], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=SRC)
+for _ in range(600):
+    if os.path.exists(os.path.join(busy, "recipe.yaml")):
+        break
+    time.sleep(0.1)
+expect(["run", *slow], 1, [busy + " is in use by another whittle run (pid " + str(first.pid) + ")"],
+       "a second run into a directory in use")
+first.communicate()
+lines = open(os.path.join(busy, "metrics.jsonl")).read().splitlines()
+check(first.returncode == 0 and [json.loads(l)["epoch"] for l in lines] == [1, 2],
+      f"the first run is undisturbed (exit {first.returncode}, epochs {[json.loads(l)['epoch'] for l in lines]})")
+before = open(os.path.join(busy, "model.h5"), "rb").read()
+expect(["run", *slow], 2, ["already holds a finished run", "--resume continues it, --overwrite replaces it"],
+       "re-running into a finished run directory")
+check(open(os.path.join(busy, "model.h5"), "rb").read() == before, "the finished run is untouched")
+expect(["run", *slow, "--resume", "--overwrite"], 2, "give one", "--resume with --overwrite")
+r = run("run", BASE, *QUICK, "--out", busy, "--overwrite")
+lines = open(os.path.join(busy, "metrics.jsonl")).read().splitlines()
+check(r.returncode == 0 and len(lines) == 1, f"--overwrite replaces the run ({len(lines)} metrics line)")
+
+# 12. Range checks name the key and line, before any work.
+for key, value, needle in [("training.label_smoothing", "2", "'training.label_smoothing' is 2; it must be in [0, 1)"),
+                           ("data.random_crop_padding", "-5", "'data.random_crop_padding' is -5; it must be in 0..1024"),
+                           ("training.threads", "-1", "'training.threads' is -1; it must be in 0..1024"),
+                           ("training.lr_schedule.warmup_epochs", "-1", "'training.lr_schedule.warmup_epochs' is -1")]:
+    expect(["run", BASE, *QUICK, "--set", f"{key}={value}", "--out", d], 2, "lenet5.yaml (--set): " + needle,
+           f"{key}={value}", d)
+
+# 13. Patterns that match nothing or do not compile.
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.targets=[nothing_matches]", "--out", d], 2,
+       "lenet5_dorefa_w2a2.yaml:27, modifiers.0 (with --set): modifier 'quantize': target pattern 'nothing_matches' "
+       "matches no node of the model", "a target matching nothing", d)
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.targets=['re:(']", "--out", d], 2,
+       "modifiers.0' (quantize): invalid regular expression 're:('", "a target that is no regex", d)
+
+# 15. Messages say what the input is.
+expect(["run", BASE, *QUICK, "--set", "outputs.checkpoint=", "--out", d], 2,
+       "'outputs.checkpoint' must be a string, got an empty value", "an empty outputs.checkpoint", d)
+expect(["data", "pack", "/dev/null", "--to", packed], 1, "/dev/null: is a character device, not a dataset",
+       "data pack /dev/null", packed)
+img = os.path.join(OUT, "images", "cat")
+os.makedirs(img)
+open(os.path.join(img, "zero.jpg"), "wb").close()
+expect(["data", "pack", os.path.join(OUT, "images"), "--to", packed], 1, "zero.jpg: empty file (0 bytes)",
+       "a zero-byte image", packed)
+expect(["inspect", OUT], 2, OUT + " is a directory, not a whittle checkpoint", "inspect of a directory")
+expect(["eval", os.path.join(OUT, "empty_model.h5")], 2, "does not exist", "eval of a missing model")
+open(os.path.join(OUT, "empty_model.pt"), "wb").close()
+expect(["inspect", os.path.join(OUT, "empty_model.pt")], 2, "is an empty file", "inspect of an empty file")
+
+# 16. --set appends a modifier.
+appended = os.path.join(OUT, "appended")
+r = run("run", W2A2, *QUICK, "--set", "modifiers.1={name: fuse_batchnorm}", "--out", appended)
+ops = [n["op"] for n in inspect_json(os.path.join(appended, "model.h5"))["nodes"]]
+check(r.returncode == 0 and "batch_norm" not in ops and "conv2d" in ops,
+      "--set modifiers.1={name: fuse_batchnorm} appends a modifier (no batch_norm left)")
+
+finish()
