@@ -733,6 +733,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       if (std::any_of(overrides.begin(), overrides.end(), [&](const std::string& o) { return o.rfind(own, 0) == 0; }) &&
           ms.location.find("(--set)") == std::string::npos)
         ms.location += " (with --set)";
+      const std::string entry = ms.location + ": modifier '" + name + "'";
       get(e, "start_epoch", ms.start_epoch);
       get(e, "end_epoch", ms.end_epoch);
       for (const auto& [k, out] : {std::pair<const char*, std::vector<std::string>*>{"targets", &ms.targets}, {"ignore", &ms.ignore}}) {
@@ -741,7 +742,6 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
         if (v.IsScalar()) out->push_back(v.Scalar());
         else *out = v.as<std::vector<std::string>>();
       }
-      const std::string entry = at_line(origin, e) + ": '" + where + "' (" + name + ")";
       if (ms.end_epoch != -1.0 && ms.end_epoch <= ms.start_epoch)
         usage_error(entry + ": end_epoch " + number_text(ms.end_epoch) + " is not after start_epoch " +
                     number_text(ms.start_epoch) + " (end_epoch −1 runs to the end)");

@@ -7,8 +7,8 @@ build=${1:-build}
 cd "$(dirname "$0")/.."
 echo "[demo] $("$build/whittle" --version | head -1)"
 for recipe in lenet5 lenet5_dorefa_w2a2; do
-  echo "[demo] whittle run recipes/mnist/$recipe.yaml --out runs/demo/$recipe"
-  "$build/whittle" run "recipes/mnist/$recipe.yaml" --out "runs/demo/$recipe"
+  echo "[demo] whittle run recipes/mnist/$recipe.yaml --out runs/demo/$recipe --overwrite"
+  "$build/whittle" run "recipes/mnist/$recipe.yaml" --out "runs/demo/$recipe" --overwrite
 done
 .venv/bin/python - <<'PY'
 import json

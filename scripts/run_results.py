@@ -60,7 +60,7 @@ def main():
         fresh = os.path.isfile(report_path) and json.load(open(report_path)).get("epochs") == args.epochs
         if not fresh and not args.table_only:
             cmd = [os.path.join(args.build, "whittle"), "run", recipe, "--set", f"training.epochs={args.epochs}",
-                   "--out", out]
+                   "--out", out, "--overwrite"]
             print("+", " ".join(cmd), flush=True)
             if subprocess.call(cmd, stdout=subprocess.DEVNULL) != 0:
                 failed.append(recipe)

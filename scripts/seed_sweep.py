@@ -45,7 +45,7 @@ def run_one(build, recipe, out, seed, threads, sets, rerun=False):
             return json.load(open(report_path))
     except (OSError, ValueError):
         pass  # no stamp or an unreadable one: train again
-    cmd = [os.path.join(build, "whittle"), "run", recipe, "--out", out, "--set", f"training.seed={seed}",
+    cmd = [os.path.join(build, "whittle"), "run", recipe, "--out", out, "--overwrite", "--set", f"training.seed={seed}",
            "--set", f"training.threads={threads}"] + sum((["--set", s] for s in sets), [])
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:

@@ -152,7 +152,7 @@ TEST(RecipeOverrides, SetAppendsModifiers) {
 TEST(RecipeModifiers, WindowsOutsideTheRunAreErrors) {
   const std::string q = "modifiers:\n  - {name: quantize, method: dorefa, start_epoch: ";
   EXPECT_HAS(usage_error_of(recipe_text(1, q + "5}\n")),
-             "r.yaml:8: 'modifiers.0' (quantize): start_epoch 5 is not inside the run of 1 epoch(s)");
+             "r.yaml:8, modifiers.0: modifier 'quantize': start_epoch 5 is not inside the run of 1 epoch(s)");
   EXPECT_HAS(usage_error_of(recipe_text(2, q + "2}\n")), "start_epoch 2 is not inside the run of 2 epoch(s)");
   EXPECT_HAS(usage_error_of(recipe_text(1, q + "-3}\n")), "'modifiers.0.start_epoch' is -3; it must be ≥ 0");
   EXPECT_HAS(usage_error_of(recipe_text(2, q + "1, end_epoch: 1}\n")), "end_epoch 1 is not after start_epoch 1");
@@ -164,7 +164,7 @@ TEST(RecipeModifiers, WindowsOutsideTheRunAreErrors) {
 // Item 13: a regular expression that does not compile is a recipe error naming the entry.
 TEST(RecipeModifiers, BadRegexIsARecipeError) {
   EXPECT_HAS(usage_error_of(recipe_text(1, "modifiers:\n  - {name: quantize, targets: ['re:(']}\n")),
-             "r.yaml:8: 'modifiers.0' (quantize): invalid regular expression 're:('");
+             "r.yaml:8, modifiers.0: modifier 'quantize': invalid regular expression 're:('");
   EXPECT_HAS(usage_error_of(recipe_text(1, "modifiers:\n  - {name: quantize, ignore: ['re:[a-']}\n")),
              "invalid regular expression 're:[a-'");
   EXPECT_EQ(pattern_problem("re:conv[12]"), "");

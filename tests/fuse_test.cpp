@@ -390,6 +390,7 @@ std::string trained_checkpoint(const std::string& method) {
                                           "data.test=" + join_path(source_dir(), "data/mnist10k")});
   runner::RunOptions o;
   o.out_dir = dir;
+  o.overwrite = true;  // a run that did not finish is trained again
   runner::run_recipe(r, o);
   return ckpt;
 }

@@ -20,21 +20,24 @@ void list_keys(std::ostream& os, const std::vector<runner::KeySpec>& keys, const
   for (const auto& k : keys) {
     const std::string path = prefix.empty() ? k.name : prefix + "." + k.name;
     if (k.type == runner::KeyType::kMap && !k.children.empty()) {
-      if (markdown) os << "| `" << path << "` | section | | " << k.description << " |\n";
+      if (markdown) os << "| `" << path << "` | section | | | " << k.description << " |\n";
       else os << path << ":  " << k.description << "\n";
       list_keys(os, k.children, path, markdown);
       continue;
     }
     std::string desc = k.description;
+    const std::string range = k.range.text();
     if (!k.choices.empty()) {
       desc += " (one of:";
       for (const auto& c : k.choices) desc += " " + c;
       desc += ")";
     }
     if (markdown) {
-      os << "| `" << path << "` | " << runner::key_type_name(k.type) << " | " << k.default_text << " | " << desc << " |\n";
+      os << "| `" << path << "` | " << runner::key_type_name(k.type) << " | " << k.default_text << " | " << range << " | "
+         << desc << " |\n";
     } else {
-      os << "  " << path << "  (" << runner::key_type_name(k.type) << ", default " << k.default_text << ")  " << desc << "\n";
+      os << "  " << path << "  (" << runner::key_type_name(k.type) << ", default " << k.default_text
+         << (range.empty() ? "" : ", " + range) << ")  " << desc << "\n";
     }
   }
 }
@@ -54,14 +57,14 @@ int run_keys(const std::vector<std::string>& args) {
   }
   const bool md = vm.count("markdown") > 0;
   runner::register_builtin_modifiers();
-  if (md) std::cout << "| key | type | default | meaning |\n|---|---|---|---|\n";
+  if (md) std::cout << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
   list_keys(std::cout, runner::recipe_schema(), "", md);
   for (const auto& name : runner::modifier_names()) {
     const auto& info = runner::modifier_info(name);
     if (md) {
       std::cout << "\n### Modifier `" << name << "`\n\n" << info.description << "\n\n"
                 << "Common keys: `name`, `start_epoch`, `end_epoch`, `targets`, `ignore`.\n\n";
-      if (!info.settings.empty()) std::cout << "| key | type | default | meaning |\n|---|---|---|---|\n";
+      if (!info.settings.empty()) std::cout << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
     } else {
       std::cout << "\nmodifier " << name << ": " << info.description << "\n";
     }

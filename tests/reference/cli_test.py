@@ -157,7 +157,7 @@ expect(["run", base, "--set", "model.file=/no/such/model.h5"], 2, "/no/such/mode
 expect(["run", base, "--set", "modifiers.0.weight_bits=4"], 2, "has no list 'modifiers', so no entry 0",
        "--set into a list the recipe lacks")
 q = recipe("quantized", "modifiers:\n  - {name: quantize, method: dorefa, weight_bits: 2, activation_bits: 2}\n")
-expect(["run", q, "--set", "modifiers.0.weight_bits=9"], 2, "quantized.yaml:22 (with --set): modifier 'quantize'",
+expect(["run", q, "--set", "modifiers.0.weight_bits=9"], 2, "quantized.yaml:22, modifiers.0 (with --set): modifier 'quantize'",
        "a modifier error from --set names file, line and the override")
 
 # An image-folder archive (<split>/<class>/<image>.png inside a .tar.gz, the layout of the CIFAR-10
@@ -200,8 +200,8 @@ expect(["inspect", flipped], 1, "corrupted", "inspect of a corrupted checkpoint"
 blocker = os.path.join(OUT, "a_file")
 open(blocker, "w").write("x")
 expect(["run", base, "--out", os.path.join(blocker, "run")], 1, "cannot be written", "unwritable output directory")
-# A run that fails at run time (a test set whose images do not fit the model) in a directory that
-# already holds a checkpoint: exit 1, and the earlier checkpoint is untouched.
+# A test set whose images do not fit the model, into a directory that already holds a run: a recipe
+# error before any work (exit 2), and the earlier checkpoint is untouched.
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -210,8 +210,9 @@ with h5py.File(rgb, "w") as f:
     f["images"] = np.zeros((4, 3, 28, 28), np.uint8)
     f["labels"] = np.zeros((4,), np.int64)
 before = open(ckpt, "rb").read()
-r = run("run", base, "--set", "data.test=" + rgb)
-check(r.returncode == 1 and "input" in r.stderr, f"run failing at run time exits 1: {r.stderr.strip()[-300:]}")
+r = run("run", base, "--set", "data.test=" + rgb, "--overwrite")
+check(r.returncode == 2 and "'data.test' images are [3, 28, 28]" in r.stderr,
+      f"images that do not fit the model: exit 2 naming data.test: {r.stderr.strip()[-300:]}")
 check(open(ckpt, "rb").read() == before, "the earlier checkpoint is not damaged")
 
 finish()

@@ -46,7 +46,7 @@ FINE_TUNE_FLOOR = 97.5
 
 def run(recipe, out, *sets):
     """`whittle run` of a recipe into `out`; its report.json, or an error string."""
-    cmd = [BIN, "run", f"recipes/mnist/{recipe}.yaml", "--out", out] + sum((["--set", s] for s in sets), [])
+    cmd = [BIN, "run", f"recipes/mnist/{recipe}.yaml", "--out", out, "--overwrite"] + sum((["--set", s] for s in sets), [])
     r = subprocess.run(cmd, cwd=SRC, capture_output=True, text=True)
     if r.returncode != 0:
         return f"exit {r.returncode}: {r.stderr[-500:]}"
