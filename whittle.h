@@ -17,6 +17,8 @@
 #include "quantize/quantize.h"
 #include "fuse/fold_math.h"
 #include "fuse/fuse.h"
+#include "prune/groups.h"
+#include "prune/prune.h"
 #include "export/checkpoint.h"
 #include "data/dataset.h"
 #include "data/mnist.h"

@@ -122,6 +122,74 @@ bool is_weighted_layer(const Node& node) { return weight_output_axis(node).has_v
 
 bool folds_batchnorm(const Node& node) { return op_traits(node.op).folds_batchnorm; }
 
+namespace {
+
+// Every output channel c bound to channel c of each input in `inputs` whose dim aligned with the
+// output's dim 1 (broadcasting aligns trailing dims) has the output's size there.
+ChannelMap same_channels(const std::vector<Shape>& in, const std::vector<Shape>& out) {
+  ChannelMap map(out.size());
+  for (size_t o = 0; o < out.size(); ++o) {
+    if (out[o].size() < 2) continue;
+    const int64_t c = out[o][1];
+    map[o].assign(static_cast<size_t>(c), {});
+    for (size_t i = 0; i < in.size(); ++i) {
+      const int64_t dim = 1 - (static_cast<int64_t>(out[o].size()) - static_cast<int64_t>(in[i].size()));
+      if (dim < 0 || dim >= static_cast<int64_t>(in[i].size()) || in[i][static_cast<size_t>(dim)] != c) continue;
+      if (dim != 1) continue;  // a lower-rank operand broadcast along channels binds nothing
+      for (int64_t k = 0; k < c; ++k) map[o][static_cast<size_t>(k)].push_back({static_cast<int>(i), k});
+    }
+  }
+  return map;
+}
+
+int64_t wrapped(int64_t dim, size_t rank) { return dim < 0 ? dim + static_cast<int64_t>(rank) : dim; }
+
+}  // namespace
+
+std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>& in, const std::vector<Shape>& out) {
+  const OpTraits& t = op_traits(node.op);
+  if (t.channel_map) return t.channel_map(node, in, out);
+  switch (t.channel_flow) {
+    case ChannelFlow::kProducerConsumer:
+    case ChannelFlow::kOpaque: return std::nullopt;
+    case ChannelFlow::kPassThrough: return same_channels({in.empty() ? Shape{} : in[0]}, out);
+    case ChannelFlow::kElementwise: return same_channels(in, out);
+    case ChannelFlow::kConcat: {
+      if (in.empty() || wrapped(node.attr_int("dim", 1), in[0].size()) != 1) return same_channels(in, out);
+      ChannelMap map(1);
+      for (size_t i = 0; i < in.size(); ++i)
+        for (int64_t k = 0; k < in[i][1]; ++k) map[0].push_back({{static_cast<int>(i), k}});
+      return map;
+    }
+    case ChannelFlow::kSplit: {
+      if (in.empty() || wrapped(node.attr_int("dim", 1), in[0].size()) != 1) return same_channels(in, out);
+      ChannelMap map(out.size());
+      int64_t offset = 0;
+      for (size_t o = 0; o < out.size(); ++o) {
+        for (int64_t k = 0; k < out[o][1]; ++k) map[o].push_back({{0, offset + k}});
+        offset += out[o][1];
+      }
+      return map;
+    }
+    case ChannelFlow::kExpand: {
+      if (in.empty() || in[0].size() < 2) return std::nullopt;
+      if (wrapped(node.attr_int("start_dim", 1), in[0].size()) != 1) return same_channels(in, out);
+      const int64_t features = out[0][1], channels = in[0][1];
+      if (channels == 0 || features % channels != 0) return std::nullopt;
+      const int64_t per = features / channels;  // H·W (the flattened trailing dims)
+      ChannelMap map(1);
+      for (int64_t f = 0; f < features; ++f) map[0].push_back({{0, f / per}});
+      return map;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<int64_t> channel_ties(const Node& node) {
+  const OpTraits& t = op_traits(node.op);
+  return t.channel_ties ? t.channel_ties(node) : std::vector<int64_t>{};
+}
+
 void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep) {
   const OpTraits& t = op_traits(node.op);
   if (t.slice_channels) t.slice_channels(node, side, keep);
@@ -148,16 +216,34 @@ void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64
     const int64_t size = t->size(c.axis);
     std::vector<int64_t> index = keep;
     if (c.per_group && groups > 1) {
-      // Global channel g·size + j ↦ entry j of group g; every group must keep the same entries.
+      // Global channel g·size + j ↦ entry j of group g. Every group keeps the same number; when
+      // they keep different entries, each group's slice (its share of axis 0, where the groups
+      // of a conv weight are laid out) selects its own.
       std::vector<std::vector<int64_t>> local(static_cast<size_t>(groups));
       for (int64_t k : keep) {
         if (k >= size * groups) fail(c.name + ": channel " + std::to_string(k) + " out of range (" +
                                      std::to_string(size * groups) + " channels)");
         local[static_cast<size_t>(k / size)].push_back(k % size);
       }
-      for (const auto& l : local)
-        if (l != local[0])
+      bool same = true;
+      for (const auto& l : local) {
+        if (l.size() != local[0].size())
+          fail(c.name + ": with groups=" + std::to_string(groups) + " every group must keep the same number of channels");
+        same = same && l == local[0];
+      }
+      if (!same) {
+        if (c.axis == 0 || t->size(0) % groups != 0)
           fail(c.name + ": with groups=" + std::to_string(groups) + " every group must keep the same channels");
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> parts;
+        const std::vector<at::Tensor> chunks = t->chunk(groups, 0);
+        for (int64_t gi = 0; gi < groups; ++gi)
+          parts.push_back(chunks[static_cast<size_t>(gi)].index_select(
+              c.axis, at::tensor(local[static_cast<size_t>(gi)], at::TensorOptions().dtype(at::kLong).device(t->device()))));
+        const bool grad = t->requires_grad();
+        *t = at::cat(parts, 0).contiguous().set_requires_grad(grad);
+        continue;
+      }
       index = local[0];
     } else if (keep.back() >= size) {
       fail(c.name + ": channel " + std::to_string(keep.back()) + " out of range (" + c.name + " has " +

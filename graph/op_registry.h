@@ -74,6 +74,31 @@ using ChannelTensorsFn = std::function<std::vector<ChannelTensor>(const Node& no
 /// different channels in different groups, a packed weight).
 using SliceChannelsFn = std::function<void(Node& node, ChannelRole side, const std::vector<int64_t>& keep)>;
 
+/// One input channel position an output channel position is bound to (ChannelMap).
+struct ChannelSource {
+  int input = 0;        ///< the node's input (argument position)
+  int64_t channel = 0;  ///< position on that input's dim 1 (features for rank 2)
+};
+
+/// How a node that computes no channels of its own relates its outputs' channel positions (dim 1)
+/// to its inputs': map[o][c] lists the input positions output o's channel c is bound to. Channel
+/// pruning removes bound positions together: pass-through ops bind c to input c, elementwise ops to
+/// c of every input that has that channel (not a broadcast one), cat to its input at the offset,
+/// flatten a channel's H·W features to the channel, a reshape back to channels all of a channel's
+/// features to one another. An empty list: the position depends on no input channel.
+using ChannelMap = std::vector<std::vector<std::vector<ChannelSource>>>;
+/// The node's ChannelMap at the given input and output shapes; nullopt when the op mixes channels
+/// in a way pruning cannot follow (softmax over channels, a channel shuffle, a general reshape):
+/// the channels on both sides are then left alone.
+using ChannelMapFn = std::function<std::optional<ChannelMap>(const Node& node, const std::vector<Shape>& inputs,
+                                                             const std::vector<Shape>& outputs)>;
+/// For a producer whose output channels are bound to its input channels (a depthwise convolution,
+/// groups = in = out: output c to input c; a channel multiplier, groups = in, out = m·in: output
+/// c to input c / m): for each output channel, its input channel. Empty: independent (the usual
+/// producer). For such ops slice_channels on the output side also removes the bound input
+/// channels (and the `groups` they form).
+using ChannelTiesFn = std::function<std::vector<int64_t>(const Node& node)>;
+
 class OnnxEmitter;         // defined by export/ (the ONNX writer)
 class TorchScriptEmitter;  // defined by export/ (the TorchScript writer)
 /// Writes one node through an ONNX emitter (the emitter names the node's input and output
@@ -101,6 +126,11 @@ struct OpTraits {
   ChannelTensorsFn channel_tensors;
   /// Slices the node to a channel subset; empty: slice_channel_tensors over channel_tensors.
   SliceChannelsFn slice_channels;
+  /// Ops without channels of their own: output channel positions against input ones; empty: the
+  /// default of channel_flow (see channel_map()).
+  ChannelMapFn channel_map;
+  /// Producers: output channels bound to input channels (depthwise); empty: none.
+  ChannelTiesFn channel_ties;
   /// y = W ⊛ x + b, affine in each output channel: a batch_norm reading its only output folds
   /// into its weight and bias (conv2d, conv_transpose2d, linear).
   bool folds_batchnorm = false;
@@ -142,6 +172,15 @@ bool folds_batchnorm(const Node& node);
 /// Slices the node to the channels `keep` on `side` through its op's slice hook (see
 /// SliceChannelsFn for the rules and errors); the caller re-runs shape inference.
 void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep);
+/// The node's ChannelMap (see ChannelMapFn) at its input and output shapes: its op's channel_map,
+/// or the default of its channel_flow: pass-through (c ↔ input 0's c), elementwise (c ↔ c of
+/// every input whose aligned dim has the output's size), concat and split on dim 1 (offsets; on
+/// another dim, c ↔ c of every input/output), expand (flatten from dim 1: feature f ↔ channel
+/// f / (H·W); from a later dim: c ↔ c); nullopt for opaque ops and producers.
+std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>& inputs,
+                                      const std::vector<Shape>& outputs);
+/// The producer's output→input channel ties (ChannelTiesFn); empty when it has none.
+std::vector<int64_t> channel_ties(const Node& node);
 /// The generic slicer: index_select on every channel tensor of `side` (kChannel tensors on any
 /// side), mapping global channel indices to per-group ones where ChannelTensor::per_group (then
 /// every group must keep the same channels). Throws whittle::Error naming the node and tensor.

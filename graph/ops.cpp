@@ -21,6 +21,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -91,20 +92,40 @@ void slice_conv(Node& n, ChannelRole side, const std::vector<int64_t>& keep) {
   const bool transposed = n.op == "conv_transpose2d";
   const int64_t cin = transposed ? w->size(0) : w->size(1) * g;
   const int64_t cout = transposed ? w->size(1) * g : w->size(0);
-  if (g == cin && g == cout) {
-    // Every tensor axis that lists all channels (weight axis 0, bias) keeps `keep`; the per-group
-    // axis has one entry and stays.
+  if ((g == cin && g == cout) || (!transposed && g == cin && cout % g == 0)) {
+    // Depthwise (groups = in = out) or a channel multiplier m (groups = in, out = m·in): input
+    // channel i is group i and feeds outputs [m·i, m·(i+1)). Keeping input channels (or whole
+    // output blocks) keeps those groups; the per-group axis has one entry and stays.
+    const int64_t m = cout / g;
     for (size_t i = 1; i < keep.size(); ++i)
       if (keep[i] <= keep[i - 1]) fail(n, "channel indices to keep must be ascending and unique");
+    const int64_t limit = side == ChannelRole::kOutput ? cout : cin;
+    if (keep.empty() || keep.front() < 0 || keep.back() >= limit)
+      fail(n, std::string("cannot keep these ") + channel_role_name(side) + " channels (" + std::to_string(limit) + ")");
+    std::vector<int64_t> outputs;
+    int64_t kept_groups = 0;
+    if (side == ChannelRole::kOutput) {
+      for (size_t i = 0; i < keep.size(); i += static_cast<size_t>(m)) {
+        const int64_t group = keep[i] / m;
+        for (int64_t j = 0; j < m; ++j)
+          if (i + static_cast<size_t>(j) >= keep.size() || keep[i + static_cast<size_t>(j)] != group * m + j)
+            fail(n, "with groups = in_channels = " + std::to_string(g) + " the outputs of a group (" + std::to_string(m) +
+                        " per input channel) are kept or removed together");
+        ++kept_groups;
+      }
+      outputs = keep;
+    } else {
+      for (int64_t i : keep)
+        for (int64_t j = 0; j < m; ++j) outputs.push_back(i * m + j);
+      kept_groups = static_cast<int64_t>(keep.size());
+    }
     for (const ChannelTensor& c : op_traits(n.op).channel_tensors(n)) {
       if (c.per_group) continue;
       at::Tensor* t = c.buffer ? n.buffers.find(c.name) : n.params.find(c.name);
       if (!t || !t->defined()) continue;
-      if (keep.empty() || keep.back() >= t->size(c.axis))
-        fail(n, "cannot keep these channels of a depthwise convolution (" + std::to_string(t->size(c.axis)) + " channels)");
-      select_channels(*t, c.axis, keep);
+      select_channels(*t, c.axis, outputs);
     }
-    n.attrs["groups"] = static_cast<int64_t>(keep.size());
+    n.attrs["groups"] = kept_groups;
     return;
   }
   const int64_t per = (side == ChannelRole::kOutput ? cout : cin) / g;
@@ -130,9 +151,25 @@ void unary(const std::string& kind, const std::string& desc, ChannelFlow flow,
   detail::register_builtin(std::move(t));
 }
 
+// conv2d: output channels bound to input channels when each group reads one input channel
+// (depthwise, or a channel multiplier): output c reads input c / (out / groups).
+std::vector<int64_t> conv_ties(const Node& n) {
+  const int64_t g = n.attr_int("groups", 1);
+  const at::Tensor* w = n.params.find("weight");
+  if (g <= 1 || !w || !w->defined() || w->dim() != 4) return {};
+  const bool transposed = n.op == "conv_transpose2d";
+  const int64_t cin = transposed ? w->size(0) : w->size(1) * g;
+  const int64_t cout = transposed ? w->size(1) * g : w->size(0);
+  if (transposed ? !(g == cin && g == cout) : !(g == cin && cout % g == 0)) return {};
+  std::vector<int64_t> ties(static_cast<size_t>(cout));
+  for (int64_t c = 0; c < cout; ++c) ties[static_cast<size_t>(c)] = c / (cout / g);
+  return ties;
+}
+
 void register_conv() {
   OpTraits t;
   t.kind = "conv2d";
+  t.channel_ties = conv_ties;
   t.description = "2-D convolution (torch.nn.Conv2d), zero padding";
   t.channel_flow = ChannelFlow::kProducerConsumer;
   t.required_params = {"weight"};
@@ -180,6 +217,7 @@ void register_conv() {
                                        {"weight", false, ChannelRole::kOutput, 1, true},
                                        {"bias", false, ChannelRole::kOutput, 0, false}});
   ct.slice_channels = slice_conv;
+  ct.channel_ties = conv_ties;
   ct.folds_batchnorm = true;
   ct.torchscript_ops = {"aten::conv_transpose2d"};
   ct.optional_params = {"bias"};
@@ -391,6 +429,54 @@ void register_shape_ops() {
   r.kind = "reshape";
   r.description = "reshape keeping the batch dimension: output [N, shape...] (view/reshape)";
   r.channel_flow = ChannelFlow::kOpaque;
+  // Pruning removed input positions: a reshape to [N, F] becomes [N, -1]; one to [N, C, ...]
+  // from features gets the channel count the kept features make.
+  r.slice_channels = [](Node& n, ChannelRole, const std::vector<int64_t>& keep) {
+    std::vector<int64_t> shape = n.attr_ints("shape");
+    if (shape.size() == 1) {
+      shape[0] = -1;
+    } else if (!shape.empty() && shape[0] != -1) {
+      int64_t rest = 1;
+      for (size_t i = 1; i < shape.size(); ++i) rest *= shape[i];
+      if (rest <= 0 || static_cast<int64_t>(keep.size()) % rest != 0)
+        fail(n, "cannot keep " + std::to_string(keep.size()) + " features as channels of " + shape_str(shape));
+      shape[0] = static_cast<int64_t>(keep.size()) / rest;
+    }
+    n.attrs["shape"] = shape;
+  };
+  // Between [N, C, H, W] and [N, C·H·W] (either way) channels are followed: channel c is features
+  // [c·H·W, (c+1)·H·W). Any other reshape is opaque to pruning.
+  r.channel_map = [](const Node&, const std::vector<Shape>& in, const std::vector<Shape>& out) -> std::optional<ChannelMap> {
+    if (in.size() != 1 || out.size() != 1) return std::nullopt;
+    auto elements = [](const Shape& s) {
+      int64_t p = 1;
+      for (size_t i = 1; i < s.size(); ++i) p *= s[i];
+      return p;
+    };
+    const Shape& a = in[0];
+    const Shape& b = out[0];
+    if (a.size() < 2 || b.size() < 2 || elements(a) != elements(b)) return std::nullopt;
+    ChannelMap map(1);
+    if (b.size() == 2 && a.size() > 2) {  // channels → features
+      const int64_t per = elements(a) / a[1];
+      for (int64_t f = 0; f < b[1]; ++f) map[0].push_back({{0, f / per}});
+      return map;
+    }
+    if (a.size() == 2 && b.size() > 2) {  // features → channels: a channel binds its features
+      const int64_t per = elements(b) / b[1];
+      for (int64_t c = 0; c < b[1]; ++c) {
+        std::vector<ChannelSource> src;
+        for (int64_t k = 0; k < per; ++k) src.push_back({0, c * per + k});
+        map[0].push_back(std::move(src));
+      }
+      return map;
+    }
+    if (a.size() == b.size() && a[1] == b[1] && std::equal(a.begin() + 2, a.end(), b.begin() + 2)) {
+      for (int64_t c = 0; c < b[1]; ++c) map[0].push_back({{0, c}});
+      return map;
+    }
+    return std::nullopt;
+  };
   r.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     std::vector<int64_t> s{in[0].size(0)};
     const auto& rest = n.attr_ints("shape");
@@ -466,6 +552,18 @@ void register_shape_ops() {
   s.kind = "split";
   s.description = "split along dim into split_sizes (split/chunk)";
   s.channel_flow = ChannelFlow::kSplit;
+  // Pruning removed input channels: each piece along dim 1 keeps the channels kept in its range.
+  s.slice_channels = [](Node& n, ChannelRole, const std::vector<int64_t>& keep) {
+    if (n.attr_int("dim", 1) != 1) return;
+    std::vector<int64_t> sizes = n.attr_ints("split_sizes"), kept(sizes.size(), 0);
+    int64_t start = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      for (int64_t k : keep)
+        if (k >= start && k < start + sizes[i]) ++kept[i];
+      start += sizes[i];
+    }
+    n.attrs["split_sizes"] = kept;
+  };
   s.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     return at::split_with_sizes(in[0], n.attr_ints("split_sizes"), n.attr_int("dim", 1));
   };
@@ -565,6 +663,15 @@ void register_shape_ops() {
   OpTraits m;
   m.kind = "mean";
   m.description = "mean over dims";
+  // A mean over dims after the channels (global pooling, squeeze-excitation) keeps channel c.
+  m.channel_map = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>& out) -> std::optional<ChannelMap> {
+    if (in.empty() || in[0].size() < 2 || out.empty() || out[0].size() < 2) return std::nullopt;
+    for (int64_t d : n.attr_ints("dims"))
+      if (wrap_dim(n, d, in[0].size()) <= 1) return std::nullopt;
+    ChannelMap map(1);
+    for (int64_t c = 0; c < in[0][1]; ++c) map[0].push_back({{0, c}});
+    return map;
+  };
   m.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     return one(in[0].mean(n.attr_ints("dims"), n.attr_int("keepdim", 0) != 0));
   };

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/registration.h"
 #include "runner/fuse_modifier.h"
+#include "runner/prune_modifier.h"
 #include "runner/quantize_modifier.h"
 
 namespace whittle::runner {
@@ -54,6 +55,7 @@ void register_builtin_modifiers() {
     // Each compression module adds its modifiers here as it lands.
     register_quantize_modifier();
     register_fuse_modifier();
+    register_prune_modifiers();
   });
 }
 

@@ -117,8 +117,17 @@ TEST(OpRegistry, SlicingDepthwiseAndGroupedConvs) {
   slice_channels(gi, ChannelRole::kInput, {1, 3});
   EXPECT_EQ(gi.params.at("weight").sizes(), (at::IntArrayRef{6, 1, 3, 3}));
   EXPECT_EQ(gi.attr_int("groups"), 2);
+  // Different offsets per group (0 in the first, 1 in the second): each group selects its own.
+  Node offsets = g;
+  slice_channels(offsets, ChannelRole::kInput, {0, 3});
+  EXPECT_EQ(offsets.params.at("weight").sizes(), (at::IntArrayRef{6, 1, 3, 3}));
+  const at::Tensor x4 = at::randn({1, 4, 6, 6});
+  at::Tensor masked = x4.clone();
+  masked.select(1, 1).zero_();
+  masked.select(1, 2).zero_();
+  EXPECT_TRUE(at::allclose(run_conv(offsets, x4.index_select(1, idx({0, 3}))), run_conv(g, masked), 1e-5, 1e-5));
   Node uneven = g;
-  EXPECT_THROW(slice_channels(uneven, ChannelRole::kInput, {0, 3}), Error);   // offsets 0 and 1
+  EXPECT_THROW(slice_channels(uneven, ChannelRole::kInput, {0, 1, 3}), Error);   // 2 + 1 per group
   EXPECT_THROW(slice_channels(uneven, ChannelRole::kOutput, {0, 1, 3}), Error);  // 2 + 1 per group
   Node go = g;
   slice_channels(go, ChannelRole::kOutput, {0, 2, 3, 5});

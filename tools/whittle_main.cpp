@@ -37,6 +37,7 @@ const std::vector<Command>& commands() {
       {"eval", "evaluate a checkpoint on a dataset", run_eval},
       {"inspect", "per-node table of a model: shapes, parameters, MACs, weight bits", run_inspect},
       {"fuse", "fold batch norms, merge RepVGG blocks, BN+sign to thresholds: fuse MODEL --out FILE", run_fuse},
+      {"prune", "remove channels: prune MODEL --target-macs 0.5 --out FILE (docs/pruning.md)", run_prune},
       {"data", "dataset tools: data pack SRC --to FILE.h5", run_data},
       {"keys", "list every recipe key and modifier setting", run_keys},
   };

@@ -1,0 +1,192 @@
+// Planning: which channels of which groups go, for a sparsity or a MACs / parameter target.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "graph/select.h"
+#include "prune/prune.h"
+
+namespace whittle::prune {
+
+namespace {
+
+[[noreturn]] void usage(const std::string& msg) { throw Error("prune: " + msg, ErrorKind::kUsage); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+struct Scored {
+  std::vector<DependencyGroup> groups;
+  std::vector<std::vector<double>> scores;
+  std::vector<bool> targeted;
+  std::vector<std::string> skipped;
+};
+
+Scored score_all(const Graph& graph, const Config& c) {
+  Scored s;
+  s.groups = dependency_groups(graph);
+  const std::vector<std::string> selected_list = select_nodes(graph, c.targets, c.ignore);
+  const std::set<std::string> selected(selected_list.begin(), selected_list.end());
+  for (const auto& g : s.groups) {
+    const std::vector<std::string> producers = g.producers();
+    std::string why;
+    if (producers.empty()) why = "no layer produces these channels";
+    else if (g.prunable() == 0) why = "fixed: " + g.fixed_reason;
+    else if (g.channels <= c.min_channels) why = "already at min_channels " + std::to_string(c.min_channels);
+    else
+      for (const auto& p : producers)
+        if (!selected.count(p)) {
+          why = "layer '" + p + "' is not among the targets";
+          break;
+        }
+    s.targeted.push_back(why.empty());
+    if (!why.empty())
+      s.skipped.push_back("group " + std::to_string(g.id) + (producers.empty() ? "" : " (" + join(producers) + ")") + ": " + why);
+    s.scores.push_back(why.empty() ? score(graph, g, c.scoring) : std::vector<double>(static_cast<size_t>(g.channels), 0.0));
+  }
+  return s;
+}
+
+// The `n_remove` lowest-scored free channels of group `g`, adjusted so that the kept count is at
+// least min_channels and a multiple of lcm(round_to, segments), with equal counts per segment.
+std::vector<int64_t> choose(const DependencyGroup& g, const std::vector<double>& sc, int64_t n_remove, const Config& c) {
+  const int64_t channels = g.channels;
+  const int64_t unit = std::lcm(std::max<int64_t>(c.round_to, 1), std::max<int64_t>(g.segments, 1));
+  int64_t kept = std::max(channels - n_remove, std::max<int64_t>(c.min_channels, 1));
+  kept = (kept + unit - 1) / unit * unit;
+  if (kept >= channels || n_remove <= 0) return {};
+  std::vector<int64_t> out;
+  if (g.segments > 1) {
+    if (channels % g.segments != 0) return {};
+    const int64_t per_keep = kept / g.segments;
+    for (int64_t s = 0; s < g.segments; ++s) {
+      std::vector<int64_t> members;
+      for (int64_t k = 0; k < channels; ++k)
+        if (g.segment[static_cast<size_t>(k)] == s) members.push_back(k);
+      std::vector<int64_t> free;
+      for (int64_t k : members)
+        if (!g.fixed[static_cast<size_t>(k)]) free.push_back(k);
+      const int64_t drop = static_cast<int64_t>(members.size()) - per_keep;
+      if (drop <= 0) continue;
+      if (drop > static_cast<int64_t>(free.size())) return {};  // fixed channels leave too few to equalize
+      std::stable_sort(free.begin(), free.end(), [&](int64_t a, int64_t b) { return sc[static_cast<size_t>(a)] < sc[static_cast<size_t>(b)]; });
+      out.insert(out.end(), free.begin(), free.begin() + drop);
+    }
+  } else {
+    std::vector<int64_t> free;
+    for (int64_t k = 0; k < channels; ++k)
+      if (!g.fixed[static_cast<size_t>(k)]) free.push_back(k);
+    int64_t drop = std::min<int64_t>(channels - kept, static_cast<int64_t>(free.size()));
+    while (drop > 0 && (channels - drop) % unit != 0) --drop;
+    std::stable_sort(free.begin(), free.end(), [&](int64_t a, int64_t b) { return sc[static_cast<size_t>(a)] < sc[static_cast<size_t>(b)]; });
+    out.assign(free.begin(), free.begin() + drop);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Plan plan_at(const Scored& s, double sparsity, const Config& c) {
+  Plan p;
+  p.groups = s.groups;
+  p.skipped = s.skipped;
+  p.remove.assign(s.groups.size(), {});
+  if (!c.global) {
+    for (size_t i = 0; i < s.groups.size(); ++i) {
+      if (!s.targeted[i]) continue;
+      const auto n = static_cast<int64_t>(std::floor(sparsity * static_cast<double>(s.groups[i].channels) + 1e-9));
+      p.remove[i] = choose(s.groups[i], s.scores[i], n, c);
+    }
+    return p;
+  }
+  // Global: every targeted free channel ranked by its score over its group's mean score.
+  struct Candidate {
+    double score;
+    size_t group;
+  };
+  std::vector<Candidate> all;
+  int64_t total = 0;
+  for (size_t i = 0; i < s.groups.size(); ++i) {
+    if (!s.targeted[i]) continue;
+    total += s.groups[i].channels;
+    double sum = 0;
+    int64_t n = 0;
+    for (size_t k = 0; k < s.scores[i].size(); ++k)
+      if (!s.groups[i].fixed[k] && std::isfinite(s.scores[i][k])) sum += s.scores[i][k], ++n;
+    const double mean = n > 0 && sum > 0 ? sum / static_cast<double>(n) : 1.0;
+    for (size_t k = 0; k < s.scores[i].size(); ++k)
+      if (!s.groups[i].fixed[k] && std::isfinite(s.scores[i][k])) all.push_back({s.scores[i][k] / mean, i});
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) { return a.score < b.score; });
+  const auto want = static_cast<int64_t>(std::floor(sparsity * static_cast<double>(total) + 1e-9));
+  std::vector<int64_t> count(s.groups.size(), 0);
+  int64_t taken = 0;
+  for (const Candidate& cand : all) {
+    if (taken >= want) break;
+    const DependencyGroup& g = s.groups[cand.group];
+    if (g.channels - count[cand.group] - 1 < c.min_channels) continue;
+    ++count[cand.group];
+    ++taken;
+  }
+  for (size_t i = 0; i < s.groups.size(); ++i)
+    if (s.targeted[i] && count[i] > 0) p.remove[i] = choose(s.groups[i], s.scores[i], count[i], c);
+  return p;
+}
+
+NodeCost cost_after(const Graph& graph, const Plan& plan) {
+  Graph trial = graph.clone(/*clone_tensors=*/false);
+  remove_channels(trial, plan, /*fold_constant_outputs=*/false);
+  return graph_cost(trial);
+}
+
+}  // namespace
+
+int64_t Plan::removed() const {
+  int64_t n = 0;
+  for (const auto& r : remove) n += static_cast<int64_t>(r.size());
+  return n;
+}
+
+Plan make_plan(const Graph& graph, const Config& c) {
+  if (!(c.sparsity >= 0 && c.sparsity < 1)) usage("sparsity must be in [0, 1), got " + std::to_string(c.sparsity));
+  for (const auto& [name, v] : {std::pair<const char*, double>{"target_macs", c.target_macs}, {"target_params", c.target_params}})
+    if (!(v == 0 || (v > 0 && v <= 1))) usage(std::string(name) + " must be in (0, 1] (0: none), got " + std::to_string(v));
+  if (c.target_macs > 0 && c.target_params > 0) usage("give target_macs or target_params, not both");
+  if (c.round_to < 1) usage("round_to must be ≥ 1");
+  if (c.min_channels < 1) usage("min_channels must be ≥ 1");
+  const Scored s = score_all(graph, c);
+  if (c.target_macs == 0 && c.target_params == 0) return plan_at(s, c.sparsity, c);
+
+  const NodeCost base = graph_cost(graph);
+  const bool macs = c.target_macs > 0;
+  const double goal = (macs ? c.target_macs : c.target_params) * static_cast<double>(macs ? base.macs : base.params);
+  auto cost = [&](double sparsity) {
+    const NodeCost k = cost_after(graph, plan_at(s, sparsity, c));
+    return static_cast<double>(macs ? k.macs : k.params);
+  };
+  if (cost(0.0) <= goal) return plan_at(s, 0.0, c);
+  double lo = 0.0, hi = 0.999;
+  const double most = cost(hi);
+  if (most > goal) {
+    std::ostringstream os;
+    os << (macs ? "target_macs " : "target_params ") << (macs ? c.target_macs : c.target_params)
+       << " cannot be reached: removing every prunable channel the constraints allow keeps "
+       << most / static_cast<double>(macs ? base.macs : base.params) << " of the " << (macs ? "MACs" : "parameters");
+    usage(os.str());
+  }
+  for (int it = 0; it < 30; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (cost(mid) <= goal) hi = mid;
+    else lo = mid;
+  }
+  return plan_at(s, hi, c);
+}
+
+}  // namespace whittle::prune

@@ -1,0 +1,239 @@
+// Physical channel removal and the folding of removed channels' constant outputs.
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/registration.h"
+#include "graph/pass_registry.h"
+#include "prune/prune.h"
+
+namespace whittle::prune {
+
+namespace {
+
+Shape batch_one(Shape s) {
+  if (!s.empty()) s[0] = 1;
+  return s;
+}
+
+// The model's values when every producer outputs zeros (the masked model's view of removed
+// channels: a removed filter and its bias are zero), in eval form, batch 1. Keyed by value name.
+std::map<std::string, at::Tensor> zero_producer_values(const Graph& graph) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> env;
+  for (const auto& in : graph.inputs()) env[in] = at::zeros(batch_one(graph.value(in).shape));
+  for (const Node& n : graph.nodes()) {
+    if (is_weighted_layer(n)) {
+      for (const auto& o : n.outputs) env[o] = at::zeros(batch_one(graph.value(o).shape));
+      continue;
+    }
+    std::vector<at::Tensor> args;
+    for (const auto& v : n.inputs) args.push_back(env.at(v));
+    std::vector<at::Tensor> outs = op_traits(n.op).forward(n, args, /*training=*/false);
+    for (size_t i = 0; i < outs.size() && i < n.outputs.size(); ++i) env[n.outputs[i]] = outs[i];
+  }
+  return env;
+}
+
+// The node's output for input `x`, with the weight its transform stack gives.
+at::Tensor run_node(const Node& n, const at::Tensor& x) {
+  Node shadow = n;
+  if (!n.weight_transforms.empty()) {
+    shadow.params.set("weight", transformed_weight(n, false));
+    shadow.weight_transforms.clear();
+  }
+  return op_traits(n.op).forward(shadow, {x}, false).at(0);
+}
+
+bool has_bias_slot(const Node& n) {
+  const OpTraits& t = op_traits(n.op);
+  auto in = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), "bias") != v.end(); };
+  return t.folds_batchnorm && (in(t.optional_params) || in(t.required_params));
+}
+
+// Folds the removed channels' constant values at each consumer into its bias (see
+// remove_channels). `removed_inputs` holds, per consumer node, its removed input positions.
+void fold_constants(Graph& graph, const std::map<std::string, std::set<int64_t>>& removed_inputs, Report& report) {
+  if (removed_inputs.empty()) return;
+  std::map<std::string, at::Tensor> env;
+  try {
+    env = zero_producer_values(graph);
+  } catch (const std::exception& e) {
+    report.not_folded.push_back(std::string("constant outputs not folded: ") + e.what());
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, positions] : removed_inputs) {
+    Node& n = graph.node(name);
+    const at::Tensor x = env.at(n.inputs.at(0));
+    if (x.dim() < 2) continue;
+    at::Tensor xc = at::zeros_like(x);
+    bool varies = false;
+    for (int64_t p : positions) {
+      at::Tensor ch = x.select(1, p);
+      const double lo = ch.min().item<double>(), hi = ch.max().item<double>();
+      if (hi - lo > 1e-6 * (1 + std::max(std::abs(lo), std::abs(hi)))) varies = true;
+      xc.select(1, p).copy_(ch);
+    }
+    if (xc.abs().max().item<double>() == 0) continue;  // the removed channels carry zeros: nothing to fold
+    if (varies) {
+      report.not_folded.push_back(name + ": a removed input channel's value varies over positions (zero padding before it)");
+      continue;
+    }
+    if (!has_bias_slot(n)) {
+      report.not_folded.push_back(name + " (" + n.op + "): no bias to fold the removed channels' constant into");
+      continue;
+    }
+    const at::Tensor delta = run_node(n, xc) - run_node(n, at::zeros_like(x));
+    at::Tensor per = delta.dim() > 2 ? delta.flatten(2) : delta.unsqueeze(2);  // [1, Cout, positions]
+    const at::Tensor first = per.select(2, 0).squeeze(0);
+    const double spread = (per - per.select(2, 0).unsqueeze(2)).abs().max().item<double>();
+    if (spread > 1e-5 * (1 + first.abs().max().item<double>())) {
+      report.not_folded.push_back(name + ": the removed channels' constant gives a position-dependent output (zero padding)");
+      continue;
+    }
+    at::Tensor* bias = n.params.find("bias");
+    if (!bias || !bias->defined()) {
+      const at::Tensor& w = n.params.at("weight");
+      n.params.set("bias", at::zeros({first.size(0)}, w.options()).set_requires_grad(w.requires_grad()));
+      bias = n.params.find("bias");
+    }
+    bias->detach().add_(first.to(bias->dtype()).to(bias->device()));
+    std::ostringstream os;
+    os << name << ".bias += constant of " << positions.size() << " removed input channel(s)";
+    report.folded.push_back(os.str());
+  }
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+}  // namespace
+
+Report remove_channels(Graph& graph, const Plan& plan, bool fold_constant_outputs) {
+  Report report;
+  report.before = graph_cost(graph);
+  report.skipped = plan.skipped;
+  // Removed positions per (node, side), gathered over all groups first: a consumer of a concat
+  // may lose input channels of several groups, sliced at once.
+  std::map<std::pair<std::string, int>, std::set<int64_t>> removed;
+  std::map<std::pair<std::string, int>, int64_t> sizes;
+  std::map<std::string, std::set<int64_t>> removed_inputs;  // consumers, for constant folding
+  for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
+    const DependencyGroup& g = plan.groups[gi];
+    const std::vector<int64_t>& rm = gi < plan.remove.size() ? plan.remove[gi] : std::vector<int64_t>{};
+    if (rm.empty()) continue;
+    for (const Member& m : g.members) {
+      if (m.tied && m.role == ChannelRole::kInput) continue;  // its output slice removes these too
+      const auto key = std::make_pair(m.node, static_cast<int>(m.role));
+      sizes[key] = m.size;
+      for (int64_t k : rm)
+        for (int64_t p : m.positions.at(static_cast<size_t>(k))) removed[key].insert(p);
+      if (m.role == ChannelRole::kInput && is_weighted_layer(graph.node(m.node)))
+        for (int64_t k : rm)
+          for (int64_t p : m.positions.at(static_cast<size_t>(k))) removed_inputs[m.node].insert(p);
+    }
+    std::ostringstream os;
+    os << "group " << g.id << " (" << join(g.producers()) << "): " << g.channels << " → " << g.channels - static_cast<int64_t>(rm.size())
+       << " channels";
+    report.pruned.push_back(os.str());
+  }
+  if (fold_constant_outputs) fold_constants(graph, removed_inputs, report);
+  for (const auto& [key, positions] : removed) {
+    std::vector<int64_t> keep;
+    for (int64_t p = 0; p < sizes.at(key); ++p)
+      if (!positions.count(p)) keep.push_back(p);
+    slice_channels(graph.node(key.first), static_cast<ChannelRole>(key.second), keep);
+  }
+  graph.infer_shapes();
+  graph.validate();
+  report.after = graph_cost(graph);
+  return report;
+}
+
+Report remove_channels(GraphModule& module, const Plan& plan, bool fold_constant_outputs) {
+  Report r = remove_channels(module->graph(), plan, fold_constant_outputs);
+  module->sync();
+  return r;
+}
+
+Report prune(GraphModule& module, const Config& config) {
+  register_all();
+  return remove_channels(module, make_plan(module->graph(), config), config.fold_constant_outputs);
+}
+
+std::string Report::summary() const {
+  std::ostringstream os;
+  int64_t channels = 0;
+  for (const auto& line : pruned) {
+    const size_t a = line.rfind(": "), arrow = line.find(" → ", a);
+    if (a != std::string::npos && arrow != std::string::npos) {
+      const int64_t from = std::stoll(line.substr(a + 2, arrow - a - 2));
+      const int64_t to = std::stoll(line.substr(arrow + std::string(" → ").size()));
+      channels += from - to;
+    }
+  }
+  auto pct = [](int64_t a, int64_t b) {
+    std::ostringstream s;
+    s.precision(1);
+    s << std::fixed << (b > 0 ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0) << " %";
+    return s.str();
+  };
+  os << "prune: removed " << channels << " channels in " << pruned.size() << " groups; MACs " << before.macs << " → "
+     << after.macs << " (" << pct(after.macs, before.macs) << "), parameters " << before.params << " → " << after.params
+     << " (" << pct(after.params, before.params) << ")\n";
+  for (const auto& l : pruned) os << "  " << l << "\n";
+  for (const auto& l : folded) os << "  folded " << l << "\n";
+  for (const auto& l : not_folded) os << "  not folded: " << l << "\n";
+  for (const auto& l : skipped) os << "  skipped " << l << "\n";
+  return os.str();
+}
+
+namespace {
+
+void register_passes() {
+  register_pass({"prune", "prune",
+                 "channel pruning: dependency groups, importance criteria, physical removal (docs/pruning.md)",
+                 {{"criterion", "string", "l1", "l1, l2, bn_scale, fpgm or random (taylor needs gradients: the recipe modifier)"},
+                  {"sparsity", "float", "0.5", "fraction of each group's channels removed"},
+                  {"target_macs", "float", "0 (none)", "keep this fraction of the MACs"},
+                  {"target_params", "float", "0 (none)", "keep this fraction of the parameters"},
+                  {"global", "bool", "false", "rank all channels together"},
+                  {"round_to", "int", "1", "kept channels a multiple of this"},
+                  {"min_channels", "int", "1", "no group keeps fewer"},
+                  {"targets", "list", "", "layers whose output channels may be pruned"},
+                  {"ignore", "list", "", "layers to leave alone"}},
+                 [](Graph& g, const PassOptionValues& v) {
+                   Config c;
+                   c.scoring.criterion = criterion_from_name(pass_option_string(v, "criterion", "l1"));
+                   c.sparsity = pass_option_float(v, "sparsity", c.sparsity);
+                   c.target_macs = pass_option_float(v, "target_macs", c.target_macs);
+                   c.target_params = pass_option_float(v, "target_params", c.target_params);
+                   c.global = pass_option_bool(v, "global", c.global);
+                   c.round_to = pass_option_int(v, "round_to", c.round_to);
+                   c.min_channels = pass_option_int(v, "min_channels", c.min_channels);
+                   c.targets = pass_option_list(v, "targets");
+                   c.ignore = pass_option_list(v, "ignore");
+                   return remove_channels(g, make_plan(g, c), c.fold_constant_outputs).summary();
+                 }});
+}
+
+}  // namespace
+
+void register_all() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_passes(); });
+}
+
+WHITTLE_REGISTER_MODULE("prune", &register_all)
+
+}  // namespace whittle::prune

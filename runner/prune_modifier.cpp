@@ -1,0 +1,232 @@
+#include "runner/prune_modifier.h"
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <iostream>
+
+#include "core/error.h"
+#include "graph/select.h"
+#include "runner/modifier.h"
+
+namespace whittle::runner {
+
+double scheduled_fraction(const std::string& schedule, int64_t step, int64_t steps, double initial, double final) {
+  if (steps <= 1 || step >= steps || schedule == "one_shot") return final;
+  const double t = static_cast<double>(step) / static_cast<double>(steps);
+  if (schedule == "iterative") return final * t;
+  return final + (initial - final) * std::pow(1.0 - t, 3.0);  // agp
+}
+
+namespace {
+
+// Prunes at steps t_k = start_epoch + (k − 1)·update_frequency, k = 1..n (n = 1 for one_shot;
+// otherwise the steps that fit before end_epoch), each step removing channels until the
+// scheduled fraction of the final target is reached, measured against the unpruned model.
+class PruneModifier : public Modifier {
+ public:
+  PruneModifier(const ModifierSpec& spec, const PruneModifierOptions& o) : Modifier(spec), o_(o) {
+    try {
+      config_.scoring.criterion = prune::criterion_from_name(o.criterion);
+    } catch (const Error& e) {
+      fail(std::string("key 'criterion': ") + e.what());
+    }
+    config_.scoring.mean_over_members = o.group_reduction == "mean";
+    config_.global = o.global;
+    config_.round_to = o.round_to;
+    config_.min_channels = o.min_channels;
+    config_.targets = spec.targets;
+    config_.ignore = spec.ignore;
+    config_.fold_constant_outputs = o.fold_constant_outputs;
+    if (o.target_macs && o.target_params) fail("give target_macs or target_params, not both");
+    if (o.schedule == "one_shot") {
+      steps_ = 1;
+    } else {
+      if (spec.end_epoch < 0)
+        fail("schedule '" + o.schedule + "' prunes in steps between start_epoch and end_epoch: give end_epoch");
+      steps_ = static_cast<int64_t>(std::floor((spec.end_epoch - spec.start_epoch) / o.update_frequency + 1e-9));
+      if (steps_ < 1)
+        fail("update_frequency " + SettingValue(o.update_frequency).text() + " leaves no pruning step in [" +
+             SettingValue(spec.start_epoch).text() + ", " + SettingValue(spec.end_epoch).text() + ")");
+    }
+    if (o.schedule == "agp" && o.initial_sparsity > (o.target_macs || o.target_params ? 1.0 : o.sparsity))
+      fail("initial_sparsity is above the final sparsity");
+  }
+
+  void on_start(TrainContext& tc) override {
+    if (base_macs_ == 0) {
+      const NodeCost c = graph_cost(tc.model->graph());
+      base_macs_ = c.macs;
+      base_params_ = c.params;
+    }
+    if (config_.scoring.criterion == prune::Criterion::kTaylor) taylor_.attach(tc.model);
+  }
+
+  void on_step_begin(TrainContext& tc) override {
+    if (done_ >= steps_) return;
+    const double due = spec().start_epoch + static_cast<double>(done_) * o_.update_frequency;
+    if (tc.epoch + 1e-12 < due) return;
+    step(tc);
+  }
+
+  std::string state() const override {
+    return nlohmann::json{{"steps_done", done_}, {"base_macs", base_macs_}, {"base_params", base_params_}}.dump();
+  }
+  void load_state(const std::string& text) override {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      done_ = j.at("steps_done").get<int64_t>();
+      base_macs_ = j.at("base_macs").get<int64_t>();
+      base_params_ = j.at("base_params").get<int64_t>();
+    } catch (const std::exception& e) {
+      throw Error(spec().location + ": modifier 'prune': unreadable saved state '" + text + "': " + e.what());
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(spec().location + ": modifier 'prune': " + what, ErrorKind::kUsage);
+  }
+
+  void step(TrainContext& tc) {
+    const int64_t k = done_ + 1;
+    prune::Config c = config_;
+    c.scoring.seed = tc.recipe ? static_cast<uint64_t>(tc.recipe->training.seed) + static_cast<uint64_t>(k) : 0;
+    c.scoring.taylor = &taylor_;
+    if (c.scoring.criterion == prune::Criterion::kTaylor && taylor_.sums().empty())
+      fail("criterion 'taylor' needs gradients from training before its first step: start_epoch must be after the "
+           "first batch");
+    const NodeCost now = graph_cost(tc.model->graph());
+    std::string goal;
+    if (o_.target_macs || o_.target_params) {
+      const bool macs = o_.target_macs.has_value();
+      const double final_removed = 1.0 - (macs ? *o_.target_macs : *o_.target_params);
+      const double keep = 1.0 - scheduled_fraction(o_.schedule, k, steps_, o_.initial_sparsity, final_removed);
+      const double base = static_cast<double>(macs ? base_macs_ : base_params_);
+      const double current = static_cast<double>(macs ? now.macs : now.params);
+      const double relative = keep * base / current;
+      goal = std::string(macs ? "MACs " : "parameters ") + SettingValue(keep).text() + " of the unpruned model";
+      if (relative >= 1.0) return finish_step(tc, goal + ": already reached");
+      (macs ? c.target_macs : c.target_params) = relative;
+    } else {
+      const double s = scheduled_fraction(o_.schedule, k, steps_, o_.initial_sparsity, o_.sparsity);
+      const double before = k == 1 ? 0.0 : scheduled_fraction(o_.schedule, k - 1, steps_, o_.initial_sparsity, o_.sparsity);
+      c.sparsity = std::max(0.0, 1.0 - (1.0 - s) / (1.0 - before));
+      goal = "sparsity " + SettingValue(s).text();
+    }
+    prune::Report r;
+    try {
+      r = prune::prune(tc.model, c);
+    } catch (const Error& e) {
+      throw Error(spec().location + ": modifier 'prune' (step " + std::to_string(k) + "): " + e.what(), e.kind());
+    }
+    tc.parameters_changed = true;
+    if (c.scoring.criterion == prune::Criterion::kTaylor) {
+      taylor_.reset();
+      taylor_.attach(tc.model);
+    }
+    std::cout << "prune step " << k << "/" << steps_ << " at epoch " << tc.epoch << " (" << goal << "): " << r.summary()
+              << std::flush;
+    finish_step(tc, "");
+  }
+
+  void finish_step(TrainContext&, const std::string& note) {
+    if (!note.empty()) std::cout << "prune step " << done_ + 1 << "/" << steps_ << ": " << note << "\n" << std::flush;
+    ++done_;
+  }
+
+  PruneModifierOptions o_;
+  prune::Config config_;
+  prune::TaylorScores taylor_;
+  int64_t steps_ = 1;
+  int64_t done_ = 0;
+  int64_t base_macs_ = 0;
+  int64_t base_params_ = 0;
+};
+
+// Network slimming's sparsity regularizer (Liu et al. 2017): the loss gains s·Σ|γ| over the
+// targeted batch_norm layers, so their γ gradients gain s·sign(γ).
+class BnSparsityModifier : public Modifier {
+ public:
+  BnSparsityModifier(const ModifierSpec& spec, const BnSparsityOptions& o) : Modifier(spec), o_(o) {}
+
+  at::Tensor on_loss(TrainContext& tc, const at::Tensor& loss, const at::Tensor&, const at::Tensor&,
+                     const at::Tensor&) override {
+    const Graph& g = tc.model->graph();
+    std::vector<std::string> targets = spec().targets;
+    if (targets.empty()) targets = {"batch_norm"};
+    at::Tensor penalty = at::zeros({}, loss.options());
+    for (const std::string& name : select_nodes(g, targets, spec().ignore)) {
+      const Node& n = g.node(name);
+      if (n.op != "batch_norm") continue;
+      if (const at::Tensor* gamma = n.params.find("weight")) penalty = penalty + gamma->abs().sum();
+    }
+    return loss + o_.penalty * penalty;
+  }
+
+ private:
+  BnSparsityOptions o_;
+};
+
+}  // namespace
+
+const OptionsSchema<PruneModifierOptions>& prune_modifier_schema() {
+  using O = PruneModifierOptions;
+  static const OptionsSchema<O> schema =
+      OptionsSchema<O>()
+          .add("criterion", &O::criterion, "channel importance (docs/pruning.md)",
+               {"l1", "l2", "bn_scale", "fpgm", "taylor", "random"})
+          .add("group_reduction", &O::group_reduction, "combine the members' scores of a group by their sum or mean",
+               {"sum", "mean"})
+          .add("sparsity", &O::sparsity, "final fraction of each group's channels removed (without a target)")
+          .in_range(Range::half_open(0, 1))
+          .add("target_macs", &O::target_macs, "final MACs kept, a fraction of the unpruned model's", {}, "none")
+          .in_range(Range{0, 1, true, false})
+          .add("target_params", &O::target_params, "final parameters kept, a fraction", {}, "none")
+          .in_range(Range{0, 1, true, false})
+          .add("global", &O::global, "rank all groups' channels together (scores over their group's mean)")
+          .add("round_to", &O::round_to, "kept channels a multiple of this")
+          .in_range(Range::at_least(1))
+          .add("min_channels", &O::min_channels, "no group keeps fewer channels")
+          .in_range(Range::at_least(1))
+          .add("schedule", &O::schedule, "one_shot at start_epoch, iterative (equal steps) or agp (Zhu & Gupta 2017) "
+                                         "until end_epoch", {"one_shot", "iterative", "agp"})
+          .add("update_frequency", &O::update_frequency, "iterative/agp: epochs between pruning steps")
+          .in_range(Range::above(0))
+          .add("initial_sparsity", &O::initial_sparsity, "agp: the starting value s_i")
+          .in_range(Range::half_open(0, 1))
+          .add("fold_constant_outputs", &O::fold_constant_outputs,
+               "fold removed channels' constant outputs (BN β through ReLU) into the next layer's bias");
+  return schema;
+}
+
+const OptionsSchema<BnSparsityOptions>& bn_sparsity_schema() {
+  static const OptionsSchema<BnSparsityOptions> schema =
+      OptionsSchema<BnSparsityOptions>()
+          .add("penalty", &BnSparsityOptions::penalty, "s of the loss term s·Σ|γ| (network slimming: 1e-4 to 1e-5)")
+          .in_range(Range::at_least(0));
+  return schema;
+}
+
+void register_prune_modifiers() {
+  ModifierInfo p;
+  p.name = "prune";
+  p.description = "channel pruning with physical removal: one-shot, iterative or AGP schedules (docs/pruning.md)";
+  p.settings = prune_modifier_schema().keys();
+  p.create = [](const ModifierSpec& spec) {
+    return std::make_unique<PruneModifier>(spec, prune_modifier_schema().parse(spec.settings, spec.location + ": modifier 'prune'"));
+  };
+  register_modifier(std::move(p));
+  ModifierInfo b;
+  b.name = "bn_sparsity";
+  b.description = "network slimming's L1 penalty on BN scaling factors, for pruning with criterion bn_scale";
+  b.settings = bn_sparsity_schema().keys();
+  b.create = [](const ModifierSpec& spec) {
+    return std::make_unique<BnSparsityModifier>(spec, bn_sparsity_schema().parse(spec.settings, spec.location + ": modifier 'bn_sparsity'"));
+  };
+  register_modifier(std::move(b));
+}
+
+}  // namespace whittle::runner

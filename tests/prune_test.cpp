@@ -1,0 +1,369 @@
+// Channel pruning: dependency groups through residual adds, depthwise and grouped convolutions,
+// flatten, concatenation; removal against the masked model (the same weights with the removed
+// channels' filters and biases zeroed); the β leak folded into the next bias; criteria and
+// targets. The values are the ones worked by hand in issue 13.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "graph/graph_module.h"
+#include "graph/zoo.h"
+#include "prune/prune.h"
+#include "support.h"
+#include "test_models.h"
+
+namespace whittle::prune {
+namespace {
+
+using test::make;
+
+Node conv(const std::string& name, const std::string& in, int64_t cin, int64_t cout, int64_t k = 1, int64_t groups = 1,
+          int64_t padding = 0, bool bias = true) {
+  Node n = make(name, "conv2d", {in}, {{"groups", groups}, {"padding", std::vector<int64_t>{padding, padding}}});
+  n.params.set("weight", at::randn({cout, cin / groups, k, k}));
+  if (bias) n.params.set("bias", at::randn({cout}));
+  return n;
+}
+
+// The group that holds `node`'s channels on `role`.
+const DependencyGroup& group_of(const std::vector<DependencyGroup>& groups, const std::string& node, ChannelRole role) {
+  for (const auto& g : groups)
+    for (const auto& m : g.members)
+      if (m.node == node && m.role == role) return g;
+  throw std::runtime_error("no group for " + node);
+}
+
+const Member& member(const DependencyGroup& g, const std::string& node, ChannelRole role) {
+  for (const auto& m : g.members)
+    if (m.node == node && m.role == role) return m;
+  throw std::runtime_error("no member " + node);
+}
+
+// The plan removing `channels` (group channel indices) from the group holding node's output.
+Plan plan_removing(const Graph& g, const std::string& node, std::vector<int64_t> channels, ChannelRole role = ChannelRole::kOutput) {
+  Plan p;
+  p.groups = dependency_groups(g);
+  p.remove.assign(p.groups.size(), {});
+  const DependencyGroup& target = group_of(p.groups, node, role);
+  p.remove[static_cast<size_t>(target.id)] = std::move(channels);
+  return p;
+}
+
+// The masked reference: `g` with the producers' output channels `positions` zeroed (weight rows
+// and bias), for each (producer, positions).
+Graph masked(const Graph& g, const std::vector<std::pair<std::string, std::vector<int64_t>>>& zero) {
+  Graph m = g.clone();
+  for (const auto& [name, positions] : zero) {
+    Node& n = m.node(name);
+    for (int64_t p : positions) {
+      n.params.at("weight").select(0, p).zero_();
+      if (const at::Tensor* b = n.params.find("bias")) b->select(0, p).zero_();
+    }
+  }
+  return m;
+}
+
+at::Tensor run(const Graph& g, const at::Tensor& x) {
+  GraphModule m(g.clone());
+  m->eval();
+  at::NoGradGuard ng;
+  return m->forward(x);
+}
+
+class PruneTest : public test::SeededTest {};
+
+// stem 3→8 → convA 8→8 → convB 8→8 → add(stem, convB) → head 8→4, no BN.
+Graph residual() {
+  Graph g;
+  g.add_input("x", {1, 3, 6, 6});
+  g.add_node(conv("stem", "x", 3, 8, 3, 1, 1));
+  g.add_node(conv("convA", "stem", 8, 8, 3, 1, 1));
+  g.add_node(conv("convB", "convA", 8, 8, 3, 1, 1));
+  g.add_node(make("add", "add", {"stem", "convB"}));
+  g.add_node(conv("head", "add", 8, 4, 1));
+  g.set_outputs({"head"});
+  return g;
+}
+
+TEST_F(PruneTest, ResidualChainIsOneGroup) {
+  const Graph g = residual();
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& r = group_of(groups, "stem", ChannelRole::kOutput);
+  EXPECT_EQ(r.channels, 8);
+  std::set<std::pair<std::string, ChannelRole>> members;
+  for (const auto& m : r.members) members.emplace(m.node, m.role);
+  const std::set<std::pair<std::string, ChannelRole>> expected{{"stem", ChannelRole::kOutput},
+                                                               {"convB", ChannelRole::kOutput},
+                                                               {"convA", ChannelRole::kInput},
+                                                               {"head", ChannelRole::kInput}};
+  EXPECT_EQ(members, expected) << r.to_string();
+  EXPECT_EQ(r.prunable(), 8);
+  // Ratio 0.25 on the group: 6 channels left in every member (not 4 or 5).
+  Config c;
+  c.sparsity = 0.25;
+  Graph pruned = g.clone();
+  remove_channels(pruned, make_plan(pruned, c));
+  EXPECT_EQ(pruned.node("stem").params.at("weight").size(0), 6);
+  EXPECT_EQ(pruned.node("convB").params.at("weight").size(0), 6);
+  EXPECT_EQ(pruned.node("convA").params.at("weight").size(1), 6);
+  EXPECT_EQ(pruned.node("head").params.at("weight").size(1), 6);
+  EXPECT_EQ(pruned.node("convA").params.at("weight").size(0), 6);  // convA's own output group: 8 → 6
+  EXPECT_EQ(pruned.node("head").params.at("weight").size(0), 4);   // the graph output stays
+}
+
+TEST_F(PruneTest, RemovingThroughConvBRemovesTheSameIndicesEverywhere) {
+  const Graph g = residual();
+  Graph pruned = g.clone();
+  // Group channels are in first-appearance order (the stem's outputs), so channel k is position k.
+  const Plan p = plan_removing(g, "convB", {1, 5});
+  remove_channels(pruned, p, /*fold_constant_outputs=*/false);
+  const auto keep = [](const at::Tensor& t, int64_t axis) {
+    return at::index_select(t, axis, at::tensor(std::vector<int64_t>{0, 2, 3, 4, 6, 7}));
+  };
+  EXPECT_TRUE(pruned.node("stem").params.at("weight").equal(keep(g.node("stem").params.at("weight"), 0)));
+  EXPECT_TRUE(pruned.node("stem").params.at("bias").equal(keep(g.node("stem").params.at("bias"), 0)));
+  EXPECT_TRUE(pruned.node("convB").params.at("weight").equal(keep(g.node("convB").params.at("weight"), 0)));
+  EXPECT_TRUE(pruned.node("convA").params.at("weight").equal(keep(g.node("convA").params.at("weight"), 1)));
+  EXPECT_TRUE(pruned.node("head").params.at("weight").equal(keep(g.node("head").params.at("weight"), 1)));
+  const at::Tensor x = at::randn({2, 3, 6, 6});
+  const Graph ref = masked(g, {{"stem", {1, 5}}, {"convB", {1, 5}}});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(ref, x), 1e-6, 1e-6));
+}
+
+TEST_F(PruneTest, DepthwiseIsOnlyGroupsEqualInEqualOut) {
+  auto ties = [](int64_t cin, int64_t cout, int64_t groups) {
+    Node n = conv("c", "x", cin, cout, 3, groups);
+    return channel_ties(n);
+  };
+  EXPECT_TRUE(ties(3, 1, 1).empty());   // Conv(3→1): no
+  EXPECT_TRUE(ties(1, 8, 1).empty());   // Conv(1→8, g=1): no
+  EXPECT_EQ(ties(4, 8, 4), (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 3, 3}));  // multiplier 2
+  EXPECT_EQ(ties(8, 8, 8), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // depthwise
+  EXPECT_TRUE(ties(8, 8, 2).empty());   // grouped, 4 inputs a group: independent outputs
+}
+
+TEST_F(PruneTest, DepthwiseChannelGoesWithItsProducer) {
+  Graph g;
+  g.add_input("x", {1, 3, 6, 6});
+  g.add_node(conv("pw", "x", 3, 8));
+  g.add_node(conv("dw", "pw", 8, 8, 3, 8, 1));
+  g.add_node(conv("out", "dw", 8, 2));
+  g.set_outputs({"out"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& d = group_of(groups, "dw", ChannelRole::kOutput);
+  EXPECT_EQ(&d, &group_of(groups, "pw", ChannelRole::kOutput)) << "depthwise outputs are the producer's channels";
+  Graph pruned = g.clone();
+  remove_channels(pruned, plan_removing(g, "pw", {3}), false);
+  EXPECT_EQ(pruned.node("dw").params.at("weight").sizes(), (at::IntArrayRef{7, 1, 3, 3}));
+  EXPECT_EQ(pruned.node("dw").attr_int("groups"), 7);
+  EXPECT_EQ(pruned.node("pw").params.at("weight").size(0), 7);
+  EXPECT_EQ(pruned.node("out").params.at("weight").size(1), 7);
+  const at::Tensor x = at::randn({2, 3, 6, 6});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"pw", {3}}, {"dw", {3}}}), x), 1e-6, 1e-6));
+}
+
+TEST_F(PruneTest, ChannelMultiplierRemovesBothOutputsOfAnInput) {
+  Graph g;
+  g.add_input("x", {1, 3, 6, 6});
+  g.add_node(conv("pw", "x", 3, 4));
+  g.add_node(conv("mult", "pw", 4, 8, 3, 4, 1));  // Conv(4→8, g=4)
+  g.add_node(conv("out", "mult", 8, 2));
+  g.set_outputs({"out"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& grp = group_of(groups, "pw", ChannelRole::kOutput);
+  const Member& mo = member(grp, "mult", ChannelRole::kOutput);
+  EXPECT_EQ(mo.positions[1], (std::vector<int64_t>{2, 3}));  // input channel 1 ↔ outputs {2, 3}
+  Graph pruned = g.clone();
+  remove_channels(pruned, plan_removing(g, "pw", {1}), false);
+  EXPECT_EQ(pruned.node("mult").params.at("weight").sizes(), (at::IntArrayRef{6, 1, 3, 3}));  // Conv(3→6, g=3)
+  EXPECT_EQ(pruned.node("mult").attr_int("groups"), 3);
+  EXPECT_EQ(pruned.node("out").params.at("weight").size(1), 6);
+  const at::Tensor x = at::randn({2, 3, 6, 6});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"pw", {1}}, {"mult", {2, 3}}}), x), 1e-6, 1e-6));
+}
+
+TEST_F(PruneTest, FlattenRemovesTheChannelsFeatures) {
+  Graph g;
+  g.add_input("x", {1, 3, 2, 2});
+  g.add_node(conv("c", "x", 3, 4));  // 4×2×2
+  g.add_node(make("flat", "flatten", {"c"}));
+  Node fc = make("fc", "linear", {"flat"});
+  fc.params.set("weight", at::randn({10, 16}));
+  fc.params.set("bias", at::randn({10}));
+  g.add_node(fc);
+  g.set_outputs({"fc"});
+  const auto groups = dependency_groups(g);
+  const Member& m = member(group_of(groups, "c", ChannelRole::kOutput), "fc", ChannelRole::kInput);
+  EXPECT_EQ(m.positions[2], (std::vector<int64_t>{8, 9, 10, 11}));
+  Graph pruned = g.clone();
+  remove_channels(pruned, plan_removing(g, "c", {2}), false);
+  EXPECT_EQ(pruned.node("fc").params.at("weight").sizes(), (at::IntArrayRef{10, 12}));  // Linear(12→10)
+  const at::Tensor x = at::randn({3, 3, 2, 2});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"c", {2}}}), x), 1e-6, 1e-6));
+}
+
+TEST_F(PruneTest, BetaLeakFoldsIntoTheNextBias) {
+  Graph g;
+  g.add_input("x", {1, 2, 3, 3});
+  g.add_node(conv("c1", "x", 2, 2));
+  Node bn = make("bn", "batch_norm", {"c1"});
+  bn.params.set("weight", at::tensor({1.5f, 2.0f}));
+  bn.params.set("bias", at::tensor({0.5f, 1.0f}));
+  bn.buffers.set("running_mean", at::tensor({0.2f, 0.0f}));
+  bn.buffers.set("running_var", at::tensor({1.0f, 1.0f}));
+  g.add_node(bn);
+  g.add_node(make("relu", "relu", {"bn"}));
+  Node c2 = conv("c2", "relu", 2, 1);
+  c2.params.set("weight", at::tensor({0.7f, 3.0f}).reshape({1, 2, 1, 1}));
+  c2.params.set("bias", at::tensor({0.25f}));
+  g.add_node(c2);
+  g.set_outputs({"c2"});
+  Graph pruned = g.clone();
+  const Report r = remove_channels(pruned, plan_removing(g, "c1", {1}));
+  // BN of a zero input on channel 1: γ·(0 − 0)/√(1 + ε) + β = 1; ReLU keeps 1; weight 3: bias + 3.
+  EXPECT_NEAR(pruned.node("c2").params.at("bias").item<float>(), 0.25f + 3.0f, 1e-6) << r.summary();
+  EXPECT_EQ(r.folded.size(), 1u) << r.summary();
+  const at::Tensor x = at::randn({4, 2, 3, 3});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"c1", {1}}}), x), 1e-6, 1e-6));
+  // The BN statistics were sliced with the channel.
+  EXPECT_EQ(pruned.node("bn").buffers.at("running_mean").size(0), 1);
+}
+
+TEST_F(PruneTest, BetaLeakThroughZeroPaddingIsReportedNotFolded) {
+  Graph g;
+  g.add_input("x", {1, 2, 4, 4});
+  g.add_node(conv("c1", "x", 2, 2));
+  Node bn = make("bn", "batch_norm", {"c1"});
+  bn.params.set("weight", at::ones({2}));
+  bn.params.set("bias", at::ones({2}));
+  bn.buffers.set("running_mean", at::zeros({2}));
+  bn.buffers.set("running_var", at::ones({2}));
+  g.add_node(bn);
+  g.add_node(conv("c2", "bn", 2, 1, 3, 1, 1));  // 3×3, zero padding 1
+  g.set_outputs({"c2"});
+  const float before = g.node("c2").params.at("bias").item<float>();
+  Graph pruned = g.clone();
+  const Report r = remove_channels(pruned, plan_removing(g, "c1", {0}));
+  EXPECT_TRUE(r.folded.empty());
+  ASSERT_EQ(r.not_folded.size(), 1u) << r.summary();
+  EXPECT_NE(r.not_folded[0].find("c2"), std::string::npos);
+  EXPECT_EQ(pruned.node("c2").params.at("bias").item<float>(), before);
+}
+
+TEST_F(PruneTest, ConcatOfTheSameTensorTwice) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("a", "x", 3, 4));
+  g.add_node(make("cat", "cat", {"a", "a"}, {{"dim", int64_t{1}}}));
+  g.add_node(conv("out", "cat", 8, 2));
+  g.set_outputs({"out"});
+  const auto groups = dependency_groups(g);
+  const Member& m = member(group_of(groups, "a", ChannelRole::kOutput), "out", ChannelRole::kInput);
+  EXPECT_EQ(m.positions[1], (std::vector<int64_t>{1, 5}));
+  Graph pruned = g.clone();
+  remove_channels(pruned, plan_removing(g, "a", {1}), false);
+  EXPECT_EQ(pruned.node("out").params.at("weight").size(1), 6);
+  const at::Tensor x = at::randn({2, 3, 4, 4});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"a", {1}}}), x), 1e-6, 1e-6));
+}
+
+TEST_F(PruneTest, GraphInputsAndOutputsAreFixed) {
+  const Graph g = test::small_net();
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& out = group_of(groups, "classifier", ChannelRole::kOutput);
+  EXPECT_EQ(out.prunable(), 0);
+  EXPECT_NE(out.fixed_reason.find("graph output"), std::string::npos) << out.fixed_reason;
+  const DependencyGroup& in = group_of(groups, "features.0", ChannelRole::kInput);
+  EXPECT_EQ(in.prunable(), 0);
+  // The conv's group reaches the BN and the linear's 16 features per channel.
+  const DependencyGroup& c = group_of(groups, "features.0", ChannelRole::kOutput);
+  EXPECT_EQ(member(c, "classifier", ChannelRole::kInput).positions[0].size(), 16u);
+  EXPECT_EQ(member(c, "features.1", ChannelRole::kChannel).positions[3], std::vector<int64_t>{3});
+}
+
+TEST_F(PruneTest, GroupedConvolutionKeepsEqualCountsPerGroup) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("a", "x", 3, 8));
+  g.add_node(conv("grouped", "a", 8, 8, 1, 2));  // 2 groups of 4 inputs
+  g.add_node(conv("out", "grouped", 8, 2));
+  g.set_outputs({"out"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& grp = group_of(groups, "a", ChannelRole::kOutput);
+  EXPECT_EQ(grp.segments, 2);
+  Config c;
+  c.sparsity = 0.5;
+  c.targets = {"a"};
+  Graph pruned = g.clone();
+  const Plan p = make_plan(pruned, c);
+  const auto& rm = p.remove[static_cast<size_t>(grp.id)];
+  ASSERT_EQ(rm.size(), 4u);
+  EXPECT_EQ(std::count_if(rm.begin(), rm.end(), [](int64_t k) { return k < 4; }), 2);  // 2 from each group
+  remove_channels(pruned, p);
+  EXPECT_EQ(pruned.node("grouped").params.at("weight").sizes(), (at::IntArrayRef{8, 2, 1, 1}));
+  EXPECT_EQ(pruned.node("grouped").attr_int("groups"), 2);
+}
+
+TEST_F(PruneTest, CriteriaRankByHand) {
+  Graph g;
+  g.add_input("x", {1, 1, 1, 1});
+  Node a = conv("a", "x", 1, 3, 1, 1, 0, false);
+  a.params.set("weight", at::tensor({1.0f, -3.0f, 2.0f}).reshape({3, 1, 1, 1}));
+  g.add_node(a);
+  Node b = conv("b", "a", 3, 1, 1, 1, 0, false);
+  b.params.set("weight", at::tensor({0.5f, 0.5f, -4.0f}).reshape({1, 3, 1, 1}));
+  g.add_node(b);
+  g.set_outputs({"b"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& grp = group_of(groups, "a", ChannelRole::kOutput);
+  ScoreOptions o;
+  o.criterion = Criterion::kL1;
+  EXPECT_EQ(score(g, grp, o), (std::vector<double>{1.5, 3.5, 6.0}));  // |a row| + |b column|
+  o.criterion = Criterion::kL2;
+  EXPECT_EQ(score(g, grp, o), (std::vector<double>{1.25, 9.25, 20.0}));
+  o.mean_over_members = true;
+  EXPECT_EQ(score(g, grp, o), (std::vector<double>{0.625, 4.625, 10.0}));
+  o = {};
+  o.criterion = Criterion::kFpgm;  // distances between the filters 1, −3, 2: Σ|w_c − w_j|
+  EXPECT_EQ(score(g, grp, o), (std::vector<double>{5.0, 9.0, 6.0}));
+  o.criterion = Criterion::kBnScale;  // no BN in this group: not ranked
+  for (double s : score(g, grp, o)) EXPECT_TRUE(std::isinf(s));
+}
+
+TEST_F(PruneTest, MacsTargetIsMet) {
+  Graph g = build_model("resnet20");
+  const NodeCost base = graph_cost(g);
+  Config c;
+  c.target_macs = 0.5;
+  const Plan p = make_plan(g, c);
+  const Report r = remove_channels(g, p);
+  const double ratio = static_cast<double>(r.after.macs) / static_cast<double>(base.macs);
+  EXPECT_LE(ratio, 0.5) << r.summary();
+  EXPECT_GT(ratio, 0.45) << r.summary();
+  GraphModule m(std::move(g));
+  m->eval();
+  EXPECT_EQ(m->forward(at::randn({2, 3, 32, 32})).sizes(), (at::IntArrayRef{2, 10}));
+}
+
+TEST_F(PruneTest, OptionsOutOfRangeAreUsageErrors) {
+  const Graph g = residual();
+  Config c;
+  c.sparsity = 1.0;
+  EXPECT_THROW(make_plan(g, c), Error);
+  c = {};
+  c.target_macs = 0.01;  // the fixed channels alone keep more
+  try {
+    make_plan(g, c);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("cannot be reached"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(criterion_from_name("l3"), Error);
+}
+
+}  // namespace
+}  // namespace whittle::prune
