@@ -26,6 +26,11 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
+/// The message of `e` without a LibTorch C++ backtrace: what() up to "Exception raised from" or
+/// the first "frame #" line, trimmed. For errors from ATen, the serializer or the JIT that are
+/// passed on to users.
+std::string message_of(const std::exception& e);
+
 /// Throws whittle::Error(message) when `condition` is false.
 inline void check(bool condition, const std::string& message) {
   if (!condition) throw Error(message);

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -245,6 +247,31 @@ DirectoryLock::~DirectoryLock() {
   if (fd_ < 0) return;
   ::unlink(path_.c_str());  // while still held, so that no one locks the file being removed
   ::close(fd_);
+}
+
+std::string resolved_path(const std::string& path) {
+  std::string head = path.empty() ? "." : path;
+  std::vector<std::string> rest;  // trailing components that do not exist, innermost first
+  char buf[PATH_MAX];
+  while (!::realpath(head.c_str(), buf)) {
+    const size_t slash = head.find_last_of('/');
+    if (slash == std::string::npos) {
+      rest.push_back(head);
+      head = ".";
+    } else {
+      rest.push_back(head.substr(slash + 1));
+      head = slash == 0 ? "/" : head.substr(0, slash);
+    }
+  }
+  std::string out = buf;
+  for (auto it = rest.rbegin(); it != rest.rend(); ++it)
+    if (!it->empty() && *it != ".") out = join_path(out, *it);
+  return out;
+}
+
+bool is_same_or_inside(const std::string& path, const std::string& root) {
+  const std::string p = resolved_path(path), r = resolved_path(root);
+  return p == r || (p.size() > r.size() && p.compare(0, r.size(), r) == 0 && (r == "/" || p[r.size()] == '/'));
 }
 
 }  // namespace whittle

@@ -50,6 +50,11 @@ void write_file_atomic(const std::string& path, const std::string& content);
 bool is_hdf5_file(const std::string& path);
 /// fsync(2) of a file or directory; best effort (errors are ignored: some file systems refuse it).
 void sync_path(const std::string& path) noexcept;
+/// `path` made absolute with symlinks resolved (realpath(3)) as far as it exists, the rest
+/// appended as given; for comparing an output path with an input one.
+std::string resolved_path(const std::string& path);
+/// True when `path` is `root` or lies inside the directory `root` (both resolved).
+bool is_same_or_inside(const std::string& path, const std::string& root);
 /// What `path` is, for messages: "missing", "a directory", "a character device", "a FIFO",
 /// "a socket", "an empty file", "a file of N bytes", "a dangling symlink".
 std::string describe_path(const std::string& path);

@@ -31,7 +31,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
                 std::to_string(options_.prefetch_batches));
   options_.transform.validate(dataset_->channels(), dataset_->height(), dataset_->width());
   const int64_t n = dataset_->size();
-  num_batches_ = options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+  num_batches_ = n / options_.batch_size + (!options_.drop_last && n % options_.batch_size != 0 ? 1 : 0);
   num_samples_ = options_.drop_last ? num_batches_ * options_.batch_size : n;
   prefetch_ = options_.prefetch_batches > 0 ? options_.prefetch_batches : 2 * options_.num_workers;
   pin_ = options_.pin_memory && at::hasCUDA();

@@ -5,12 +5,14 @@
 #include <ATen/ATen.h>
 
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "fuse/detail.h"
 #include "fuse/fold_math.h"
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "graph/select.h"
 
 namespace whittle::fuse {
 
@@ -130,12 +132,32 @@ std::string Report::summary() const {
 
 Report fuse_for_inference(Graph& graph, const InferenceOptions& o) {
   register_all();
+  // Node names are checked once, against the graph as given; an earlier pass may remove a named
+  // node (a folded BN), which the later passes then no longer look for.
+  (void)select_nodes(graph, o.targets, o.ignore);
+  auto still_there = [&graph](const std::vector<std::string>& patterns) {
+    std::vector<std::string> kept;
+    for (const auto& p : patterns)
+      if (p.rfind("re:", 0) == 0 || has_op(p) || graph.find_node(p)) kept.push_back(p);
+    return kept;
+  };
+  struct Patterns {
+    std::vector<std::string> targets, ignore;
+  };
+  auto options = [&]() -> std::optional<Patterns> {
+    const std::vector<std::string> targets = still_there(o.targets);
+    if (!o.targets.empty() && targets.empty()) return std::nullopt;  // every named target is gone
+    return Patterns{targets, still_there(o.ignore)};
+  };
   Report all;
   all.pass = "fuse";
   if (o.finalize_qat) all.append(finalize_qat_batchnorm(graph));
-  if (o.repvgg) all.append(reparameterize_repvgg(graph, {o.targets, o.ignore}));
-  if (o.fold) all.append(fold_batchnorm(graph, {o.targets, o.ignore}));
-  if (o.threshold) all.append(fold_bn_into_threshold(graph, {o.targets, o.ignore}));
+  if (o.repvgg)
+    if (auto s = options()) all.append(reparameterize_repvgg(graph, {s->targets, s->ignore}));
+  if (o.fold)
+    if (auto s = options()) all.append(fold_batchnorm(graph, {s->targets, s->ignore}));
+  if (o.threshold)
+    if (auto s = options()) all.append(fold_bn_into_threshold(graph, {s->targets, s->ignore}));
   return all;
 }
 

@@ -155,6 +155,11 @@ std::vector<at::Tensor> GraphModuleImpl::forward_with_intermediates(const std::v
       std::string shapes;
       for (const auto& a : args) shapes += (shapes.empty() ? "" : ", ") + (a.defined() ? shape_str(a.sizes().vec()) : "none");
       throw Error("node '" + step.node->name + "' (" + step.node->op + "), inputs " + shapes + ": " + msg);
+    } catch (const Error& e) {
+      // Errors of the op itself that do not name the node yet get its name.
+      const std::string msg = e.what();
+      if (msg.rfind("node '", 0) == 0) throw;
+      throw Error("node '" + step.node->name + "' (" + step.node->op + "): " + msg, e.kind());
     }
     if (outs.size() != step.outputs.size())
       throw Error("node '" + step.node->name + "' (" + step.node->op + "): forward returned " + std::to_string(outs.size()) +

@@ -38,8 +38,8 @@ Scored score_all(const Graph& graph, const Config& c) {
   for (const auto& g : s.groups) {
     const std::vector<std::string> producers = g.producers();
     std::string why;
-    if (producers.empty()) why = "no layer produces these channels";
-    else if (g.prunable() == 0) why = "fixed: " + g.fixed_reason;
+    if (g.prunable() == 0) why = "fixed: " + g.fixed_reason;
+    else if (producers.empty()) why = "no layer produces these channels";
     else if (g.channels <= c.min_channels) why = "already at min_channels " + std::to_string(c.min_channels);
     else
       for (const auto& p : producers)
@@ -101,8 +101,15 @@ Plan plan_at(const Scored& s, double sparsity, const Config& c) {
   if (!c.global) {
     for (size_t i = 0; i < s.groups.size(); ++i) {
       if (!s.targeted[i]) continue;
-      const auto n = static_cast<int64_t>(std::floor(sparsity * static_cast<double>(s.groups[i].channels) + 1e-9));
-      p.remove[i] = choose(s.groups[i], s.scores[i], n, c);
+      const DependencyGroup& g = s.groups[i];
+      int64_t n = static_cast<int64_t>(std::floor(sparsity * static_cast<double>(g.channels) + 1e-9));
+      const std::vector<std::string> producers = g.producers();
+      if (auto it = producers.empty() ? c.original_channels.end() : c.original_channels.find(producers.front());
+          it != c.original_channels.end()) {
+        const int64_t c0 = it->second;
+        n = g.channels - (c0 - static_cast<int64_t>(std::floor(sparsity * static_cast<double>(c0) + 1e-9)));
+      }
+      p.remove[i] = choose(g, s.scores[i], n, c);
     }
     return p;
   }

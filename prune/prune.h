@@ -91,6 +91,10 @@ struct Config {
   std::vector<std::string> ignore;
   /// Fold removed channels' constant outputs into the next layers' biases where exact.
   bool fold_constant_outputs = true;
+  /// Per layer (producer node name), its output channels before any pruning: a group whose first
+  /// producer is listed keeps C₀ − ⌊sparsity·C₀⌋ channels of its original C₀ (so that steps of a
+  /// schedule reach the final count without rounding drift). Unlisted groups use their current size.
+  std::map<std::string, int64_t> original_channels;
 };
 
 /// Which channels of which groups go.

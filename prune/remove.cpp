@@ -106,7 +106,7 @@ void fold_constants(Graph& graph, const std::map<std::string, std::set<int64_t>>
     }
     bias->detach().add_(first.to(bias->dtype()).to(bias->device()));
     std::ostringstream os;
-    os << name << ".bias += constant of " << positions.size() << " removed input channel(s)";
+    os << name << ".bias += the constant of " << positions.size() << " removed input position(s)";
     report.folded.push_back(os.str());
   }
 }

@@ -60,6 +60,11 @@ class PruneModifier : public Modifier {
       const NodeCost c = graph_cost(tc.model->graph());
       base_macs_ = c.macs;
       base_params_ = c.params;
+      for (const Node& n : tc.model->graph().nodes())
+        if (is_weighted_layer(n) && !n.outputs.empty()) {
+          const Shape& s = tc.model->graph().value(n.outputs[0]).shape;
+          if (s.size() >= 2) original_[n.name] = s[1];
+        }
     }
     if (config_.scoring.criterion == prune::Criterion::kTaylor) taylor_.attach(tc.model);
   }
@@ -72,7 +77,9 @@ class PruneModifier : public Modifier {
   }
 
   std::string state() const override {
-    return nlohmann::json{{"steps_done", done_}, {"base_macs", base_macs_}, {"base_params", base_params_}}.dump();
+    return nlohmann::json{{"steps_done", done_}, {"base_macs", base_macs_}, {"base_params", base_params_},
+                          {"original_channels", original_}}
+        .dump();
   }
   void load_state(const std::string& text) override {
     try {
@@ -80,6 +87,7 @@ class PruneModifier : public Modifier {
       done_ = j.at("steps_done").get<int64_t>();
       base_macs_ = j.at("base_macs").get<int64_t>();
       base_params_ = j.at("base_params").get<int64_t>();
+      original_ = j.at("original_channels").get<std::map<std::string, int64_t>>();
     } catch (const std::exception& e) {
       throw Error(spec().location + ": modifier 'prune': unreadable saved state '" + text + "': " + e.what());
     }
@@ -111,10 +119,10 @@ class PruneModifier : public Modifier {
       if (relative >= 1.0) return finish_step(tc, goal + ": already reached");
       (macs ? c.target_macs : c.target_params) = relative;
     } else {
-      const double s = scheduled_fraction(o_.schedule, k, steps_, o_.initial_sparsity, o_.sparsity);
-      const double before = k == 1 ? 0.0 : scheduled_fraction(o_.schedule, k - 1, steps_, o_.initial_sparsity, o_.sparsity);
-      c.sparsity = std::max(0.0, 1.0 - (1.0 - s) / (1.0 - before));
-      goal = "sparsity " + SettingValue(s).text();
+      // Against each layer's original width: step k keeps C₀ − ⌊s_k·C₀⌋ channels.
+      c.sparsity = scheduled_fraction(o_.schedule, k, steps_, o_.initial_sparsity, o_.sparsity);
+      c.original_channels = original_;
+      goal = "sparsity " + SettingValue(c.sparsity).text();
     }
     prune::Report r;
     try {
@@ -144,6 +152,7 @@ class PruneModifier : public Modifier {
   int64_t done_ = 0;
   int64_t base_macs_ = 0;
   int64_t base_params_ = 0;
+  std::map<std::string, int64_t> original_;  // producer → output channels before pruning
 };
 
 // Network slimming's sparsity regularizer (Liu et al. 2017): the loss gains s·Σ|γ| over the

@@ -42,7 +42,8 @@ struct BnSparsityOptions {
 const OptionsSchema<BnSparsityOptions>& bn_sparsity_schema();
 
 /// Registers `prune` and `bn_sparsity` (called by register_builtin_modifiers). The prune
-/// modifier's state is {"steps_done": n, "base_macs": m, "base_params": p}.
+/// modifier's state is {"steps_done": n, "base_macs": m, "base_params": p, "original_channels":
+/// {layer: C₀}}: the unpruned model's cost and widths, which every step is measured against.
 void register_prune_modifiers();
 
 }  // namespace whittle::runner

@@ -33,6 +33,22 @@ class QuantizeModifier : public Modifier {
       throw Error(spec.location + ": modifier 'quantize': " + e.what(), ErrorKind::kUsage);
     }
     clip_ = o.clip_latent_weights && config_.method == "bnn" && config_.weight_bits == 1;
+    // Settings that would change nothing are refused rather than ignored.
+    auto refuse = [&](const std::string& why) {
+      throw Error(spec.location + ": modifier 'quantize': " + why, ErrorKind::kUsage);
+    };
+    if (spec.end_epoch >= 0)
+      refuse("end_epoch " + SettingValue(spec.end_epoch).text() +
+             ": the quantizers stay attached to the end of the run (leave end_epoch out)");
+    if (config_.weight_bits == 32 && config_.activation_bits == 32)
+      refuse("weight_bits and activation_bits are both 32: nothing would be quantized");
+    const auto& given = spec.settings;
+    if (given.contains("clip_latent_weights") && config_.method != "bnn")
+      refuse("clip_latent_weights applies to method bnn, not " + config_.method);
+    for (const char* key : {"xnor_detach_alpha", "xnor_scale_k"})
+      if (given.contains(key) && config_.method != "xnor") refuse(std::string(key) + " applies to method xnor, not " + config_.method);
+    if (given.contains("granularity") && config_.method == "bnn")
+      refuse("granularity: method bnn has no weight scale (sign(W) only)");
   }
 
   void on_start(TrainContext& tc) override {
@@ -61,6 +77,12 @@ class QuantizeModifier : public Modifier {
  private:
   void attach(TrainContext& tc) {
     quantize::Report r = quantize::apply(tc.model, config_);
+    if (r.quantized.empty())
+      throw Error(spec().location + ": modifier 'quantize' quantized no layer: " +
+                      (r.skipped.empty() ? std::string("its targets select no conv or linear layer")
+                                         : "every selected layer was skipped (" + r.skipped.front() +
+                                               (r.skipped.size() > 1 ? ", ..." : "") + ")"),
+                  ErrorKind::kUsage);
     applied_ = true;
     tc.parameters_changed = true;
     std::cout << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
@@ -88,7 +110,7 @@ const OptionsSchema<QuantizeModifierOptions>& quantize_modifier_schema() {
           .in_range(Range::closed(1, 32))
           .add("activation_clip", &O::activation_clip,
                "dorefa/twn activations: clip level c of c·quantize_k(clip(a, 0, c)/c) (1: the paper's [0, 1])")
-          .in_range(Range::above(0))
+          .in_range(Range{0, 1e6, true, false})
           .add("granularity", &O::granularity, "scale granularity of twn, xnor and 1-bit dorefa (and dorefa's max)",
                {"per_tensor", "per_channel"}, "per_channel for twn/xnor, per_tensor for dorefa")
           .add("xnor_detach_alpha", &O::xnor_detach_alpha, "xnor: no gradient through α = mean|W|")

@@ -151,10 +151,10 @@ std::vector<KeySpec> build_schema() {
       {key("epochs", KeyType::kInt, "1", "number of epochs", Range::closed(1, 1000000)),
        section("optimizer", "Optimizer and its hyper-parameters.",
                {key("name", KeyType::kString, "sgd", "sgd, adam or adamw", {"sgd", "adam", "adamw"}),
-                key("lr", KeyType::kFloat, "0.1", "base learning rate", Range::above(0)),
+                key("lr", KeyType::kFloat, "0.1", "base learning rate", Range{0, 1e6, true, false}),
                 key("momentum", KeyType::kFloat, "0.9", "SGD momentum", Range::half_open(0, 1)),
                 key("nesterov", KeyType::kBool, "false", "SGD Nesterov momentum"),
-                key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)", Range::at_least(0)),
+                key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)", Range::closed(0, 1e3)),
                 key("beta1", KeyType::kFloat, "0.9", "Adam β1", Range::half_open(0, 1)),
                 key("beta2", KeyType::kFloat, "0.999", "Adam β2", Range::half_open(0, 1)),
                 key("eps", KeyType::kFloat, "1e-8", "Adam ε", Range::above(0))}),
@@ -164,8 +164,8 @@ std::vector<KeySpec> build_schema() {
                 key("step_size", KeyType::kFloat, "30", "step: epochs between decays", Range::above(0)),
                 key("milestones", KeyType::kFloatList, "[]", "multistep: epochs where lr is multiplied by gamma", Range::at_least(0)),
                 key("gamma", KeyType::kFloat, "0.1", "step/multistep decay factor", Range::above(0)),
-                key("min_lr", KeyType::kFloat, "0", "cosine: final learning rate", Range::at_least(0)),
-                key("max_lr", KeyType::kFloat, "0 (= optimizer.lr)", "one_cycle: peak learning rate", Range::at_least(0)),
+                key("min_lr", KeyType::kFloat, "0", "cosine: final learning rate (at most optimizer.lr)", Range::closed(0, 1e6)),
+                key("max_lr", KeyType::kFloat, "0 (= optimizer.lr)", "one_cycle: peak learning rate", Range::closed(0, 1e6)),
                 key("pct_start", KeyType::kFloat, "0.3", "one_cycle: fraction of the steps spent rising", Range{0, 1, true, true}),
                 key("warmup_epochs", KeyType::kFloat, "0", "linear warmup from 0 over this many epochs", Range::at_least(0))}),
        key("label_smoothing", KeyType::kFloat, "0", "cross-entropy label smoothing", Range::half_open(0, 1)),
@@ -221,6 +221,8 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
     usage_error("--set '" + assignment + "': value is not valid YAML (" + e.msg + ")");
   }
   collect_nodes(value, created);
+  if (path.front() == '.' || path.back() == '.')
+    usage_error("--set '" + assignment + "': empty component in '" + path + "'");
   std::vector<std::string> parts;
   std::stringstream ss(path);
   std::string part;
@@ -474,6 +476,7 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
   for (const auto& k : keys) names.push_back(k.name);
   std::map<std::string, YAML::Node> seen;
   for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) usage_error(at_line(origin, kv.first) + ": a key in " + label + " must be a plain name");
     const std::string name = kv.first.as<std::string>();
     const std::string path = where.empty() ? name : where + "." + name;
     // yaml-cpp keeps every copy of a repeated key and lookups return the first: a duplicate would
@@ -585,6 +588,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
                     const std::vector<std::string>& overrides) {
   YAML::Node root = load_yaml(text, origin);
   if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
+  if (!root.IsMap()) usage_error(at_line(origin, root) + ": the top level must be a section (key: value pairs)");
   register_builtin_modifiers();
   std::vector<YAML::Node> override_nodes;
   // `model.name` (a zoo model) and `model.file` are alternatives: overriding one drops the other
@@ -651,7 +655,8 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     if (!d[required]) usage_error(at_line(origin, d) + ": missing key 'data." + std::string(required) + "'");
   read_data_section(d, r.data);
   if (r.data.mean.size() != r.data.std.size())
-    usage_error(at_line(origin, d) + ": 'data.mean' and 'data.std' must have the same length");
+    usage_error(at_line(origin, d["mean"] ? d["mean"] : d) + ": 'data.mean' has " + std::to_string(r.data.mean.size()) +
+                " entries and 'data.std' " + std::to_string(r.data.std.size()) + ": they must have the same length");
   for (double v : r.data.std)
     if (!(v > 0)) usage_error(at_line(origin, d["std"]) + ": 'data.std' entries must be > 0");
   for (const auto& [k, v] : {std::pair<const char*, int64_t>{"batch_size", r.data.batch_size},
@@ -690,6 +695,9 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     get(s, "pct_start", sc.pct_start);
     get(s, "warmup_epochs", sc.warmup_epochs);
     if (sc.name == "step" && !(sc.step_size > 0)) usage_error(at_line(origin, s) + ": 'training.lr_schedule.step_size' must be > 0");
+    if (sc.min_lr > r.training.optimizer.lr)
+      usage_error(at_line(origin, s["min_lr"] ? s["min_lr"] : s) + ": 'training.lr_schedule.min_lr' " + number_text(sc.min_lr) +
+                  " is above training.optimizer.lr " + number_text(r.training.optimizer.lr));
   }
   get(t, "label_smoothing", r.training.label_smoothing);
   get(t, "grad_accumulation", r.training.grad_accumulation);
@@ -714,7 +722,8 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       const YAML::Node e = mods[i];
       const std::string where = "modifiers." + std::to_string(i);
       if (!e.IsMap()) usage_error(at_line(origin, e) + ": '" + where + "' must be a section with a 'name'");
-      if (!e["name"] || !e["name"].IsScalar()) usage_error(at_line(origin, e) + ": '" + where + "' needs a 'name'");
+      if (!e["name"]) usage_error(at_line(origin, e) + ": '" + where + "' needs a 'name'");
+      if (!e["name"].IsScalar()) usage_error(at_line(origin, e["name"]) + ": '" + where + ".name' must be a string, got " + node_kind(e["name"]));
       const std::string name = e["name"].Scalar();
       const ModifierInfo* info = nullptr;
       try {
@@ -776,8 +785,13 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     stem = stem.substr(0, stem.rfind('.'));
     r.outputs.dir = "runs/" + (stem.empty() ? std::string("run") : stem);
   }
-  if (r.outputs.checkpoint.empty() || r.outputs.checkpoint.find('/') != std::string::npos)
-    usage_error(origin + ": 'outputs.checkpoint' must be a plain file name");
+  const std::string& ck = r.outputs.checkpoint;
+  if (ck.empty() || ck.find('/') != std::string::npos || ck == "." || ck == "..")
+    usage_error(origin + ": 'outputs.checkpoint' must be a plain file name, got '" + ck + "'");
+  for (const char* reserved : {"train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml", ".whittle.lock"})
+    if (ck == reserved)
+      usage_error(origin + ": 'outputs.checkpoint' is '" + ck + "', a file the run directory already uses for itself");
+  if (ck.front() == '.') usage_error(origin + ": 'outputs.checkpoint' '" + ck + "' must not start with '.'");
   return r;
 }
 
@@ -792,6 +806,7 @@ DataSpec parse_recipe_data(const std::string& text, const std::string& origin) {
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
   if (!path_exists(path)) usage_error(path + ": recipe file does not exist");
+  if (!is_regular_file(path)) usage_error(path + ": the recipe is " + describe_path(path) + ", not a YAML file");
   std::string text;
   try {
     text = read_file(path);

@@ -63,7 +63,7 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
   try {
     write_atomic(path, [&](const std::string& tmp) { a.save_to(tmp); });
   } catch (const std::exception& e) {
-    throw Error("cannot write training state " + path + ": " + e.what());
+    throw Error("cannot write training state " + path + ": " + message_of(e));
   }
 }
 
@@ -75,7 +75,7 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
   try {
     a.load_from(path);
   } catch (const std::exception& e) {
-    throw Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + e.what());
+    throw Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + message_of(e));
   }
   auto read_tensor = [&](const char* k) {
     at::Tensor t;
@@ -111,7 +111,7 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
     for (const auto& m : json::parse(read_string("modifiers")))
       s.modifiers_.emplace_back(m.at("name").get<std::string>(), m.at("state").get<std::string>());
   } catch (const json::exception& e) {
-    throw Error("--resume: " + path + ": damaged training state: " + e.what());
+    throw Error("--resume: " + path + ": damaged training state: " + message_of(e));
   }
   s.loss_scale_ = read_tensor("loss_scale").item<double>();
   s.loss_scale_clean_steps_ = read_tensor("loss_scale_clean_steps").item<int64_t>();
@@ -162,7 +162,7 @@ void SavedTrainState::restore_optimizer(torch::optim::Optimizer& optimizer) {
   try {
     optimizer.load(optim);
   } catch (const std::exception& e) {
-    throw Error("--resume: " + path_ + ": the saved optimizer state does not fit the model: " + e.what());
+    throw Error("--resume: " + path_ + ": the saved optimizer state does not fit the model: " + message_of(e));
   }
 }
 

@@ -37,6 +37,14 @@ using json = nlohmann::ordered_json;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Parameters and MACs of one image (the graph's declared batch divided out).
+NodeCost per_image_cost(const Graph& g) {
+  NodeCost c = graph_cost(g);
+  const Shape in = g.value(g.inputs().front()).shape;
+  if (!in.empty() && in[0] > 1) c.macs /= in[0];
+  return c;
+}
+
 // The recipe's `data.<key>` set (key "train" or "test"), the first `limit` images of it (0: all).
 // Throws whittle::Error naming the key for a set without images.
 data::Dataset load_limited(const DataSpec& spec, const char* key, const std::string& path, const std::string& split,
@@ -167,7 +175,8 @@ at::Device open_device(const std::string& name) {
 Trainer::Trainer(const Recipe& r, const RunOptions& options)
     : recipe_(r), options_(options), log_(options.log ? options.log : &std::cout), t_start_(Clock::now()) {
   std::ostream& log = *log_;
-  g_stop.store(false);
+  // A Ctrl-C that came before the Trainer (while the recipe was read) counts: checked below
+  // before the run directory is created.
   result_.run_dir = options.out_dir.empty() ? r.outputs.dir : options.out_dir;
   const std::string& dir = result_.run_dir;
   result_.checkpoint = join_path(dir, r.outputs.checkpoint);
@@ -224,6 +233,21 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
                     " training images and data.drop_last is true: an epoch would make no optimizer step",
                 ErrorKind::kUsage);
   check_modifier_windows();
+  if (t.grad_accumulation > train_loader_->num_batches())
+    throw Error(r.path + ": 'training.grad_accumulation' " + std::to_string(t.grad_accumulation) + " is more than the " +
+                    std::to_string(train_loader_->num_batches()) + " batches of an epoch",
+                ErrorKind::kUsage);
+  {
+    const auto& a = train_loader_->dataset().class_names;
+    const auto& b = test_loader_->dataset().class_names;
+    if (!a.empty() && !b.empty() && a != b)
+      throw Error(r.path + ": 'data.train' has " + std::to_string(a.size()) + " classes (" + a.front() + ", ...) and "
+                      "'data.test' " + std::to_string(b.size()) + " (" + b.front() + ", ...): the class names differ",
+                  ErrorKind::kUsage);
+  }
+  if (t.amp != "none" && !device_.is_cuda())
+    throw Error(r.path + ": 'training.amp' " + t.amp + " applies to CUDA devices; the run is on " + device_.str(),
+                ErrorKind::kUsage);
 
   // Model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
   std::optional<SavedTrainState> saved;
@@ -237,14 +261,12 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   check_input_shapes();
 
   // Everything is checked: from here on the run directory is written.
+  if (g_stop.load()) throw Interrupted("interrupted before training started; nothing was written");
   if (!lock_) {
     make_directories(dir);
+    created_dir_ = true;
     lock_ = std::make_unique<DirectoryLock>(dir, "whittle run");
   }
-  // --overwrite: the previous run's report goes now (the run is no longer finished); its
-  // checkpoint and training state stay until this run replaces them at the end of its first
-  // epoch, so a run that fails before that loses nothing.
-  if (options.overwrite) remove_file(join_path(dir, "report.json"));
 
   // Modifiers' start, optimizer.
   tc_.model = model_;
@@ -272,15 +294,9 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     saved->restore_rng();
     log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
   }
-  write_file_atomic(join_path(dir, "recipe.yaml"), r.text);
-  if (!options.resume) write_file_atomic(join_path(dir, "metrics.jsonl"), "");
+  if (options.resume) started_writing_ = true;  // the run's files are there already
 
-  const NodeCost cost = [&] {
-    NodeCost c = graph_cost(model_->graph());
-    const Shape in = model_->graph().value(model_->graph().inputs().front()).shape;
-    if (!in.empty() && in[0] > 1) c.macs /= in[0];
-    return c;
-  }();
+  const NodeCost cost = per_image_cost(model_->graph());
   result_.params = cost.params;
   result_.macs = cost.macs;
   log << "model " << (r.model.name.empty() ? r.model.file : r.model.name) << ": " << cost.params << " parameters, "
@@ -292,7 +308,27 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   progress_ = std::make_unique<ProgressBar>(log, tty, t.log_every);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // A run that failed before writing anything leaves no directory behind (only one it created).
+  if (created_dir_ && !started_writing_) {
+    lock_.reset();
+    try {
+      if (list_directory(result_.run_dir).empty()) remove_tree(result_.run_dir);
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+void Trainer::start_writing() {
+  if (started_writing_) return;
+  // A new run's files replace the previous run's (with --overwrite) only now, once it has
+  // something to write: a run that fails in its first epoch leaves the old one as it was.
+  const std::string& dir = result_.run_dir;
+  if (options_.overwrite) remove_file(join_path(dir, "report.json"));
+  write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
+  write_file_atomic(join_path(dir, "metrics.jsonl"), "");
+  started_writing_ = true;
+}
 
 std::vector<std::string> Trainer::run_files() const {
   return {recipe_.outputs.checkpoint, "train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml"};
@@ -302,9 +338,13 @@ void Trainer::check_previous_run() const {
   if (options_.resume || options_.overwrite) return;
   const std::string& dir = result_.run_dir;
   std::string found;
+  bool saved = false;
   for (const std::string& f : run_files())
-    if (path_exists(join_path(dir, f))) found += (found.empty() ? "" : ", ") + f;
-  if (found.empty()) return;
+    if (path_exists(join_path(dir, f))) {
+      found += (found.empty() ? "" : ", ") + f;
+      saved = saved || (f != "recipe.yaml" && f != "metrics.jsonl");
+    }
+  if (!saved) return;  // only the start of a run that never finished an epoch: run again
   const bool finished = path_exists(join_path(dir, "report.json"));
   throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found +
                   "): --resume continues it, --overwrite replaces it, --out DIR writes elsewhere",
@@ -327,6 +367,19 @@ void Trainer::check_modifier_windows() const {
 
 void Trainer::check_input_shapes() const {
   const Graph& g = model_->graph();
+  if (g.outputs().size() == 1) {
+    const Shape& out = g.value(g.outputs().front()).shape;
+    const int64_t classes = out.size() == 2 ? out[1] : 0;
+    for (const auto& [key, loader] : {std::pair<const char*, const data::DataLoader*>{"train", train_loader_.get()},
+                                      {"test", test_loader_.get()}}) {
+      const data::Dataset& ds = loader->dataset();
+      const int64_t labels = ds.labels.numel() ? ds.labels.max().item<int64_t>() + 1 : 0;
+      if (classes > 0 && labels > classes)
+        throw Error(recipe_.path + ": 'data." + key + "' has labels up to " + std::to_string(labels - 1) +
+                        " but the model has " + std::to_string(classes) + " outputs (model.num_classes)",
+                    ErrorKind::kUsage);
+    }
+  }
   if (g.inputs().size() != 1) return;
   const Shape& in = g.value(g.inputs().front()).shape;
   if (in.size() != 4) return;
@@ -468,6 +521,7 @@ bool Trainer::train_epoch() {
 EvalMetrics Trainer::evaluate() { return runner::evaluate(model_, *test_loader_, device_); }
 
 void Trainer::save_state() {
+  start_writing();
   save_train_state(state_path_, recipe_.text, state_, model_, modifiers_, *optimizer_, scaler_);
 }
 
@@ -496,6 +550,7 @@ EvalMetrics Trainer::end_epoch() {
   line["lr"] = learning_rate_at(t.lr_schedule, t.optimizer.lr, static_cast<double>(epoch + 1) - 1e-9,
                                 static_cast<double>(t.epochs));
   line["train_images_per_second"] = static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
+  start_writing();
   {
     std::ofstream f(join_path(result_.run_dir, "metrics.jsonl"), std::ios::app);
     f << line.dump() << "\n";
@@ -521,6 +576,7 @@ RunResult Trainer::run() {
       save_state();
       *log_ << "interrupted: training state saved to " << state_path_ << " (continue with --resume)\n";
       result_.interrupted = true;
+      g_stop.store(false);
       result_.epochs_done = state_.epoch;
       result_.wall_seconds = seconds_since(t_start_);
       return result_;
@@ -533,6 +589,10 @@ RunResult Trainer::run() {
 RunResult Trainer::finish() {
   for (auto& m : modifiers_) m->on_finish(tc_);
   model_->eval();
+  // The report describes the model as it is shipped (pruned, fused).
+  const NodeCost cost = per_image_cost(model_->graph());
+  result_.params = cost.params;
+  result_.macs = cost.macs;
   json metrics;
   metrics["test_top1"] = result_.test.top1;
   metrics["test_top5"] = result_.test.top5;

@@ -48,8 +48,8 @@ struct RunOptions {
   std::string device;           ///< "" = recipe training.device
   bool resume = false;          ///< continue from <dir>/train_state.pt
   bool overwrite = false;       ///< replace a run already in the directory (else that is an error):
-                                ///< its report.json goes at the start, its checkpoint and training
-                                ///< state when this run writes its own (end of the first epoch)
+                                ///< its files stay as they are until this run writes its own (its
+                                ///< first epoch's end, or a Ctrl-C), then each is replaced
   std::ostream* log = nullptr;  ///< progress and report (nullptr = std::cout)
 };
 
@@ -76,11 +76,12 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
 /// modifier window opening at a step); the model built (load_model: a zoo model seeded with
 /// training.seed, or the recipe's file) or, on resume, rebuilt from the training state's graph and
 /// tensors; the modifiers created and their target patterns checked against the model; only then
-/// the run directory created and locked (with RunOptions::overwrite, the previous run's
-/// report.json removed); on resume the modifiers' saved states restored; their on_start run; the optimizer
+/// the run directory created and locked; on resume the modifiers' saved states restored; their on_start run; the optimizer
 /// built over the model's trainable parameters; on resume the optimizer state, the loss scaler,
 /// the position and, last, the CPU generator restored. Errors before the directory is created
-/// leave nothing behind.
+/// leave nothing behind; the run's own files (recipe.yaml, metrics.jsonl) are written when it
+/// first saves (end of epoch 1, or Ctrl-C), so a run failing before that leaves a directory it
+/// created removed again and a previous run (--overwrite) as it was.
 ///
 /// Not copyable; one Trainer at a time per process (request_stop is process-wide).
 class Trainer {
@@ -159,6 +160,9 @@ class Trainer {
   Recipe recipe_;
   RunOptions options_;
   std::unique_ptr<DirectoryLock> lock_;  // held on the run directory for the Trainer's lifetime
+  bool created_dir_ = false;      // this Trainer made the run directory
+  bool started_writing_ = false;  // recipe.yaml and metrics.jsonl written (start_writing)
+  void start_writing();           // writes them, at the first save or metrics line
   std::ostream* log_;
   Clock::time_point t_start_;
   Clock::time_point t_epoch_;
@@ -184,6 +188,13 @@ class Trainer {
 /// run can continue with RunOptions::resume): Trainer(recipe, options).run(). Throws whittle::Error
 /// as Trainer's constructor does, or for a failure while training.
 RunResult run_recipe(const Recipe& recipe, const RunOptions& options);
+
+/// Thrown by the Trainer's constructor when request_stop() came before training started (Ctrl-C
+/// while loading): nothing was written. `whittle run` exits 130.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
 
 /// Asks a running Trainer to stop after the current batch and save its state (async-signal-safe).
 void request_stop() noexcept;

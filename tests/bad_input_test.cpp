@@ -393,8 +393,8 @@ TEST(TrainerRunDirectory, LockedWhileInUseAndNotSilentlyReplaced) {
   over.overwrite = true;
   {
     Trainer replaced(r, over);
-    EXPECT_FALSE(path_exists(join_path(dir, "report.json")));  // the old run is no longer finished
-    EXPECT_EQ(read_file(join_path(dir, "model.h5")), ckpt);     // kept until this run writes its own
+    EXPECT_TRUE(path_exists(join_path(dir, "report.json")));  // the old run stays until this one saves
+    EXPECT_EQ(read_file(join_path(dir, "model.h5")), ckpt);
     EXPECT_EQ(replaced.run().epochs_done, 1);
   }
   EXPECT_TRUE(is_regular_file(join_path(dir, "report.json")));

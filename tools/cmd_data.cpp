@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "data/load.h"
 #include "tools/command.h"
 
@@ -30,6 +31,10 @@ int run_data(const std::vector<std::string>& args) {
   if (src.empty() || to.empty()) throw Error("data pack: needs SRC and --to FILE.h5", ErrorKind::kUsage);
   data::LoadOptions lo;
   lo.split = split;
+  if (path_exists(src) && is_same_or_inside(to, src))
+    throw Error("data pack: --to " + to + " is " + (is_directory(src) ? "inside the dataset folder " : "the dataset ") + src +
+                    ", which it would overwrite",
+                ErrorKind::kUsage);
   data::Dataset ds = data::pack_dataset(src, to, lo);
   std::cout << "packed " << ds.size() << " images [" << ds.channels() << ", " << ds.height() << ", " << ds.width()
             << "] in " << ds.num_classes() << " classes to " << to << "\n";

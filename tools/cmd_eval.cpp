@@ -55,6 +55,7 @@ int run_eval(const std::vector<std::string>& args) {
     data_path = recipe_data.test;
     pack_to = recipe_data.pack_to;  // the run's HDF5 copy of an image folder or archive, when it packed one
   }
+  if (vm.count("split") && split.empty()) throw Error("eval: --split is empty (e.g. test)", ErrorKind::kUsage);
   if (split.empty()) split = recipe_data.test_split;
   if (data_path.empty())
     throw Error("eval: the checkpoint holds no recipe naming a test set; give --data", ErrorKind::kUsage);

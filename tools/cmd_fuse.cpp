@@ -10,6 +10,7 @@
 #include "export/checkpoint.h"
 #include "fuse/fuse.h"
 #include "core/error.h"
+#include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -41,6 +42,8 @@ int run_fuse(const std::vector<std::string>& args) {
   }
   if (model.empty()) throw Error("fuse: missing MODEL (see whittle fuse --help)", ErrorKind::kUsage);
   if (out.empty()) throw Error("fuse: missing --out FILE (see whittle fuse --help)", ErrorKind::kUsage);
+  if (path_exists(model) && is_same_or_inside(out, model))
+    throw Error("fuse: --out " + out + " is the input model " + model + "; write the fused model elsewhere", ErrorKind::kUsage);
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");

@@ -130,6 +130,7 @@ int run_inspect(const std::vector<std::string>& args) {
   if (model.empty()) throw Error("inspect: missing MODEL (see whittle inspect --help)", ErrorKind::kUsage);
 
   std::optional<Shape> shape;
+  if (vm.count("input-shape") && shape_text.empty()) throw Error("inspect: --input-shape is empty (e.g. 1,3,32,32)", ErrorKind::kUsage);
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
   Graph g = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()));
   const int64_t file_bytes = is_regular_file(model) ? file_size(model) : -1;

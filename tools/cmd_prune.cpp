@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "export/checkpoint.h"
 #include "graph/graph_module.h"
 #include "prune/prune.h"
@@ -67,6 +68,9 @@ int run_prune(const std::vector<std::string>& args) {
   if (model.empty()) throw Error("prune: missing MODEL (see whittle prune --help)", ErrorKind::kUsage);
   const bool groups_only = vm.count("groups") > 0;
   if (out.empty() && !groups_only) throw Error("prune: missing --out FILE (see whittle prune --help)", ErrorKind::kUsage);
+  if (!out.empty() && path_exists(model) && is_same_or_inside(out, model))
+    throw Error("prune: --out " + out + " is the input model " + model + "; write the pruned model elsewhere",
+                ErrorKind::kUsage);
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");

@@ -33,6 +33,8 @@ int run_run(const std::vector<std::string>& args) {
     return 0;
   }
   if (recipe_path.empty()) throw Error("run: missing RECIPE (see whittle run --help)", ErrorKind::kUsage);
+  if (vm.count("out") && out.empty()) throw Error("run: --out is empty (give a directory)", ErrorKind::kUsage);
+  if (vm.count("device") && device.empty()) throw Error("run: --device is empty (cpu, cuda or cuda:N)", ErrorKind::kUsage);
   if (!device.empty() && !runner::is_device_name(device))
     throw Error("--device '" + device + "': expected cpu, cuda or cuda:N", ErrorKind::kUsage);
   runner::Recipe recipe = runner::load_recipe(recipe_path, sets);
@@ -42,8 +44,13 @@ int run_run(const std::vector<std::string>& args) {
   ro.resume = vm.count("resume") > 0;
   ro.overwrite = vm.count("overwrite") > 0;
   runner::install_sigint_handler();
-  runner::RunResult res = runner::run_recipe(recipe, ro);
-  return res.interrupted ? 130 : 0;
+  try {
+    runner::RunResult res = runner::run_recipe(recipe, ro);
+    return res.interrupted ? 130 : 0;
+  } catch (const runner::Interrupted& e) {
+    std::cerr << "whittle run: " << e.what() << "\n";
+    return 130;
+  }
 }
 
 }  // namespace whittle::cli

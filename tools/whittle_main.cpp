@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
       std::cerr << "whittle " << c.name << ": error: out of memory\n";
       return 1;
     } catch (const std::exception& e) {
-      std::cerr << "whittle " << c.name << ": error: " << e.what() << "\n";
+      std::cerr << "whittle " << c.name << ": error: " << whittle::message_of(e) << "\n";
       return 1;
     }
   }

@@ -42,6 +42,9 @@ FLOORS = {
 # W2A2, 2 epochs from each seed's FP32 checkpoint: measured 98.25 and 98.45 (seeds 0, 1, 2 threads;
 # 98.05 and 98.40 with 1 thread); the floor keeps the from-scratch W2A2 floor's margin and more.
 FINE_TUNE_FLOOR = 97.5
+# LeNet-5 pruned to half its MACs from each seed's FP32 checkpoint, 2 epochs of fine-tuning
+# (recipes/mnist/lenet5_prune.yaml): issue 13 asks for 98.3; measured in docs/pruning.md.
+PRUNE_FLOOR = 98.3
 
 
 def run(recipe, out, *sets):
@@ -114,6 +117,28 @@ if "lenet5" in sizes:
         line(ok, "W2A2 fine-tuned from FP32 (2 ep)", top1, FINE_TUNE_FLOOR)
         if not ok:
             failures.append(f"fine-tuning from FP32: mean top-1 {statistics.mean(top1):.2f} < {FINE_TUNE_FLOOR}")
+
+# Channel pruning from the FP32 runs: half the MACs removed (L1, physical removal) plus 2 epochs of
+# fine-tuning keep at least PRUNE_FLOOR, with a smaller checkpoint and at most half the MACs.
+if "lenet5" in sizes:
+    top1 = []
+    for seed in SEEDS:
+        out = os.path.join(OUT, "lenet5_prune_from_fp32", f"seed{seed}")
+        fp32 = os.path.join(OUT, "lenet5", f"seed{seed}", "model.h5")
+        rep = run("lenet5_prune", out, f"training.seed={seed}", "model.file=" + fp32)
+        if isinstance(rep, str):
+            failures.append(f"pruning from FP32, seed {seed}: {rep}")
+            continue
+        top1.append(100 * rep["test_top1"])
+        fp32_rep = json.load(open(os.path.join(OUT, "lenet5", f"seed{seed}", "report.json")))
+        if not (rep["macs_per_image"] <= 0.5 * fp32_rep["macs_per_image"] and rep["checkpoint_bytes"] < sizes["lenet5"]):
+            failures.append(f"pruning from FP32, seed {seed}: {rep['macs_per_image']} MACs (FP32 "
+                            f"{fp32_rep['macs_per_image']}), {rep['checkpoint_bytes']} B (FP32 {sizes['lenet5']} B)")
+    if len(top1) == len(SEEDS):
+        ok = statistics.mean(top1) >= PRUNE_FLOOR
+        line(ok, "half MACs pruned (L1) + 2 ep", top1, PRUNE_FLOOR)
+        if not ok:
+            failures.append(f"pruning from FP32: mean top-1 {statistics.mean(top1):.2f} < {PRUNE_FLOOR}")
 
 for name, size in sizes.items():
     if name != "lenet5" and "lenet5" in sizes and not size < sizes["lenet5"]:
