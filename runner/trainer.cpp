@@ -192,7 +192,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     throw Error("output directory " + dir + " cannot be written: " + e.what());
   }
   if (is_directory(dir)) {
-    lock_ = std::make_unique<DirectoryLock>(dir, "whittle run");
+    run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
     check_previous_run();
   }
 
@@ -262,10 +262,11 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
 
   // Everything is checked: from here on the run directory is written.
   if (g_stop.load()) throw Interrupted("interrupted before training started; nothing was written");
-  if (!lock_) {
+  if (!run_dir_.lock) {
     make_directories(dir);
-    created_dir_ = true;
-    lock_ = std::make_unique<DirectoryLock>(dir, "whittle run");
+    run_dir_.path = dir;
+    run_dir_.created = true;
+    run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
   }
 
   // Modifiers' start, optimizer.
@@ -294,7 +295,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     saved->restore_rng();
     log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
   }
-  if (options.resume) started_writing_ = true;  // the run's files are there already
+  if (options.resume) run_dir_.written = true;  // the run's files are there already
 
   const NodeCost cost = per_image_cost(model_->graph());
   result_.params = cost.params;
@@ -308,26 +309,27 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   progress_ = std::make_unique<ProgressBar>(log, tty, t.log_every);
 }
 
-Trainer::~Trainer() {
+Trainer::~Trainer() = default;
+
+Trainer::RunDirectory::~RunDirectory() {
+  lock.reset();
   // A run that failed before writing anything leaves no directory behind (only one it created).
-  if (created_dir_ && !started_writing_) {
-    lock_.reset();
-    try {
-      if (list_directory(result_.run_dir).empty()) remove_tree(result_.run_dir);
-    } catch (const std::exception&) {
-    }
+  if (!created || written) return;
+  try {
+    if (list_directory(path).empty()) remove_tree(path);
+  } catch (const std::exception&) {
   }
 }
 
 void Trainer::start_writing() {
-  if (started_writing_) return;
+  if (run_dir_.written) return;
   // A new run's files replace the previous run's (with --overwrite) only now, once it has
   // something to write: a run that fails in its first epoch leaves the old one as it was.
   const std::string& dir = result_.run_dir;
   if (options_.overwrite) remove_file(join_path(dir, "report.json"));
   write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
   write_file_atomic(join_path(dir, "metrics.jsonl"), "");
-  started_writing_ = true;
+  run_dir_.written = true;
 }
 
 std::vector<std::string> Trainer::run_files() const {

@@ -159,9 +159,15 @@ class Trainer {
 
   Recipe recipe_;
   RunOptions options_;
-  std::unique_ptr<DirectoryLock> lock_;  // held on the run directory for the Trainer's lifetime
-  bool created_dir_ = false;      // this Trainer made the run directory
-  bool started_writing_ = false;  // recipe.yaml and metrics.jsonl written (start_writing)
+  // The run directory's lock, held for the Trainer's lifetime; a directory this Trainer created
+  // and never wrote a file into is removed again when it goes (also when the constructor throws).
+  struct RunDirectory {
+    std::string path;
+    std::unique_ptr<DirectoryLock> lock;
+    bool created = false;  // this Trainer made the directory
+    bool written = false;  // recipe.yaml and metrics.jsonl written (start_writing)
+    ~RunDirectory();
+  } run_dir_;
   void start_writing();           // writes them, at the first save or metrics line
   std::ostream* log_;
   Clock::time_point t_start_;

@@ -99,12 +99,16 @@ r = run("run", BASE, *QUICK, "--out", good)
 check(r.returncode == 0, "a good one-epoch run" + ("" if r.returncode == 0 else ": " + r.stderr[-500:]))
 ckpt = open(os.path.join(good, "model.h5"), "rb").read()
 state = open(os.path.join(good, "train_state.pt"), "rb").read()
-expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e30", "--out", good, "--overwrite"], 1,
-       ["training stopped: the loss is NaN at step 2 (epoch 1, batch 2 of 4)", "nothing was saved"],
+recipe_before = open(os.path.join(good, "recipe.yaml")).read()
+expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e6", "--out", good, "--overwrite"], 1,
+       ["training stopped: the loss is NaN at step 3 (epoch 1, batch 3 of 4)", "nothing was saved"],
        "NaN loss")
 check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt and
-      open(os.path.join(good, "train_state.pt"), "rb").read() == state,
-      "NaN loss: the previous checkpoint and training state are untouched")
+      open(os.path.join(good, "train_state.pt"), "rb").read() == state and
+      open(os.path.join(good, "recipe.yaml")).read() == recipe_before and os.path.isfile(os.path.join(good, "report.json")),
+      "NaN loss with --overwrite: the previous run is untouched (checkpoint, state, recipe, report)")
+expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e6", "--out", d], 1, "the loss is NaN",
+       "NaN loss in a new directory", d)
 
 # 6. Empty datasets.
 empty = os.path.join(OUT, "empty.h5")
@@ -190,6 +194,28 @@ expect(["inspect", OUT], 2, OUT + " is a directory, not a whittle checkpoint", "
 expect(["eval", os.path.join(OUT, "empty_model.h5")], 2, "does not exist", "eval of a missing model")
 open(os.path.join(OUT, "empty_model.pt"), "wb").close()
 expect(["inspect", os.path.join(OUT, "empty_model.pt")], 2, "is an empty file", "inspect of an empty file")
+
+# More bad input: each refused before anything is written.
+scalar = os.path.join(OUT, "scalar.yaml")
+open(scalar, "w").write("hello\n")
+expect(["run", scalar, "--set", "a=1", "--out", d], 2, "the top level must be a section", "a scalar recipe with --set", d)
+expect(["run", BASE, *QUICK, "--set", "outputs.checkpoint=train_state.pt", "--out", d], 2,
+       "a file the run directory already uses", "a checkpoint named like the training state", d)
+expect(["run", BASE, *QUICK, "--set", "training.grad_accumulation=1000", "--out", d], 2,
+       "'training.grad_accumulation' 1000 is more than the 4 batches of an epoch", "grad_accumulation beyond an epoch", d)
+expect(["run", BASE, *QUICK, "--set", "model.num_classes=2", "--out", d], 2,
+       "has labels up to 9 but the model has 2 outputs", "fewer classes than labels", d)
+expect(["run", BASE, *QUICK, "--set", "training.amp=fp16", "--out", d], 2, "applies to CUDA devices", "amp on CPU", d)
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.end_epoch=0.5", "--out", d], 2,
+       "the quantizers stay attached to the end", "quantize end_epoch", d)
+expect(["run", W2A2, *QUICK, "--set", "modifiers.0.ignore=['re:.*']", "--out", d], 2,
+       "modifier 'quantize' quantized no layer", "quantize that quantizes nothing", d)
+expect(["run", BASE, *QUICK, "--out", ""], 2, "--out is empty", "an empty --out")
+inside = os.path.join(SRC, "data", "mnist10k", "packed-here.h5")
+expect(["data", "pack", "data/mnist10k", "--to", inside], 2, "inside the dataset folder", "data pack into its source", inside)
+expect(["fuse", os.path.join(good, "model.h5"), "--out", os.path.join(good, "model.h5")], 2, "is the input model",
+       "fuse onto its input")
+check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt, "fuse onto its input: the checkpoint is untouched")
 
 # 16. --set appends a modifier: BN folding after the W2A2 recipe's quantize (bn1 follows conv1, which
 # stays FP32, and is folded into it).

@@ -1,0 +1,156 @@
+// The `prune` and `bn_sparsity` recipe modifiers: schedules by hand, a run whose checkpoint holds
+// the pruned shapes (rebuilt by load_checkpoint without the recipe), an iterative schedule
+// reaching the final widths without rounding drift, resuming after a pruning step, and errors.
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "export/checkpoint.h"
+#include "graph/graph_module.h"
+#include "graph/zoo.h"
+#include "runner/modifier.h"
+#include "runner/prune_modifier.h"
+#include "runner/recipe.h"
+#include "runner/trainer.h"
+#include "support.h"
+
+namespace whittle::runner {
+namespace {
+
+using test::binary_dir;
+using test::source_dir;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = join_path(binary_dir(), "testdata/prune_recipe/" + name);
+  remove_tree(dir);
+  make_directories(parent_directory(dir));
+  return dir;
+}
+
+// LeNet-5 on 256 training images in batches of 32 (8 steps an epoch).
+Recipe recipe(int epochs, const std::string& modifiers) {
+  const std::string mnist = join_path(source_dir(), "data/mnist10k");
+  return parse_recipe("model: {name: lenet5}\n"
+                      "data: {train: " + mnist + ", test: " + mnist +
+                          ", test_split: t10k, batch_size: 32, train_limit: 256, test_limit: 64, num_workers: 0}\n"
+                          "training: {epochs: " + std::to_string(epochs) +
+                          ", optimizer: {name: sgd, lr: 0.01, momentum: 0.9}, threads: 1}\n"
+                          "modifiers:\n" + modifiers,
+                      "r.yaml", source_dir());
+}
+
+int64_t out_channels(const Graph& g, const std::string& node) { return g.node(node).params.at("weight").size(0); }
+
+TEST(PruneSchedule, FractionsByHand) {
+  // AGP with s_i = 0, s_f = 0.5, 4 steps: 0.5 − 0.5·(1 − k/4)³.
+  EXPECT_DOUBLE_EQ(scheduled_fraction("agp", 1, 4, 0.0, 0.5), 0.5 - 0.5 * 0.421875);
+  EXPECT_DOUBLE_EQ(scheduled_fraction("agp", 2, 4, 0.0, 0.5), 0.4375);
+  EXPECT_DOUBLE_EQ(scheduled_fraction("agp", 3, 4, 0.0, 0.5), 0.4921875);
+  EXPECT_DOUBLE_EQ(scheduled_fraction("agp", 4, 4, 0.0, 0.5), 0.5);
+  EXPECT_DOUBLE_EQ(scheduled_fraction("iterative", 1, 4, 0.0, 0.5), 0.125);
+  EXPECT_DOUBLE_EQ(scheduled_fraction("iterative", 3, 4, 0.0, 0.5), 0.375);
+  EXPECT_DOUBLE_EQ(scheduled_fraction("one_shot", 1, 1, 0.0, 0.5), 0.5);
+}
+
+// One-shot at half the MACs: the checkpoint holds the smaller tensors and loads on its own.
+TEST(PruneModifier, OneShotCheckpointHoldsThePrunedShapes) {
+  const std::string dir = fresh_dir("one_shot");
+  RunOptions o;
+  o.out_dir = dir;
+  std::ostringstream log;
+  o.log = &log;
+  const RunResult res = run_recipe(recipe(1, "  - {name: prune, criterion: l1, target_macs: 0.5}\n"), o);
+  EXPECT_EQ(res.epochs_done, 1) << log.str();
+  EXPECT_LE(res.macs, 416520 / 2) << log.str();  // the report describes the pruned model
+  const Checkpoint c = load_checkpoint(join_path(dir, "model.h5"));
+  EXPECT_LT(out_channels(c.graph, "conv2"), 16);
+  EXPECT_EQ(c.graph.node("fc3").params.at("weight").size(0), 10);
+  GraphModule m(c.graph.clone());
+  m->eval();
+  EXPECT_EQ(m->forward(at::zeros({2, 1, 28, 28})).sizes(), (at::IntArrayRef{2, 10}));
+}
+
+// Iterative, 4 steps at epochs 0, 0.5, 1, 1.5 to sparsity 0.5: every layer ends at C₀ − ⌊C₀/2⌋
+// (conv1 6 → 3, conv2 16 → 8, fc1 120 → 60, fc2 84 → 42), with no drift from the steps' rounding.
+TEST(PruneModifier, IterativeReachesTheFinalWidths) {
+  const std::string dir = fresh_dir("iterative");
+  const Recipe r = recipe(3, "  - {name: prune, sparsity: 0.5, schedule: iterative, end_epoch: 2, update_frequency: 0.5}\n");
+  RunOptions o;
+  o.out_dir = dir;
+  std::ostringstream log;
+  o.log = &log;
+  Trainer tr(r, o);
+  ASSERT_TRUE(tr.train_epoch());
+  tr.end_epoch();
+  // After epoch 1: steps 1 (0.125) and 2 (0.25) done: conv2 16 − 4 = 12.
+  EXPECT_EQ(out_channels(tr.model()->graph(), "conv2"), 12) << log.str();
+  const RunResult res = tr.run();
+  EXPECT_EQ(res.epochs_done, 3);
+  const Graph& g = tr.model()->graph();
+  EXPECT_EQ(out_channels(g, "conv1"), 3);
+  EXPECT_EQ(out_channels(g, "conv2"), 8);
+  EXPECT_EQ(out_channels(g, "fc1"), 60);
+  EXPECT_EQ(out_channels(g, "fc2"), 42);
+  EXPECT_NE(tr.modifiers()[0]->state().find(R"("steps_done":4)"), std::string::npos) << tr.modifiers()[0]->state();
+}
+
+// Resuming after a pruning step rebuilds the pruned model from the training state and does not
+// prune again.
+TEST(PruneModifier, ResumeKeepsThePrunedModel) {
+  const std::string dir = fresh_dir("resume");
+  const Recipe r = recipe(2, "  - {name: prune, sparsity: 0.5}\n");
+  RunOptions o;
+  o.out_dir = dir;
+  std::ostringstream log;
+  o.log = &log;
+  {
+    Trainer tr(r, o);
+    ASSERT_TRUE(tr.train_epoch());
+    tr.end_epoch();
+    EXPECT_EQ(out_channels(tr.model()->graph(), "conv2"), 8);
+  }
+  o.resume = true;
+  Trainer again(r, o);
+  EXPECT_EQ(out_channels(again.model()->graph(), "conv2"), 8);
+  again.run();
+  EXPECT_EQ(out_channels(again.model()->graph(), "conv2"), 8);
+}
+
+TEST(PruneModifier, SettingsAreChecked) {
+  auto error_of = [](const std::string& modifiers) {
+    try {
+      const Recipe r = recipe(2, modifiers);
+      modifier_info(r.modifiers[0].name).create(r.modifiers[0]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("  - {name: prune, schedule: agp}\n").find("give end_epoch"), std::string::npos);
+  EXPECT_NE(error_of("  - {name: prune, sparsity: 1.0}\n").find("'modifiers.0.sparsity' is 1"), std::string::npos);
+  EXPECT_NE(error_of("  - {name: prune, target_macs: 0.5, target_params: 0.5}\n").find("not both"), std::string::npos);
+  EXPECT_NE(error_of("  - {name: prune, schedule: iterative, end_epoch: 1, update_frequency: 2}\n").find("no pruning step"),
+            std::string::npos);
+  EXPECT_NE(error_of("  - {name: prune, criterion: l3}\n").find("'l3'"), std::string::npos);
+}
+
+// bn_sparsity adds s·Σ|γ| to the loss: the γ gradient gains s·sign(γ).
+TEST(BnSparsity, AddsTheL1PenaltyOfGamma) {
+  const Recipe r = recipe(1, "  - {name: bn_sparsity, penalty: 0.5}\n");
+  auto mod = modifier_info("bn_sparsity").create(r.modifiers[0]);
+  TrainContext tc;
+  tc.model = GraphModule(build_model("lenet5"));
+  double sum = 0;
+  for (const Node& n : tc.model->graph().nodes())
+    if (n.op == "batch_norm") sum += n.params.at("weight").abs().sum().item<double>();
+  const at::Tensor loss = at::tensor(1.0);
+  const at::Tensor out = mod->on_loss(tc, loss, {}, {}, {});
+  EXPECT_NEAR(out.item<double>(), 1.0 + 0.5 * sum, 1e-5);
+}
+
+}  // namespace
+}  // namespace whittle::runner
