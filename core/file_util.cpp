@@ -146,6 +146,9 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw Error("cannot write " + path + ": it exists and is " + describe_path(path) +
                 ", not a regular file (whittle only replaces regular files)");
+  const std::string parent = parent_directory(path);
+  if (!parent.empty() && !is_directory(parent))
+    throw Error("cannot write " + path + ": the folder " + parent + " is " + describe_path(parent));
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   try {

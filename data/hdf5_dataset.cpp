@@ -147,6 +147,17 @@ Dataset read_hdf5_dataset(const std::string& path) {
   QuietHdf5 quiet;
   Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
+  // Another whittle file (a checkpoint) says what it is in its `format` attribute.
+  if (H5Aexists(file.get(), "format") > 0 && H5Lexists(file.get(), "images", H5P_DEFAULT) <= 0) {
+    std::string format;
+    try {
+      Id attr(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
+      const std::vector<std::string> v = read_strings(attr.get(), true, path);
+      if (!v.empty()) format = v.front();
+    } catch (const std::exception&) {
+    }
+    if (format == "whittle.checkpoint") throw Error(path + ": is a whittle checkpoint (a model), not a dataset");
+  }
 
   if (H5Aexists(file.get(), "format_version") > 0) {
     Id attr(H5Aopen(file.get(), "format_version", H5P_DEFAULT), H5Aclose);
