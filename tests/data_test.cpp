@@ -569,7 +569,7 @@ TEST_F(DataHdf5, TruncatedOrForeignFilesGiveCleanErrors) {
 TEST_F(DataHdf5, FailedWriteLeavesNothing) {
   const std::string dir = scratch_dir();
   expect_error([&] { write_hdf5_dataset(random_dataset(2, 1, 2, 2, 2), dir + "/missing/x.h5"); },
-               {dir + "/missing/x.h5", "cannot create"});
+               {dir + "/missing/x.h5", "the folder " + dir + "/missing is missing"});
   Dataset bad = random_dataset(2, 1, 2, 2, 2);
   bad.labels = longs({0, 5});
   expect_error([&] { write_hdf5_dataset(bad, dir + "/bad.h5"); }, {dir + "/bad.h5", "label 5", "sample 1"});
