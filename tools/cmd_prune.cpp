@@ -58,6 +58,7 @@ int run_prune(const std::vector<std::string>& args) {
       "targets", po::value<std::string>(&targets), "layers whose output channels may go (names, op kinds, re:...)")(
       "ignore", po::value<std::string>(&ignore), "layers to leave alone")(
       "groups", "print the dependency groups and stop")(
+      "no-fold", "do not fold removed channels' constant outputs into the next biases")(
       "input-shape", po::value<std::string>(&shape_text), "example input shape of a TorchScript model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
@@ -94,6 +95,7 @@ int run_prune(const std::vector<std::string>& args) {
   c.min_channels = min_channels;
   c.targets = split_list(targets);
   c.ignore = split_list(ignore);
+  c.fold_constant_outputs = vm.count("no-fold") == 0;
   GraphModule module(std::move(graph));
   module->eval();
   const prune::Report r = prune::prune(module, c);

@@ -1,0 +1,152 @@
+"""whittle's channel pruning side by side with Torch-Pruning (PyPI torch-pruning) on ResNet-20 and
+ResNet-56 (the PyTorch definitions of zoo_models.py, option-B shortcuts), configured alike: L1
+magnitude importance of every coupled weight (conv rows and columns, BN gamma, linear columns),
+group importance reduced by the mean, no normalization, the same per-group ratio (0.5), no
+rounding, the classifier left alone, no folding of removed channels' constants (Torch-Pruning has
+none). Checks that both keep the same channels (every pruned tensor equal), the same parameter
+count and MACs, and outputs within 1e-5 after loading the same weights; prints both tools' pruning
+time.
+
+Run by CTest with WHITTLE_BIN, WHITTLE_SOURCE_DIR and WHITTLE_BINARY_DIR set; skipped (exit 0 with a
+note) when torch_pruning is not installed.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_harness import BIN, check, finish, out_dir  # noqa: E402
+from zoo_models import MODELS  # noqa: E402
+
+try:
+    import torch_pruning as tp
+except ImportError:
+    print("skipped: torch_pruning is not installed (pip install -r requirements.txt)")
+    sys.exit(0)
+
+OUT = out_dir("prune_torch_pruning")
+os.makedirs(OUT, exist_ok=True)
+RATIO = 0.5
+
+
+def randomize(model, seed):
+    """Non-trivial BN statistics and affine parameters; conv/linear weights keep their default draw."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * 0.2)
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen) * 0.2)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) * 1.5 + 0.5)
+
+
+def macs_of(model, x):
+    """Multiply-accumulates of convolutions and linear layers, as whittle counts them."""
+    total = [0]
+
+    def conv_hook(m, inp, out):
+        total[0] += out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+
+    def linear_hook(m, inp, out):
+        total[0] += out.numel() * m.in_features
+
+    hooks = []
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            hooks.append(m.register_forward_hook(conv_hook))
+        elif isinstance(m, nn.Linear):
+            hooks.append(m.register_forward_hook(linear_hook))
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return total[0]
+
+
+def read_checkpoint(path):
+    """{(node, tensor name): numpy array} of a whittle checkpoint (docs/checkpoint-format.md)."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        index = json.loads(f["tensors/index"][()].tobytes())
+        data = f["tensors/data"][()]
+    out = {}
+    for e in index:
+        raw = data[e["offset"]: e["offset"] + e["nbytes"]]
+        dtype = {"float32": np.float32, "int64": np.int64}[e["dtype"]]
+        out[(e["node"], e["name"])] = np.frombuffer(raw.tobytes(), dtype=dtype).reshape(e["shape"])
+    return out
+
+
+for name in ["resnet20", "resnet56"]:
+    build, shape = MODELS[name]
+    model = build().eval()
+    randomize(model, 0)
+    x = torch.randn(4, *shape[1:], generator=torch.Generator().manual_seed(1))
+    ts = os.path.join(OUT, f"{name}.pt")
+    torch.jit.trace(model, torch.zeros(shape)).save(ts)
+
+    # whittle: import the TorchScript file, prune, write a checkpoint.
+    ck = os.path.join(OUT, f"{name}_pruned.h5")
+    t0 = time.perf_counter()
+    r = subprocess.run([BIN, "prune", ts, "--input-shape", ",".join(map(str, shape)), "--criterion", "l1",
+                        "--sparsity", str(RATIO), "--group-mean", "--no-fold", "--out", ck],
+                       capture_output=True, text=True)
+    whittle_seconds = time.perf_counter() - t0
+    check(r.returncode == 0, f"{name}: whittle prune exits 0" + ("" if r.returncode == 0 else ": " + r.stderr[-800:]))
+    if r.returncode != 0:
+        continue
+    tensors = read_checkpoint(ck)
+
+    # Torch-Pruning on a copy with the same weights.
+    tp_model = build().eval()
+    tp_model.load_state_dict(model.state_dict())
+    imp = tp.importance.MagnitudeImportance(p=1, group_reduction="mean", normalizer=None)
+    t0 = time.perf_counter()
+    pruner = tp.pruner.MetaPruner(tp_model, torch.zeros(shape), importance=imp, pruning_ratio=RATIO,
+                                  ignored_layers=[tp_model.linear], global_pruning=False, round_to=None)
+    pruner.step()
+    tp_seconds = time.perf_counter() - t0
+
+    # The same channels kept: every pruned tensor equal.
+    differ = []
+    for mod_name, m in tp_model.named_modules():
+        for pname, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+            if pname == "num_batches_tracked":
+                continue
+            key = (mod_name.replace("shortcut.0", "shortcut.0").replace("shortcut.1", "shortcut.1"), pname)
+            w = tensors.get(key)
+            if w is None or w.shape != tuple(p.shape) or not np.allclose(w, p.detach().numpy(), atol=0, rtol=0):
+                differ.append(f"{mod_name}.{pname} {tuple(p.shape)} vs {None if w is None else w.shape}")
+    check(not differ, f"{name}: every pruned tensor equals Torch-Pruning's" + ("" if not differ else f" ({len(differ)} differ: {differ[:3]})"))
+
+    tp_params = sum(p.numel() for p in tp_model.parameters())
+    info = json.loads(subprocess.run([BIN, "inspect", ck, "--json"], capture_output=True, text=True).stdout)
+    check(info["total"]["params"] == tp_params, f"{name}: parameters whittle {info['total']['params']} == Torch-Pruning {tp_params}")
+    tp_macs = macs_of(tp_model, torch.zeros(shape))
+    check(info["total"]["macs"] == tp_macs, f"{name}: MACs whittle {info['total']['macs']} == Torch-Pruning {tp_macs}")
+
+    # Outputs: the whittle checkpoint's tensors loaded into the Torch-Pruning model's shapes.
+    loaded = build().eval()
+    with torch.no_grad():
+        ref = tp_model(x)
+        sd = {}
+        for (node, tname), arr in tensors.items():
+            sd[f"{node}.{tname}"] = torch.from_numpy(arr.copy())
+        tp_sd = tp_model.state_dict()
+        mine = {k: sd.get(k, v) for k, v in tp_sd.items()}
+        tp_model.load_state_dict(mine)
+        out = tp_model(x)
+    diff = (out - ref).abs().max().item()
+    check(diff <= 1e-5, f"{name}: outputs with whittle's tensors match Torch-Pruning's within 1e-5 (max |diff| {diff:.2e})")
+    print(f"{name}: pruning time whittle {whittle_seconds:.2f} s (whole command: load, import, prune, write) vs "
+          f"Torch-Pruning {tp_seconds:.2f} s (MetaPruner build + step)", flush=True)
+
+finish()
