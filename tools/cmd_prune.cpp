@@ -5,6 +5,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <chrono>
 #include <iostream>
 #include <sstream>
 
@@ -98,8 +99,10 @@ int run_prune(const std::vector<std::string>& args) {
   c.fold_constant_outputs = vm.count("no-fold") == 0;
   GraphModule module(std::move(graph));
   module->eval();
+  const auto t0 = std::chrono::steady_clock::now();
   const prune::Report r = prune::prune(module, c);
-  std::cout << r.summary();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << r.summary() << "pruning time: " << seconds << " s (groups, scores, plan, removal)\n";
   // The checkpoint keeps the recipe it came from; its metrics were the unpruned model's.
   save_checkpoint(out, module->graph(), meta.recipe, "");
   std::cout << "wrote " << out << "\n";
