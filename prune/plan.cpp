@@ -89,7 +89,26 @@ std::vector<int64_t> choose(const DependencyGroup& g, const std::vector<double>&
     std::stable_sort(free.begin(), free.end(), [&](int64_t a, int64_t b) { return sc[static_cast<size_t>(a)] < sc[static_cast<size_t>(b)]; });
     out.assign(free.begin(), free.begin() + drop);
   }
-  std::sort(out.begin(), out.end());
+  // Every member keeps min_channels of the channels it carries (a group can span several layers'
+  // outputs, as a DenseNet block's concatenation does): the member's highest-scored removed
+  // channels come back where it would keep fewer.
+  std::vector<bool> removed(static_cast<size_t>(channels), false);
+  for (int64_t k : out) removed[static_cast<size_t>(k)] = true;
+  for (const Member& m : g.members) {
+    std::vector<int64_t> carried, gone;
+    for (int64_t k = 0; k < channels; ++k) {
+      if (m.positions[static_cast<size_t>(k)].empty()) continue;
+      carried.push_back(k);
+      if (removed[static_cast<size_t>(k)]) gone.push_back(k);
+    }
+    const int64_t floor_keep = std::min<int64_t>(std::max<int64_t>(c.min_channels, 1), static_cast<int64_t>(carried.size()));
+    int64_t kept = static_cast<int64_t>(carried.size() - gone.size());
+    std::stable_sort(gone.begin(), gone.end(), [&](int64_t a, int64_t b) { return sc[static_cast<size_t>(a)] > sc[static_cast<size_t>(b)]; });
+    for (size_t i = 0; kept < floor_keep && i < gone.size(); ++i, ++kept) removed[static_cast<size_t>(gone[i])] = false;
+  }
+  out.clear();
+  for (int64_t k = 0; k < channels; ++k)
+    if (removed[static_cast<size_t>(k)]) out.push_back(k);
   return out;
 }
 

@@ -83,7 +83,9 @@ struct Config {
   bool global = false;
   /// Kept channels per group a multiple of this (hardware-friendly widths), ≥ 1.
   int64_t round_to = 1;
-  /// No group keeps fewer channels, ≥ 1.
+  /// No group, and no layer among a group's members, keeps fewer channels (a layer whose outputs
+  /// are part of a larger group, as in a DenseNet block, keeps at least this many of its own;
+  /// this takes precedence over round_to), ≥ 1.
   int64_t min_channels = 1;
   /// Groups are pruned when every producer member is selected by these (graph/select.h patterns;
   /// empty targets: every producer).
