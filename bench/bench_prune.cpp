@@ -19,10 +19,10 @@
 
 namespace {
 
-// One model, pruned or not, kept across the benchmark's repetitions.
-whittle::GraphModule& model(const std::string& name, bool pruned) {
+// One model, pruned (kept widths a multiple of round_to) or not, kept across the repetitions.
+whittle::GraphModule& model(const std::string& name, bool pruned, int64_t round_to) {
   static std::map<std::string, whittle::GraphModule> cache;
-  const std::string key = name + (pruned ? ":pruned" : ":dense");
+  const std::string key = name + (pruned ? ":pruned" + std::to_string(round_to) : ":dense");
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   whittle::ZooOptions zo;
@@ -32,15 +32,16 @@ whittle::GraphModule& model(const std::string& name, bool pruned) {
   if (pruned) {
     whittle::prune::Config c;
     c.target_macs = 0.5;
+    c.round_to = round_to;
     whittle::prune::prune(m, c);
   }
   whittle::fuse::fuse_for_inference(m);
   return cache.emplace(key, m).first->second;
 }
 
-void BM_Eval(benchmark::State& state, const std::string& name, bool pruned) {
+void BM_Eval(benchmark::State& state, const std::string& name, bool pruned, int64_t round_to) {
   const int64_t batch = state.range(0);
-  whittle::GraphModule& m = model(name, pruned);
+  whittle::GraphModule& m = model(name, pruned, round_to);
   at::manual_seed(0);
   const at::Tensor x = at::randn({batch, 3, 32, 32});
   at::NoGradGuard no_grad;
@@ -56,8 +57,9 @@ void BM_Eval(benchmark::State& state, const std::string& name, bool pruned) {
 }
 
 #define WHITTLE_PRUNE_BENCH(model_name)                                                                        \
-  BENCHMARK_CAPTURE(BM_Eval, model_name##_dense, #model_name, false)->Arg(1)->Arg(32)->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(BM_Eval, model_name##_pruned, #model_name, true)->Arg(1)->Arg(32)->Unit(benchmark::kMillisecond)
+  BENCHMARK_CAPTURE(BM_Eval, model_name##_dense, #model_name, false, 1)->Arg(1)->Arg(32)->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(BM_Eval, model_name##_pruned, #model_name, true, 1)->Arg(1)->Arg(32)->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(BM_Eval, model_name##_pruned_round8, #model_name, true, 8)->Arg(1)->Arg(32)->Unit(benchmark::kMillisecond)
 
 WHITTLE_PRUNE_BENCH(resnet20);
 WHITTLE_PRUNE_BENCH(resnet56);

@@ -212,7 +212,45 @@ Plan make_plan(const Graph& graph, const Config& c) {
     if (cost(mid) <= goal) hi = mid;
     else lo = mid;
   }
-  return plan_at(s, hi, c);
+  Plan best = plan_at(s, hi, c);
+  // The same fraction in every group moves in steps (round_to, min_channels, small layers): fill
+  // the gap to the target by giving channels back, a rounding unit at a time, to the groups whose
+  // removed channels score highest, while the cost stays within the target.
+  auto plan_cost = [&](const Plan& p) {
+    const NodeCost k = cost_after(graph, p);
+    return static_cast<double>(macs ? k.macs : k.params);
+  };
+  double current = plan_cost(best);
+  for (int evaluations = 0, changed = 1; changed && evaluations < 400;) {
+    changed = 0;
+    std::vector<size_t> order;
+    for (size_t i = 0; i < best.remove.size(); ++i)
+      if (!best.remove[i].empty() && s.groups[i].segments == 1) order.push_back(i);
+    auto top_removed = [&](size_t i) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t k : best.remove[i]) m = std::max(m, s.scores[i][static_cast<size_t>(k)]);
+      return m;
+    };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return top_removed(a) > top_removed(b); });
+    for (size_t i : order) {
+      const int64_t unit = std::max<int64_t>(c.round_to, 1);
+      std::vector<int64_t> rm = best.remove[i];
+      if (static_cast<int64_t>(rm.size()) < unit) continue;
+      std::stable_sort(rm.begin(), rm.end(), [&](int64_t a, int64_t b) { return s.scores[i][static_cast<size_t>(a)] > s.scores[i][static_cast<size_t>(b)]; });
+      rm.erase(rm.begin(), rm.begin() + unit);  // give back the best `unit` removed channels
+      std::sort(rm.begin(), rm.end());
+      Plan trial = best;
+      trial.remove[i] = rm;
+      ++evaluations;
+      const double k = plan_cost(trial);
+      if (k <= goal && k > current) {
+        best = std::move(trial);
+        current = k;
+        changed = 1;
+      }
+    }
+  }
+  return best;
 }
 
 }  // namespace whittle::prune
