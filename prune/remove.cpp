@@ -134,6 +134,11 @@ Report remove_channels(Graph& graph, const Plan& plan, bool fold_constant_output
     if (rm.empty()) continue;
     for (const Member& m : g.members) {
       if (m.tied && m.role == ChannelRole::kInput) continue;  // its output slice removes these too
+      // A layer remembers its width before any pruning, for `whittle inspect`.
+      if (m.role == ChannelRole::kOutput) {
+        Node& n = graph.node(m.node);
+        if (!n.has_attr("unpruned_channels")) n.attrs["unpruned_channels"] = m.size;
+      }
       const auto key = std::make_pair(m.node, static_cast<int>(m.role));
       sizes[key] = m.size;
       for (int64_t k : rm)

@@ -112,6 +112,10 @@ TEST_F(PruneTest, ResidualChainIsOneGroup) {
   EXPECT_EQ(pruned.node("head").params.at("weight").size(1), 6);
   EXPECT_EQ(pruned.node("convA").params.at("weight").size(0), 6);  // convA's own output group: 8 → 6
   EXPECT_EQ(pruned.node("head").params.at("weight").size(0), 4);   // the graph output stays
+  // Pruned layers remember their width before pruning (whittle inspect shows "6 of 8").
+  EXPECT_EQ(pruned.node("stem").attr_int("unpruned_channels"), 8);
+  EXPECT_EQ(pruned.node("convA").attr_int("unpruned_channels"), 8);
+  EXPECT_FALSE(pruned.node("head").has_attr("unpruned_channels"));
 }
 
 TEST_F(PruneTest, RemovingThroughConvBRemovesTheSameIndicesEverywhere) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <iomanip>
+#include <algorithm>
 #include <iostream>
 
 #include "core/error.h"
@@ -164,6 +165,11 @@ int run_inspect(const std::vector<std::string>& args) {
                     {"params", c.params},
                     {"macs", c.macs},
                     {"weight_bits", weight_bits(n)}});
+    if (n.has_attr("unpruned_channels")) {
+      const Shape& s = g.value(n.outputs.front()).shape;
+      rows.back()["channels"] = s.size() >= 2 ? s[1] : 0;
+      rows.back()["unpruned_channels"] = n.attr_int("unpruned_channels");
+    }
   }
   if (vm.count("json")) {
     j["model"] = model;
@@ -176,6 +182,8 @@ int run_inspect(const std::vector<std::string>& args) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
+  const bool pruned = std::any_of(g.nodes().begin(), g.nodes().end(),
+                                  [](const Node& n) { return n.has_attr("unpruned_channels"); });
   size_t wname = 4, wop = 2;
   for (const auto& n : g.nodes()) {
     wname = std::max(wname, n.name.size());
@@ -183,13 +191,16 @@ int run_inspect(const std::vector<std::string>& args) {
   }
   std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(static_cast<int>(wop) + 2) << "op"
             << std::setw(22) << "output shape" << std::right << std::setw(12) << "params" << std::setw(15) << "MACs"
-            << std::setw(6) << "bits" << "\n";
+            << std::setw(6) << "bits" << (pruned ? "  channels (pruned from)" : "") << "\n";
   for (const auto& r : rows) {
     const int64_t bits = r["weight_bits"].get<int64_t>();
     std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << r["name"].get<std::string>()
               << std::setw(static_cast<int>(wop) + 2) << r["op"].get<std::string>() << std::setw(22)
               << shape_str(r["output_shape"].get<Shape>()) << std::right << std::setw(12) << r["params"].get<int64_t>()
-              << std::setw(15) << r["macs"].get<int64_t>() << std::setw(6) << (bits ? std::to_string(bits) : "-") << "\n";
+              << std::setw(15) << r["macs"].get<int64_t>() << std::setw(6) << (bits ? std::to_string(bits) : "-");
+    if (r.contains("unpruned_channels"))
+      std::cout << "  " << r["channels"].get<int64_t>() << " of " << r["unpruned_channels"].get<int64_t>();
+    std::cout << "\n";
   }
   std::cout << "\n" << g.nodes().size() << " nodes, input " << shape_str(g.value(g.inputs().front()).shape) << "\n"
             << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")\n"
