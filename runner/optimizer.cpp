@@ -81,6 +81,34 @@ std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::O
   return fresh;
 }
 
+std::vector<at::Tensor> shaped_state_tensors(const torch::optim::OptimizerParamState& state) {
+  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) return {s->momentum_buffer()};
+  if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state))
+    return {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
+  if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state))
+    return {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
+  return {};
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> with_shaped_state_tensors(
+    const torch::optim::OptimizerParamState& state, const std::vector<at::Tensor>& t) {
+  if (t.size() != shaped_state_tensors(state).size() || t.empty())
+    throw Error("with_shaped_state_tensors: " + std::to_string(t.size()) + " tensors for this optimizer state");
+  std::unique_ptr<torch::optim::OptimizerParamState> out = state.clone();
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(out.get())) {
+    s->momentum_buffer(t[0]);
+  } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(out.get())) {
+    s->exp_avg(t[0]);
+    s->exp_avg_sq(t[1]);
+    s->max_exp_avg_sq(t[2]);
+  } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(out.get())) {
+    s->exp_avg(t[0]);
+    s->exp_avg_sq(t[1]);
+    s->max_exp_avg_sq(t[2]);
+  }
+  return out;
+}
+
 std::vector<at::Tensor> trainable_parameters(GraphModule& model) {
   std::vector<at::Tensor> out;
   for (const auto& p : model->parameters())

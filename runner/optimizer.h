@@ -29,6 +29,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spe
 std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::Optimizer& old,
                                                            const std::vector<at::Tensor>& params);
 
+/// The tensors of one parameter's optimizer state that have the parameter's shape, in a fixed
+/// order per optimizer type: SGD {momentum_buffer}; Adam and AdamW {exp_avg, exp_avg_sq,
+/// max_exp_avg_sq} (undefined ones included, as they are). Empty for other types (RMSprop,
+/// Adagrad): their state is not carried through a change of shape.
+std::vector<at::Tensor> shaped_state_tensors(const torch::optim::OptimizerParamState& state);
+/// A copy of `state` (same type, the same step count) holding `tensors` in place of
+/// shaped_state_tensors(state), in that order: the state of a parameter whose channels were
+/// sliced, with its moments sliced alike. Throws whittle::Error for a count that does not fit.
+std::unique_ptr<torch::optim::OptimizerParamState> with_shaped_state_tensors(
+    const torch::optim::OptimizerParamState& state, const std::vector<at::Tensor>& tensors);
+
 /// The parameters of `model` that require gradients, in registration order (what the trainer
 /// optimizes).
 std::vector<at::Tensor> trainable_parameters(GraphModule& model);

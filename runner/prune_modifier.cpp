@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <iostream>
+#include <map>
 
 #include "core/error.h"
 #include "graph/select.h"
 #include "runner/modifier.h"
+#include "runner/optimizer.h"
 
 namespace whittle::runner {
 
@@ -126,7 +128,17 @@ class PruneModifier : public Modifier {
     }
     prune::Report r;
     try {
-      r = prune::prune(tc.model, c);
+      const prune::Plan plan = prune::make_plan(tc.model->graph(), c);
+      const SlicedState sliced = slice_optimizer_state(tc, plan);
+      r = prune::remove_channels(tc.model, plan, c.fold_constant_outputs);
+      // The sliced parameters are new tensors: their sliced state goes into the optimizer under
+      // them, and the trainer's rebuild (rebuild_optimizer) carries it over like any other.
+      if (tc.optimizer)
+        for (const auto& [key, state] : sliced) {
+          const auto dot = key.rfind('.');
+          const at::Tensor* p = tc.model->graph().node(key.substr(0, dot)).params.find(key.substr(dot + 1));
+          if (p && p->defined()) tc.optimizer->state()[p->unsafeGetTensorImpl()] = state->clone();
+        }
     } catch (const Error& e) {
       throw Error(spec().location + ": modifier 'prune' (step " + std::to_string(k) + "): " + e.what(), e.kind());
     }
@@ -138,6 +150,54 @@ class PruneModifier : public Modifier {
     std::cout << "prune step " << k << "/" << steps_ << " at epoch " << tc.epoch << " (" << goal << "): " << r.summary()
               << std::flush;
     finish_step(tc, "");
+  }
+
+  using SlicedState = std::map<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>;
+
+  // Each parameter's optimizer state (momentum, Adam moments), sliced as `plan` slices the
+  // parameter: the plan is replayed on shallow copies of the graph whose parameters are the state
+  // tensors, one copy per state tensor. Keyed "node.param"; only parameters that have state.
+  static SlicedState slice_optimizer_state(TrainContext& tc, const prune::Plan& plan) {
+    SlicedState out;
+    if (!tc.optimizer) return out;
+    const Graph& g = tc.model->graph();
+    struct Entry {
+      std::string node, param;
+      const torch::optim::OptimizerParamState* state;
+      std::vector<at::Tensor> tensors;
+    };
+    std::vector<Entry> entries;
+    size_t kinds = 0;
+    for (const Node& n : g.nodes())
+      for (const auto& [name, t] : n.params) {
+        if (!t.defined()) continue;
+        auto it = tc.optimizer->state().find(t.unsafeGetTensorImpl());
+        if (it == tc.optimizer->state().end()) continue;
+        std::vector<at::Tensor> st = shaped_state_tensors(*it->second);
+        if (st.empty()) continue;
+        kinds = std::max(kinds, st.size());
+        entries.push_back({n.name, name, it->second.get(), std::move(st)});
+      }
+    if (entries.empty()) return out;
+    std::vector<std::vector<at::Tensor>> sliced(entries.size());
+    for (size_t kind = 0; kind < kinds; ++kind) {
+      Graph shadow = g.clone(/*clone_tensors=*/false);
+      for (const Entry& e : entries) {
+        const at::Tensor& s = kind < e.tensors.size() ? e.tensors[kind] : at::Tensor();
+        if (s.defined() && s.sizes().equals(g.node(e.node).params.at(e.param).sizes()))
+          shadow.node(e.node).params.set(e.param, s.detach());
+      }
+      prune::remove_channels(shadow, plan, /*fold_constant_outputs=*/false);
+      for (size_t i = 0; i < entries.size(); ++i) {
+        const at::Tensor& s = kind < entries[i].tensors.size() ? entries[i].tensors[kind] : at::Tensor();
+        sliced[i].push_back(s.defined() ? shadow.node(entries[i].node).params.at(entries[i].param) : at::Tensor());
+      }
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+      sliced[i].resize(entries[i].tensors.size());
+      out[entries[i].node + "." + entries[i].param] = with_shaped_state_tensors(*entries[i].state, sliced[i]);
+    }
+    return out;
   }
 
   void finish_step(TrainContext&, const std::string& note) {

@@ -3,6 +3,7 @@
 // reaching the final widths without rounding drift, resuming after a pruning step, and errors.
 
 #include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
 
 #include <sstream>
 
@@ -12,6 +13,7 @@
 #include "graph/graph_module.h"
 #include "graph/zoo.h"
 #include "runner/modifier.h"
+#include "runner/optimizer.h"
 #include "runner/prune_modifier.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"
@@ -136,6 +138,43 @@ TEST(PruneModifier, SettingsAreChecked) {
   EXPECT_NE(error_of("  - {name: prune, schedule: iterative, end_epoch: 1, update_frequency: 2}\n").find("no pruning step"),
             std::string::npos);
   EXPECT_NE(error_of("  - {name: prune, criterion: l3}\n").find("'l3'"), std::string::npos);
+}
+
+// The optimizer state follows the pruned parameters: each kept channel keeps its momentum.
+TEST(PruneModifier, MomentumIsSlicedWithTheParameters) {
+  const Recipe r = recipe(2, "  - {name: prune, sparsity: 0.5, start_epoch: 1}\n");
+  auto mod = modifier_info("prune").create(r.modifiers[0]);
+  TrainContext tc;
+  tc.model = GraphModule(build_model("lenet5"));
+  tc.recipe = &r;
+  std::vector<at::Tensor> params = trainable_parameters(tc.model);
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (auto& p : params) p.mutable_grad() = at::randn_like(p);
+  sgd.step();  // every parameter has a momentum buffer now
+  tc.optimizer = &sgd;
+  const at::Tensor old_w = tc.model->graph().node("conv1").params.at("weight");
+  const at::Tensor old_m =
+      static_cast<const torch::optim::SGDParamState&>(*sgd.state().at(old_w.unsafeGetTensorImpl())).momentum_buffer();
+  mod->on_start(tc);
+  tc.epoch = 1.0;
+  mod->on_step_begin(tc);
+  ASSERT_TRUE(tc.parameters_changed);
+  const at::Tensor new_w = tc.model->graph().node("conv1").params.at("weight");
+  ASSERT_EQ(new_w.size(0), 3);
+  auto it = sgd.state().find(new_w.unsafeGetTensorImpl());
+  ASSERT_TRUE(it != sgd.state().end()) << "no state for the pruned conv1.weight";
+  const at::Tensor new_m = static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer();
+  ASSERT_EQ(new_m.sizes(), new_w.sizes());
+  for (int64_t row = 0; row < new_w.size(0); ++row) {
+    int64_t from = -1;
+    for (int64_t k = 0; k < old_w.size(0); ++k)
+      if (old_w[k].equal(new_w[row])) from = k;
+    ASSERT_GE(from, 0);
+    EXPECT_TRUE(new_m[row].equal(old_m[from])) << "row " << row << " kept channel " << from;
+  }
+  // The rebuilt optimizer carries it (what the trainer does after the hook).
+  auto rebuilt = rebuild_optimizer(sgd, trainable_parameters(tc.model));
+  EXPECT_EQ(rebuilt->state().count(new_w.unsafeGetTensorImpl()), 1u);
 }
 
 // bn_sparsity adds s·Σ|γ| to the loss: the γ gradient gains s·sign(γ).
