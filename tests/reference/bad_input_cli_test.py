@@ -143,18 +143,20 @@ shutil.rmtree(d, ignore_errors=True)
 
 # 11. One run at a time in a run directory; a finished one is not silently replaced.
 busy = os.path.join(OUT, "busy")
-slow = [BASE, "--set", "data.train_limit=4000", "--set", "data.test_limit=256", "--set", "training.epochs=2",
+slow = [BASE, "--set", "data.train_limit=4000", "--set", "data.test_limit=256", "--set", "training.epochs=3",
         "--set", "training.threads=1", "--out", busy]
 first = subprocess.Popen([BIN, "run", *slow], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=SRC)
+# The lock is taken when the run directory is created, before the first epoch (which takes a few
+# seconds here), so the second run meets it while the first trains.
 for _ in range(600):
-    if os.path.exists(os.path.join(busy, "recipe.yaml")):
+    if os.path.exists(os.path.join(busy, ".whittle.lock")):
         break
-    time.sleep(0.1)
+    time.sleep(0.05)
 expect(["run", *slow], 1, [busy + " is in use by another whittle run (pid " + str(first.pid) + ")"],
        "a second run into a directory in use")
 first.communicate()
 lines = open(os.path.join(busy, "metrics.jsonl")).read().splitlines()
-check(first.returncode == 0 and [json.loads(l)["epoch"] for l in lines] == [1, 2],
+check(first.returncode == 0 and [json.loads(l)["epoch"] for l in lines] == [1, 2, 3],
       f"the first run is undisturbed (exit {first.returncode}, epochs {[json.loads(l)['epoch'] for l in lines]})")
 before = open(os.path.join(busy, "model.h5"), "rb").read()
 expect(["run", *slow], 2, ["already holds a finished run", "--resume continues it, --overwrite replaces it"],
