@@ -124,8 +124,8 @@ bool folds_batchnorm(const Node& node) { return op_traits(node.op).folds_batchno
 
 namespace {
 
-// Every output channel c bound to channel c of each input in `inputs` whose dim aligned with the
-// output's dim 1 (broadcasting aligns trailing dims) has the output's size there.
+// Every output channel c bound to channel c of each input of the output's rank with the output's
+// channel count (an operand broadcast along channels, or of lower rank, binds nothing).
 ChannelMap same_channels(const std::vector<Shape>& in, const std::vector<Shape>& out) {
   ChannelMap map(out.size());
   for (size_t o = 0; o < out.size(); ++o) {
@@ -133,9 +133,7 @@ ChannelMap same_channels(const std::vector<Shape>& in, const std::vector<Shape>&
     const int64_t c = out[o][1];
     map[o].assign(static_cast<size_t>(c), {});
     for (size_t i = 0; i < in.size(); ++i) {
-      const int64_t dim = 1 - (static_cast<int64_t>(out[o].size()) - static_cast<int64_t>(in[i].size()));
-      if (dim < 0 || dim >= static_cast<int64_t>(in[i].size()) || in[i][static_cast<size_t>(dim)] != c) continue;
-      if (dim != 1) continue;  // a lower-rank operand broadcast along channels binds nothing
+      if (in[i].size() != out[o].size() || in[i][1] != c) continue;
       for (int64_t k = 0; k < c; ++k) map[o][static_cast<size_t>(k)].push_back({static_cast<int>(i), k});
     }
   }

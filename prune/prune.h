@@ -119,8 +119,9 @@ Plan make_plan(const Graph& graph, const Config& config);
 /// What a removal did.
 struct Report {
   std::vector<std::string> pruned;   ///< "group 2 (conv1): 8 → 6 channels"
+  int64_t channels_removed = 0;      ///< channels removed in all groups
   std::vector<std::string> skipped;  ///< groups left alone, with the reason
-  std::vector<std::string> folded;   ///< "conv2.bias ← 1 removed channel of bn1 (constant 1)"
+  std::vector<std::string> folded;   ///< "conv2.bias += the constant of 2 removed input position(s)"
   std::vector<std::string> not_folded;  ///< constant outputs dropped where folding is not exact, with why
   NodeCost before, after;
   /// "prune: N channels in M groups; MACs a → b (x %), parameters ..." then the lines.

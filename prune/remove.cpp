@@ -151,6 +151,7 @@ Report remove_channels(Graph& graph, const Plan& plan, bool fold_constant_output
     os << "group " << g.id << " (" << join(g.producers()) << "): " << g.channels << " → " << g.channels - static_cast<int64_t>(rm.size())
        << " channels";
     report.pruned.push_back(os.str());
+    report.channels_removed += static_cast<int64_t>(rm.size());
   }
   if (fold_constant_outputs) fold_constants(graph, removed_inputs, report);
   for (const auto& [key, positions] : removed) {
@@ -178,22 +179,13 @@ Report prune(GraphModule& module, const Config& config) {
 
 std::string Report::summary() const {
   std::ostringstream os;
-  int64_t channels = 0;
-  for (const auto& line : pruned) {
-    const size_t a = line.rfind(": "), arrow = line.find(" → ", a);
-    if (a != std::string::npos && arrow != std::string::npos) {
-      const int64_t from = std::stoll(line.substr(a + 2, arrow - a - 2));
-      const int64_t to = std::stoll(line.substr(arrow + std::string(" → ").size()));
-      channels += from - to;
-    }
-  }
   auto pct = [](int64_t a, int64_t b) {
     std::ostringstream s;
     s.precision(1);
     s << std::fixed << (b > 0 ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0) << " %";
     return s.str();
   };
-  os << "prune: removed " << channels << " channels in " << pruned.size() << " groups; MACs " << before.macs << " → "
+  os << "prune: removed " << channels_removed << " channels in " << pruned.size() << " groups; MACs " << before.macs << " → "
      << after.macs << " (" << pct(after.macs, before.macs) << "), parameters " << before.params << " → " << after.params
      << " (" << pct(after.params, before.params) << ")\n";
   for (const auto& l : pruned) os << "  " << l << "\n";

@@ -312,11 +312,7 @@ std::string value_text(const SettingValue::Storage& s) {
   struct Visitor {
     std::string operator()(bool b) const { return b ? "true" : "false"; }
     std::string operator()(int64_t i) const { return std::to_string(i); }
-    std::string operator()(double d) const {
-      std::ostringstream os;
-      os << d;
-      return os.str();
-    }
+    std::string operator()(double d) const { return number_text(d); }
     std::string operator()(const std::string& t) const { return t; }
     std::string operator()(const std::vector<double>& v) const { return list_text(v); }
     std::string operator()(const std::vector<int64_t>& v) const { return list_text(v); }
@@ -412,11 +408,7 @@ bool Range::contains(double v) const {
 }
 
 std::string Range::text() const {
-  auto num = [](double v) {
-    std::ostringstream os;
-    os << v;
-    return os.str();
-  };
+  const auto num = number_text;
   const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
   if (!has_lo && !has_hi) return "";
   if (!has_hi) return (lo_open ? "> " : "≥ ") + num(lo);

@@ -46,6 +46,14 @@ Recipe recipe(int epochs, const std::string& modifiers) {
 
 int64_t out_channels(const Graph& g, const std::string& node) { return g.node(node).params.at("weight").size(0); }
 
+// Run options writing into `dir`, the progress into `log`.
+RunOptions options(const std::string& dir, std::ostringstream& log) {
+  RunOptions o;
+  o.out_dir = dir;
+  o.log = &log;
+  return o;
+}
+
 TEST(PruneSchedule, FractionsByHand) {
   // AGP with s_i = 0, s_f = 0.5, 4 steps: 0.5 − 0.5·(1 − k/4)³.
   EXPECT_DOUBLE_EQ(scheduled_fraction("agp", 1, 4, 0.0, 0.5), 0.5 - 0.5 * 0.421875);
@@ -60,10 +68,8 @@ TEST(PruneSchedule, FractionsByHand) {
 // One-shot at half the MACs: the checkpoint holds the smaller tensors and loads on its own.
 TEST(PruneModifier, OneShotCheckpointHoldsThePrunedShapes) {
   const std::string dir = fresh_dir("one_shot");
-  RunOptions o;
-  o.out_dir = dir;
   std::ostringstream log;
-  o.log = &log;
+  RunOptions o = options(dir, log);
   const RunResult res = run_recipe(recipe(1, "  - {name: prune, criterion: l1, target_macs: 0.5}\n"), o);
   EXPECT_EQ(res.epochs_done, 1) << log.str();
   EXPECT_LE(res.macs, 416520 / 2) << log.str();  // the report describes the pruned model
@@ -80,10 +86,8 @@ TEST(PruneModifier, OneShotCheckpointHoldsThePrunedShapes) {
 TEST(PruneModifier, IterativeReachesTheFinalWidths) {
   const std::string dir = fresh_dir("iterative");
   const Recipe r = recipe(3, "  - {name: prune, sparsity: 0.5, schedule: iterative, end_epoch: 2, update_frequency: 0.5}\n");
-  RunOptions o;
-  o.out_dir = dir;
   std::ostringstream log;
-  o.log = &log;
+  RunOptions o = options(dir, log);
   Trainer tr(r, o);
   ASSERT_TRUE(tr.train_epoch());
   tr.end_epoch();
@@ -104,10 +108,8 @@ TEST(PruneModifier, IterativeReachesTheFinalWidths) {
 TEST(PruneModifier, ResumeKeepsThePrunedModel) {
   const std::string dir = fresh_dir("resume");
   const Recipe r = recipe(2, "  - {name: prune, sparsity: 0.5}\n");
-  RunOptions o;
-  o.out_dir = dir;
   std::ostringstream log;
-  o.log = &log;
+  RunOptions o = options(dir, log);
   {
     Trainer tr(r, o);
     ASSERT_TRUE(tr.train_epoch());
