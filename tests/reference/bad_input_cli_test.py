@@ -100,14 +100,16 @@ check(r.returncode == 0, "a good one-epoch run" + ("" if r.returncode == 0 else 
 ckpt = open(os.path.join(good, "model.h5"), "rb").read()
 state = open(os.path.join(good, "train_state.pt"), "rb").read()
 recipe_before = open(os.path.join(good, "recipe.yaml")).read()
+# Which step first overflows depends on float rounding (threads, instruction set): the message is
+# checked for its form, not for the step's number.
 expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e6", "--out", good, "--overwrite"], 1,
-       ["training stopped: the loss is NaN at step 3 (epoch 1, batch 3 of 4)", "nothing was saved"],
+       ["training stopped: the loss is ", " at step ", "(epoch 1, batch ", "nothing was saved"],
        "NaN loss")
 check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt and
       open(os.path.join(good, "train_state.pt"), "rb").read() == state and
       open(os.path.join(good, "recipe.yaml")).read() == recipe_before and os.path.isfile(os.path.join(good, "report.json")),
       "NaN loss with --overwrite: the previous run is untouched (checkpoint, state, recipe, report)")
-expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e6", "--out", d], 1, "the loss is NaN",
+expect(["run", BASE, *QUICK, "--set", "training.optimizer.lr=1e6", "--out", d], 1, "training stopped: the loss is ",
        "NaN loss in a new directory", d)
 
 # 6. Empty datasets.
