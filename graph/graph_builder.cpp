@@ -104,6 +104,10 @@ std::string GraphBuilder::flatten(const std::string& name, const std::string& x)
   return op(name, "flatten", {x}, {{"start_dim", int64_t{1}}});
 }
 
+std::string GraphBuilder::channel_shuffle(const std::string& name, const std::string& x, int64_t groups) {
+  return op(name, "channel_shuffle", {x}, {{"groups", groups}});
+}
+
 std::string GraphBuilder::add(const std::string& name, const std::string& a, const std::string& b) {
   return op(name, "add", {a, b});
 }

@@ -53,6 +53,9 @@ class GraphBuilder {
   std::string flatten(const std::string& name, const std::string& x);
   /// Elementwise a + b.
   std::string add(const std::string& name, const std::string& a, const std::string& b);
+  /// ShuffleNet's channel shuffle (Zhang et al., 2018): x [N, C, ...] viewed as [N, groups,
+  /// C/groups, ...], dims 1 and 2 swapped, viewed back; `groups` must divide C.
+  std::string channel_shuffle(const std::string& name, const std::string& x, int64_t groups);
 
   /// Shape of a value built so far; throws whittle::Error when unknown.
   const Shape& shape(const std::string& value) const { return graph_.value(value).shape; }

@@ -23,7 +23,7 @@ enum class ChannelFlow {
   kConcat,            ///< cat on dim 1: output channels are the inputs' at offsets
   kSplit,             ///< split on dim 1: outputs take the input's channels at offsets
   kExpand,            ///< flatten after a C×H×W map: each channel becomes H·W consecutive features
-  kOpaque,            ///< reshape/permute/shuffle/softmax...: channels are not tracked through it
+  kOpaque,            ///< reshape/permute/shuffle/softmax...: no default channel map (an op's own channel_map may still follow it)
 };
 
 /// Name of a ChannelFlow ("producer_consumer", ...).
@@ -88,7 +88,7 @@ struct ChannelSource {
 /// features to one another. An empty list: the position depends on no input channel.
 using ChannelMap = std::vector<std::vector<std::vector<ChannelSource>>>;
 /// The node's ChannelMap at the given input and output shapes; nullopt when the op mixes channels
-/// in a way pruning cannot follow (softmax over channels, a channel shuffle, a general reshape):
+/// in a way pruning cannot follow (softmax over channels, a general reshape):
 /// the channels on both sides are then left alone.
 using ChannelMapFn = std::function<std::optional<ChannelMap>(const Node& node, const std::vector<Shape>& inputs,
                                                              const std::vector<Shape>& outputs)>;

@@ -620,6 +620,22 @@ void register_shape_ops() {
     v.insert(v.end(), s.begin() + 2, s.end());
     return one(x.reshape(v).transpose(1, 2).reshape(s));
   };
+  // Output channel k·g + i is input channel i·n + k (n = C/g). After pruning the op must still be a
+  // shuffle with g groups, which holds exactly when every input group keeps the same positions k:
+  // so position k of all g groups is one channel (bound together), on both sides.
+  cs.channel_map = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>& out) -> std::optional<ChannelMap> {
+    const int64_t g = n.attr_int("groups");
+    if (in.size() != 1 || out.size() != 1 || in[0].size() < 2 || g < 1 || in[0][1] % g) return std::nullopt;
+    const int64_t per = in[0][1] / g;
+    ChannelMap map(1);
+    for (int64_t j = 0; j < in[0][1]; ++j) {
+      const int64_t k = j / g;
+      std::vector<ChannelSource> src;
+      for (int64_t i = 0; i < g; ++i) src.push_back({0, i * per + k});
+      map[0].push_back(std::move(src));
+    }
+    return map;
+  };
   cs.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     int64_t g = n.attr_int("groups");
     if (in[0].size() < 2 || g < 1 || in[0][1] % g) fail(n, "groups=" + std::to_string(g) + " does not divide the channels of " + shape_str(in[0]));

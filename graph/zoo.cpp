@@ -59,6 +59,26 @@ std::string nin(GraphBuilder& b, const std::string& x, int64_t classes) {
   return b.flatten("flatten", h);
 }
 
+// NIN with grouped convolutions and channel shuffles (micronet's nin_gc); see zoo.h.
+std::string nin_gc(GraphBuilder& b, const std::string& x, int64_t classes) {
+  struct Unit {
+    int index;
+    int64_t out, kernel, padding, groups, shuffle;  // shuffle: groups of the shuffle before the conv, 0 none
+  };
+  const Unit units[] = {{0, 256, 5, 2, 1, 0},   {1, 256, 1, 0, 2, 0},    {2, 256, 1, 0, 2, 2},
+                        {4, 512, 3, 1, 16, 2},  {5, 512, 1, 0, 4, 16},   {6, 512, 1, 0, 4, 4},
+                        {8, 1024, 3, 1, 32, 4}, {9, 1024, 1, 0, 8, 32},  {10, classes, 1, 0, 1, 0}};
+  std::string h = x;
+  for (const Unit& u : units) {
+    const std::string p = "model." + std::to_string(u.index);
+    if (u.shuffle) h = b.channel_shuffle(p + ".shuffle", h, u.shuffle);
+    h = b.relu(p + ".relu", conv_bn(b, p + ".conv", p + ".bn", h, u.out, u.kernel, 1, u.padding, u.groups, true));
+    if (u.index == 2 || u.index == 6) h = b.max_pool2d("model." + std::to_string(u.index + 1), h, 2, 2, 0);
+  }
+  h = b.global_avg_pool("model.11", h);
+  return b.flatten("flatten", h);
+}
+
 // CIFAR ResNet-(6n+2) (He et al., 2016, section 4.2) with option B projection shortcuts.
 std::string cifar_resnet(GraphBuilder& b, const std::string& x, int64_t classes, int n) {
   std::string h = b.relu("relu", conv_bn(b, "conv1", "bn1", x, 16, 3, 1, 1));
@@ -144,6 +164,7 @@ const std::vector<Entry>& registry() {
       {"lenet5", 1, 28, lenet5},
       {"vgg_small", 3, 32, vgg_small},
       {"nin", 3, 32, nin},
+      {"nin_gc", 3, 32, nin_gc},
       {"resnet20", 3, 32, [](GraphBuilder& b, const std::string& x, int64_t c) { return cifar_resnet(b, x, c, 3); }},
       {"resnet32", 3, 32, [](GraphBuilder& b, const std::string& x, int64_t c) { return cifar_resnet(b, x, c, 5); }},
       {"resnet56", 3, 32, [](GraphBuilder& b, const std::string& x, int64_t c) { return cifar_resnet(b, x, c, 9); }},

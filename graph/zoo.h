@@ -23,6 +23,14 @@
 //                 i = 0,1,2: 5×5 192, 1×1 160, 1×1 96; max pool 3/2 pad 1; i = 4,5,6: 5×5 192, 1×1 192,
 //                 1×1 192; max pool 3/2 pad 1; i = 8,9,10: 3×3 192, 1×1 192, 1×1 classes; global average
 //                 pool; flatten (the logits pass through the last BN and ReLU, as in micronet).
+//   nin_gc        NIN with grouped convolutions and channel shuffles, micronet's nin_gc (the model
+//                 its group-convolution pruning uses). [1,3,32,32]. 591,390 params, 157.7 M MACs.
+//                 Units model.<i>: [channel_shuffle model.<i>.shuffle] conv (with bias, groups) + BN +
+//                 ReLU; (i: out, kernel, groups, shuffle groups): 0: 256 5×5 1; 1: 256 1×1 2; 2: 256
+//                 1×1 2, shuffle 2; 3: max pool 2/2; 4: 512 3×3 16, shuffle 2; 5: 512 1×1 4, shuffle 16;
+//                 6: 512 1×1 4, shuffle 4; 7: max pool 2/2; 8: 1024 3×3 32, shuffle 4; 9: 1024 1×1 8,
+//                 shuffle 32; 10: classes 1×1; global average pool (micronet's AvgPool2d(8) at 32×32);
+//                 flatten.
 //   resnet20/32/56  He et al., 2016, CIFAR ResNet-(6n+2), n = 3/5/9. [1,3,32,32]. ResNet-20: 272,474
 //                 params, 40.81 M MACs. conv1(3×3 16, no bias)-bn1-relu; layer1..3 of n basic blocks
 //                 (16, 32, 64 channels; stride 2 in the first block of layer2 and layer3); block:

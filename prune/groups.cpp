@@ -256,41 +256,70 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     g.members.push_back(std::move(member));
   }
 
-  // Grouped convolutions: equal counts per conv group.
+  // Grouped convolutions: equal counts per conv group. A grouped member (groups G > 1, not
+  // depthwise) sees each channel either inside one of its G groups, which then constrains the
+  // channel's segment, or spread evenly over all G (after a channel shuffle, a channel is one
+  // position in every group), which removes the same count from each group whatever is chosen.
   for (auto& g : groups) {
     g.segment.assign(static_cast<size_t>(g.channels), 0);
-    std::vector<int64_t> assigned(static_cast<size_t>(g.channels), -1);
-    for (const auto& m : g.members) {
-      if (m.tied || (m.role != ChannelRole::kOutput && m.role != ChannelRole::kInput)) continue;
-      const Node& node = graph.node(m.node);
-      const int64_t groups_attr = node.attr_int("groups", 1);
-      if (groups_attr <= 1 || m.size % groups_attr != 0) continue;
-      g.segments = lcm(g.segments, groups_attr);
-    }
-    if (g.segments == 1) continue;
-    // Segment by the first grouped member's positions; every grouped member must agree.
-    bool agree = true;
+    struct Grouped {
+      const Member* member;
+      int64_t groups;
+    };
+    std::vector<Grouped> constraining;
+    std::string uneven;
     for (const auto& m : g.members) {
       if (m.tied || (m.role != ChannelRole::kOutput && m.role != ChannelRole::kInput)) continue;
       const int64_t groups_attr = graph.node(m.node).attr_int("groups", 1);
       if (groups_attr <= 1) continue;
-      if (m.size % g.segments != 0) {
-        agree = false;
+      if (m.size % groups_attr != 0) {
+        uneven = m.node + " has " + std::to_string(m.size) + " channels in " + std::to_string(groups_attr) + " groups";
         break;
       }
-      const int64_t per = m.size / g.segments;
-      for (size_t k = 0; k < m.positions.size(); ++k) {
-        if (m.positions[k].empty()) continue;
-        const int64_t s = m.positions[k].front() / per;
-        if (assigned[k] < 0) assigned[k] = s;
-        else if (assigned[k] != s) agree = false;
+      const int64_t per = m.size / groups_attr;
+      bool inside = true, spread = true;
+      for (const auto& p : m.positions) {
+        if (p.empty()) continue;
+        std::vector<int64_t> count(static_cast<size_t>(groups_attr), 0);
+        for (int64_t q : p) ++count[static_cast<size_t>(q / per)];
+        const auto nonzero = std::count_if(count.begin(), count.end(), [](int64_t c) { return c > 0; });
+        inside = inside && nonzero == 1;
+        spread = spread && std::all_of(count.begin(), count.end(), [&](int64_t c) { return c == count[0]; });
+      }
+      if (inside) constraining.push_back({&m, groups_attr});
+      else if (!spread) {
+        uneven = m.node + " sees a channel in some of its " + std::to_string(groups_attr) + " groups only";
+        break;
       }
     }
-    if (!agree) {
+    if (uneven.empty())
+      for (const Grouped& c : constraining) g.segments = lcm(g.segments, c.groups);
+    // Segment by the constraining members' positions; they must agree.
+    std::vector<int64_t> assigned(static_cast<size_t>(g.channels), -1);
+    for (const Grouped& c : constraining) {
+      if (!uneven.empty()) break;
+      if (c.member->size % g.segments != 0) {
+        uneven = c.member->node + " has " + std::to_string(c.member->size) + " channels, not a multiple of " +
+                 std::to_string(g.segments) + " segments";
+        break;
+      }
+      const int64_t per = c.member->size / g.segments;
+      for (size_t k = 0; k < c.member->positions.size() && uneven.empty(); ++k) {
+        const auto& p = c.member->positions[k];
+        if (p.empty()) continue;
+        const int64_t s = p.front() / per;
+        if (p.back() / per != s || (assigned[k] >= 0 && assigned[k] != s))
+          uneven = "grouped convolutions see these channels in different orders";
+        else assigned[k] = s;
+      }
+    }
+    if (!uneven.empty()) {
       std::fill(g.fixed.begin(), g.fixed.end(), true);
-      g.fixed_reason = "grouped convolutions see these channels in different orders";
+      g.fixed_reason = uneven;
+      g.segments = 1;
       continue;
     }
+    if (g.segments == 1) continue;
     for (size_t k = 0; k < assigned.size(); ++k) g.segment[k] = std::max<int64_t>(assigned[k], 0);
   }
   return groups;

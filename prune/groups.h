@@ -10,8 +10,10 @@
 // couples them (a residual add binds both operands' units, a reshape from features to channels
 // binds a channel's H·W features). The units bound together are one channel of a group; the
 // channels that share a tensor axis (a layer's output, a consumer's input, a BN's statistics)
-// form a DependencyGroup. Graph inputs and outputs, and channels that pass an op pruning cannot
-// follow (softmax over channels, channel_shuffle), are fixed: never removed.
+// form a DependencyGroup. A channel_shuffle binds position k of each of its g input groups into
+// one channel (so it stays a shuffle after pruning). Graph inputs and outputs, and channels that
+// pass an op pruning cannot follow (softmax over channels, a general reshape), are fixed: never
+// removed.
 
 #include <cstdint>
 #include <string>
@@ -48,7 +50,9 @@ struct DependencyGroup {
   std::string fixed_reason;           ///< why channels are fixed (the first reason met), "" when none is
   /// Grouped convolutions among the members (groups g > 1, not depthwise) require every one of
   /// their groups to keep the same number of channels: channel k belongs to segment[k] of
-  /// `segments` (the LCM of their groups), and pruning keeps the same count in every segment.
+  /// `segments` (the LCM of the groups of the members that see each channel inside one of their
+  /// groups; a member that sees every channel spread evenly over its groups, as after a channel
+  /// shuffle, constrains nothing), and pruning keeps the same count in every segment.
   int64_t segments = 1;
   std::vector<int64_t> segment;       ///< per channel (all 0 when segments is 1)
   /// Names of the producer members (the layers whose output channels the group holds).

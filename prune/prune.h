@@ -130,7 +130,9 @@ struct Report {
 
 /// Removes the plan's channels from `graph`: every member tensor sliced (slice_channels), then
 /// shapes re-inferred and the graph validated. Each pruned layer records its output channels
-/// before its first pruning in the int attribute `unpruned_channels` (kept in checkpoints). With `fold_constant_outputs`, a removed channel
+/// before its first pruning in the int attribute `unpruned_channels`, and every node with
+/// parameters or MACs its cost then in `unpruned_params` and `unpruned_macs` (kept in
+/// checkpoints; `whittle inspect` shows them). With `fold_constant_outputs`, a removed channel
 /// whose value at a consumer is a constant (a producer's zeroed output through BN, activations,
 /// pooling, adds) is added to that consumer's bias (created when absent) where the consumer's
 /// response to the constant is the same at every position (no zero padding in between); the

@@ -153,6 +153,15 @@ Report remove_channels(Graph& graph, const Plan& plan, bool fold_constant_output
     report.pruned.push_back(os.str());
     report.channels_removed += static_cast<int64_t>(rm.size());
   }
+  // Every layer remembers its parameters and MACs before any pruning, for `whittle inspect`.
+  if (!removed.empty())
+    for (Node& n : graph.nodes()) {
+      if (n.has_attr("unpruned_params")) continue;
+      const NodeCost c = node_cost(graph, n);
+      if (c.params == 0 && c.macs == 0) continue;
+      n.attrs["unpruned_params"] = c.params;
+      n.attrs["unpruned_macs"] = c.macs;
+    }
   if (fold_constant_outputs) fold_constants(graph, removed_inputs, report);
   for (const auto& [key, positions] : removed) {
     std::vector<int64_t> keep;

@@ -122,9 +122,11 @@ std::string names_of(const std::vector<KeySpec>& keys) {
 
 std::vector<KeySpec> build_schema() {
   std::vector<KeySpec> s;
+  std::string zoo_list;
+  for (const std::string& m : zoo_models()) zoo_list += (zoo_list.empty() ? "" : ", ") + m;
   s.push_back(section(
       "model", "The network to train (required section).",
-      {key("name", KeyType::kString, "—", "zoo model: lenet5, vgg_small, nin, resnet20, resnet32, resnet56, mobilenet_v2, repvgg_a0"),
+      {key("name", KeyType::kString, "—", "zoo model: " + zoo_list),
        key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`)"),
        key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model", Range::at_least(1)),
        key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph", Range::at_least(1))}));

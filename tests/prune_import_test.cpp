@@ -1,5 +1,6 @@
 // Pruning the torchvision classifiers the TorchScript importer reads (ResNet-18, MobileNetV2,
-// VGG-11-BN, SqueezeNet, ShuffleNetV2, DenseNet-121; written by make_torchscript_models.py):
+// VGG-11-BN, SqueezeNet, ShuffleNetV2, DenseNet-121, EfficientNet-B0, RegNetY-400MF, GoogLeNet,
+// MobileNetV3-Small; written by make_torchscript_models.py):
 // 30 % of the channels globally by L1. Each still runs with the same output shape, its MACs fall,
 // and its checkpoint reloads with identical outputs.
 
@@ -48,7 +49,8 @@ TEST_P(PruneTorchvision, GlobalL1ThirtyPercent) {
 
 INSTANTIATE_TEST_SUITE_P(Models, PruneTorchvision,
                          ::testing::Values("resnet18", "mobilenet_v2", "vgg11_bn", "squeezenet1_0", "shufflenet_v2_x0_5",
-                                           "densenet121"));
+                                           "densenet121", "efficientnet_b0", "regnet_y_400mf", "googlenet",
+                                           "mobilenet_v3_small"));
 
 }  // namespace
 }  // namespace whittle::prune

@@ -311,6 +311,87 @@ TEST_F(PruneTest, GroupedConvolutionKeepsEqualCountsPerGroup) {
   EXPECT_EQ(pruned.node("grouped").attr_int("groups"), 2);
 }
 
+// a: conv 3→8 → channel_shuffle(2) → grouped: conv 8→8, 2 groups → out. The shuffle's output k·2 + i
+// is a's channel i·4 + k, so a's channels {k, 4 + k} are one group channel k (the shuffle stays a
+// shuffle); after it they are positions {2k, 2k + 1}, inside grouped's group k / 2.
+TEST_F(PruneTest, ChannelShuffleBindsPositionKOfEveryGroup) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("a", "x", 3, 8));
+  g.add_node(make("shuffle", "channel_shuffle", {"a"}, {{"groups", int64_t{2}}}));
+  g.add_node(conv("grouped", "shuffle", 8, 8, 1, 2));
+  g.add_node(conv("out", "grouped", 8, 2));
+  g.set_outputs({"out"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& grp = group_of(groups, "a", ChannelRole::kOutput);
+  ASSERT_EQ(grp.channels, 4) << grp.to_string();
+  EXPECT_EQ(grp.prunable(), 4);
+  for (int64_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(member(grp, "a", ChannelRole::kOutput).positions[static_cast<size_t>(k)], (std::vector<int64_t>{k, 4 + k}));
+    EXPECT_EQ(member(grp, "grouped", ChannelRole::kInput).positions[static_cast<size_t>(k)],
+              (std::vector<int64_t>{2 * k, 2 * k + 1}));
+  }
+  EXPECT_EQ(grp.segments, 2);
+  EXPECT_EQ(grp.segment, (std::vector<int64_t>{0, 0, 1, 1}));
+  // Removing group channels 1 and 2 removes a's outputs {1, 2, 5, 6}; grouped keeps 2 inputs per group.
+  Graph pruned = g.clone();
+  remove_channels(pruned, plan_removing(g, "a", {1, 2}), false);
+  EXPECT_EQ(pruned.node("a").params.at("weight").size(0), 4);
+  EXPECT_EQ(pruned.node("shuffle").attr_int("groups"), 2);
+  EXPECT_EQ(pruned.node("grouped").params.at("weight").sizes(), (at::IntArrayRef{8, 2, 1, 1}));
+  EXPECT_EQ(pruned.node("grouped").attr_int("groups"), 2);
+  const at::Tensor x = at::randn({2, 3, 4, 4});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"a", {1, 2, 5, 6}}}), x), 1e-6, 1e-6));
+  // A ratio keeps equal counts in grouped's two groups: 0.5 removes one channel of {0, 1} and one of {2, 3}.
+  Config c;
+  c.sparsity = 0.5;
+  c.targets = {"a"};
+  const Plan p = make_plan(g, c);
+  const auto& rm = p.remove[static_cast<size_t>(grp.id)];
+  ASSERT_EQ(rm.size(), 2u);
+  EXPECT_LT(rm[0], 2);
+  EXPECT_GE(rm[1], 2);
+}
+
+// micronet's nin_gc: every group through its five channel shuffles is prunable but the
+// classifier's; half the channels by L1 keeps every conv's groups and shrinks the MACs.
+TEST_F(PruneTest, NinGcPrunesThroughEveryShuffle) {
+  GraphModule m(build_model("nin_gc"));
+  const auto groups = dependency_groups(m->graph());
+  for (const auto& grp : groups) {
+    const auto producers = grp.producers();
+    if (producers == std::vector<std::string>{"model.10.conv"}) {
+      EXPECT_EQ(grp.prunable(), 0);
+      continue;
+    }
+    if (producers.empty()) continue;  // the graph input
+    EXPECT_EQ(grp.prunable(), grp.channels) << grp.to_string();
+  }
+  // After shuffle(32) before model.9, model.8's 1024 outputs are 32 channels of 32 positions, in
+  // model.9's 8 groups.
+  const DependencyGroup& g8 = group_of(groups, "model.8.conv", ChannelRole::kOutput);
+  EXPECT_EQ(g8.channels, 32);
+  EXPECT_EQ(g8.segments, 8);
+  m->eval();
+  const at::Tensor x = at::randn({2, 3, 32, 32});
+  const NodeCost before = graph_cost(m->graph());
+  Config c;
+  c.sparsity = 0.5;
+  const Report r = prune(m, c);
+  EXPECT_EQ(r.skipped.size(), 2u) << r.summary();  // the input's and the classifier's groups
+  EXPECT_LT(r.after.macs, before.macs * 0.3) << r.summary();
+  const Graph& pg = m->graph();
+  for (const auto& [name, groups_attr] : std::vector<std::pair<std::string, int64_t>>{
+           {"model.1.conv", 2}, {"model.4.conv", 16}, {"model.8.conv", 32}, {"model.9.conv", 8}}) {
+    EXPECT_EQ(pg.node(name).attr_int("groups"), groups_attr) << name;
+    EXPECT_EQ(pg.node(name).params.at("weight").size(0), build_model("nin_gc").node(name).params.at("weight").size(0) / 2)
+        << name;
+  }
+  m->eval();
+  at::NoGradGuard ng;
+  EXPECT_EQ(m->forward(x).sizes(), (at::IntArrayRef{2, 10}));
+}
+
 TEST_F(PruneTest, CriteriaRankByHand) {
   Graph g;
   g.add_input("x", {1, 1, 1, 1});

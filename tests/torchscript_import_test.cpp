@@ -35,6 +35,8 @@ const std::vector<ModelCase> kModels = {
     {"squeezenet1_0", {1, 3, 224, 224}},   {"shufflenet_v2_x0_5", {1, 3, 224, 224}},
     {"densenet121", {1, 3, 224, 224}},     {"scripted_residual", {1, 3, 32, 32}},
     {"tiny_unet", {1, 3, 32, 32}},         {"chunk_mix", {1, 8, 16, 16}},
+    {"efficientnet_b0", {1, 3, 224, 224}}, {"regnet_y_400mf", {1, 3, 224, 224}},
+    {"googlenet", {1, 3, 224, 224}},       {"mobilenet_v3_small", {1, 3, 224, 224}},
 };
 
 std::string model_path(const std::string& name, const std::string& suffix = ".pt") {

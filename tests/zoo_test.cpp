@@ -25,7 +25,7 @@ namespace {
 
 using test::all_close;
 
-const std::vector<std::string> kModels = {"lenet5",   "vgg_small", "nin",          "resnet20",
+const std::vector<std::string> kModels = {"lenet5",   "vgg_small", "nin",      "nin_gc",       "resnet20",
                                           "resnet32", "resnet56",  "mobilenet_v2", "repvgg_a0"};
 
 std::string reference_path(const std::string& name, const std::string& ext) {
@@ -233,7 +233,7 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ZooModelTest, ::testing::ValuesIn(kModels),
 
 class ZooTest : public test::SeededTest {};
 
-TEST_F(ZooTest, ListsTheEightModels) { EXPECT_EQ(zoo_models(), kModels); }
+TEST_F(ZooTest, ListsTheNineModels) { EXPECT_EQ(zoo_models(), kModels); }
 
 TEST_F(ZooTest, UnknownNameThrowsNamingTheKnownModels) {
   try {

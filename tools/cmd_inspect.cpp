@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <algorithm>
 #include <iostream>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -138,13 +139,15 @@ int run_inspect(const std::vector<std::string>& args) {
 
   nlohmann::ordered_json j;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  NodeCost total;
+  NodeCost total, unpruned;  // unpruned: each node's cost before pruning (its current one when not recorded)
   double total_bytes = 0, float_bytes = 0, theory_bytes = 0;
   for (const auto& n : g.nodes()) {
     theory_bytes += theoretical_bytes(n);
     NodeCost c = node_cost(g, n);
     total.params += c.params;
     total.macs += c.macs;
+    unpruned.params += n.has_attr("unpruned_params") ? n.attr_int("unpruned_params") : c.params;
+    unpruned.macs += n.has_attr("unpruned_macs") ? n.attr_int("unpruned_macs") : c.macs;
     double b = stored_bytes(n);
     total_bytes += b;
     for (const auto& kv : n.params)
@@ -170,7 +173,15 @@ int run_inspect(const std::vector<std::string>& args) {
       rows.back()["channels"] = s.size() >= 2 ? s[1] : 0;
       rows.back()["unpruned_channels"] = n.attr_int("unpruned_channels");
     }
+    if (n.has_attr("unpruned_params") &&
+        (n.attr_int("unpruned_params") != c.params || n.attr_int("unpruned_macs") != c.macs)) {
+      rows.back()["unpruned_params"] = n.attr_int("unpruned_params");
+      rows.back()["unpruned_macs"] = n.attr_int("unpruned_macs");
+    }
   }
+  const bool pruned = std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) {
+    return n.has_attr("unpruned_channels") || n.has_attr("unpruned_params");
+  });
   if (vm.count("json")) {
     j["model"] = model;
     j["input_shape"] = g.value(g.inputs().front()).shape;
@@ -179,11 +190,13 @@ int run_inspect(const std::vector<std::string>& args) {
                   {"fp32_bytes", static_cast<int64_t>(float_bytes + 0.5)},
                   {"theoretical_bytes", static_cast<int64_t>(theory_bytes + 0.5)}};
     if (file_bytes >= 0) j["total"]["file_bytes"] = file_bytes;
+    if (pruned) {
+      j["total"]["unpruned_params"] = unpruned.params;
+      j["total"]["unpruned_macs"] = unpruned.macs;
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  const bool pruned = std::any_of(g.nodes().begin(), g.nodes().end(),
-                                  [](const Node& n) { return n.has_attr("unpruned_channels"); });
   size_t wname = 4, wop = 2;
   for (const auto& n : g.nodes()) {
     wname = std::max(wname, n.name.size());
@@ -191,20 +204,35 @@ int run_inspect(const std::vector<std::string>& args) {
   }
   std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(static_cast<int>(wop) + 2) << "op"
             << std::setw(22) << "output shape" << std::right << std::setw(12) << "params" << std::setw(15) << "MACs"
-            << std::setw(6) << "bits" << (pruned ? "  channels (pruned from)" : "") << "\n";
+            << std::setw(6) << "bits" << (pruned ? "  before pruning: channels, params, MACs" : "") << "\n";
   for (const auto& r : rows) {
     const int64_t bits = r["weight_bits"].get<int64_t>();
     std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << r["name"].get<std::string>()
               << std::setw(static_cast<int>(wop) + 2) << r["op"].get<std::string>() << std::setw(22)
               << shape_str(r["output_shape"].get<Shape>()) << std::right << std::setw(12) << r["params"].get<int64_t>()
               << std::setw(15) << r["macs"].get<int64_t>() << std::setw(6) << (bits ? std::to_string(bits) : "-");
-    if (r.contains("unpruned_channels"))
-      std::cout << "  " << r["channels"].get<int64_t>() << " of " << r["unpruned_channels"].get<int64_t>();
+    if (r.contains("unpruned_channels") || r.contains("unpruned_params")) {
+      std::cout << "  ";
+      if (r.contains("unpruned_channels"))
+        std::cout << r["channels"].get<int64_t>() << " of " << r["unpruned_channels"].get<int64_t>() << " channels";
+      if (r.contains("unpruned_params"))
+        std::cout << (r.contains("unpruned_channels") ? ", " : "") << r["unpruned_params"].get<int64_t>() << " params, "
+                  << r["unpruned_macs"].get<int64_t>() << " MACs";
+    }
     std::cout << "\n";
   }
+  auto percent = [](int64_t a, int64_t b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << (b > 0 ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0) << " %";
+    return os.str();
+  };
   std::cout << "\n" << g.nodes().size() << " nodes, input " << shape_str(g.value(g.inputs().front()).shape) << "\n"
-            << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")\n"
-            << "MACs:       " << total.macs << " (" << human(static_cast<double>(total.macs), "MAC") << ")\n"
+            << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")";
+  if (pruned) std::cout << "; before pruning " << unpruned.params << " (" << percent(total.params, unpruned.params) << " kept)";
+  std::cout << "\n"
+            << "MACs:       " << total.macs << " (" << human(static_cast<double>(total.macs), "MAC") << ")";
+  if (pruned) std::cout << "; before pruning " << unpruned.macs << " (" << percent(total.macs, unpruned.macs) << " kept)";
+  std::cout << "\n"
             << "size:       " << human(total_bytes, "B") << " at stored precision (" << human(float_bytes, "B")
             << " as float32)\n"
             << "theoretical: " << human(theory_bytes, "B") << " (weight_bits per quantized weight, 32 bits per other value)\n";

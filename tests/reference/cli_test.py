@@ -107,10 +107,38 @@ check(report.get("cpu_capability") == torch_capability() and report.get("intra_o
       and report.get("seed") == 0 and report.get("deterministic") is True and report.get("torch_version", "").startswith("2."),
       "report.json records capability, threads, seed, deterministic, LibTorch: " +
       str({k: report.get(k) for k in ("cpu_capability", "intra_op_threads", "seed", "deterministic", "torch_version")}))
+r = run("inspect", os.path.join(run_dir, "model.h5"), "--json")
+info0 = json.loads(r.stdout)
+check(r.returncode == 0 and info0["total"]["macs"] == 416_520 and "unpruned_macs" not in info0["total"],
+      "inspect of the unpruned checkpoint: 416,520 MACs, no before-pruning totals")
 r = run("eval", os.path.join(run_dir, "model.h5"), "--json")
 ev = json.loads(r.stdout) if r.returncode == 0 else {}
 # eval reads the full 2,000-image test split; the run evaluated the first 1,000.
 check(r.returncode == 0 and ev.get("samples") == 2000 and ev["top1"] > 0.85, f"eval checkpoint: {ev}")
+
+# prune: half the MACs of the trained checkpoint; inspect shows each layer and the totals before
+# and after, and the pruned checkpoint evaluates.
+pruned = os.path.join(OUT, "pruned.h5")
+r = run("prune", os.path.join(run_dir, "model.h5"), "--criterion", "l1", "--target-macs", "0.5", "--out", pruned)
+check(r.returncode == 0 and "MACs 416520 →" in r.stdout, "prune --target-macs 0.5: " + (r.stdout + r.stderr)[-400:])
+r = run("inspect", pruned, "--json")
+pi = json.loads(r.stdout) if r.returncode == 0 else {"total": {}, "nodes": []}
+tot = pi["total"]
+check(tot.get("unpruned_macs") == 416_520 and tot.get("unpruned_params") == info0["total"]["params"]
+      and tot["macs"] <= 0.5 * 416_520 and tot["params"] < tot["unpruned_params"],
+      f"inspect of the pruned checkpoint: totals before and after {tot}")
+conv2 = next((n for n in pi["nodes"] if n["name"] == "conv2"), {})
+check(conv2.get("unpruned_channels") == 16 and conv2.get("channels", 16) < 16 and conv2.get("unpruned_macs", 0) > conv2.get("macs", 0)
+      and conv2.get("output_shape", [0, 0])[1] == conv2.get("channels"),
+      f"inspect: conv2 before and after: {conv2}")
+r = run("inspect", pruned)
+check(r.returncode == 0 and "before pruning 416520 (" in r.stdout and " of 16 channels, " in r.stdout,
+      "inspect text shows the layers and totals before pruning")
+r = run("eval", pruned, "--json")
+check(r.returncode == 0 and json.loads(r.stdout).get("samples") == 2000, "eval of the pruned checkpoint: " + r.stderr[-300:])
+# The grouped, shuffled zoo model prunes through its shuffles: half of every prunable group.
+r = run("prune", "nin_gc", "--sparsity", "0.5", "--out", os.path.join(OUT, "nin_gc_pruned.h5"))
+check(r.returncode == 0 and "model.9.conv" in r.stdout, "prune nin_gc through its channel shuffles: " + (r.stdout + r.stderr)[-400:])
 
 # SIGINT mid-run saves the training state; --resume ends with the same metrics as the
 # uninterrupted run (deterministic mode, CPU).

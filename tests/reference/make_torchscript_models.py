@@ -10,7 +10,8 @@ useful but whose attributes `x` (a batch-2 input) and `y` (the eager model's tra
 it, batch statistics) give the C++ test a train-mode reference.
 
   torchvision (input 1x3x224x224, traced): resnet18, mobilenet_v2, vgg11_bn, squeezenet1_0,
-      shufflenet_v2_x0_5, densenet121
+      shufflenet_v2_x0_5, densenet121, efficientnet_b0, regnet_y_400mf (grouped convolutions,
+      squeeze-excitation), googlenet (without the auxiliary heads), mobilenet_v3_small
   small models the importer does not special-case:
       scripted_residual (torch.jit.script; 1x3x32x32): conv/BN/ReLU, residual add, cat, a loop,
           functional relu and F.interpolate through TorchScript's own code paths
@@ -198,6 +199,10 @@ MODELS = {
     "chunk_mix": (ChunkMix, (1, 8, 16, 16), False, True),
     "unsupported_fft": (UnsupportedFFT, (1, 3, 16, 16), False, True),
     "fixed_batch": (FixedBatch, (1, 3, 8, 8), False, True),
+    "efficientnet_b0": (lambda: torchvision.models.efficientnet_b0(), (1, 3, 224, 224), False, True),
+    "regnet_y_400mf": (lambda: torchvision.models.regnet_y_400mf(), (1, 3, 224, 224), False, False),
+    "googlenet": (lambda: torchvision.models.googlenet(aux_logits=False, init_weights=True), (1, 3, 224, 224), False, True),
+    "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(), (1, 3, 224, 224), False, True),
 }
 
 

@@ -10,6 +10,7 @@ For every model in zoo_models.MODELS it writes
                        parameters; macs counts convolutions (N*Cout*Hout*Wout*(Cin/groups)*kh*kw)
                        and linear layers (rows*in*out) only, measured with forward hooks.
 Files are written to a temporary name and renamed, so a failed run leaves nothing half-written.
+It also checks that the nin and nin_gc twins equal micronet's own models (check_micronet_twins).
 """
 
 import json
@@ -64,6 +65,32 @@ def count_macs(model, input_shape):
     return total[0], list(out.shape)
 
 
+def check_micronet_twins(gen):
+    """nin and nin_gc are micronet's models: micronet's own Net (PyPI micronet, models.nin and
+    models.nin_gc) has the same state_dict keys and shapes, and with its weights loaded the twin
+    gives the same eval outputs (to float32 round-off, 1e-5 of the largest logit). Exits non-zero
+    otherwise."""
+    from micronet.models import nin as micronet_nin, nin_gc as micronet_nin_gc
+
+    for name, peer in (("nin", micronet_nin.Net()), ("nin_gc", micronet_nin_gc.Net())):
+        ours = MODELS[name][0]()
+        randomize(peer, gen)
+        theirs = {k: tuple(v.shape) for k, v in peer.state_dict().items()}
+        mine = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+        if theirs != mine:
+            sys.exit(f"{name}: state_dict differs from micronet's: {sorted(set(theirs.items()) ^ set(mine.items()))[:6]}")
+        ours.load_state_dict(peer.state_dict())
+        ours.eval()
+        peer.eval()
+        x = torch.randn(2, 3, 32, 32, generator=gen)
+        with torch.no_grad():
+            a, b = ours(x), peer(x)
+        diff = (a - b).abs().max().item()
+        if diff > 1e-5 * b.abs().max().item():
+            sys.exit(f"{name}: outputs differ from micronet's Net by {diff}")
+        print(f"{name}: equals micronet's Net (max |diff| {diff:.1e})")
+
+
 def write_atomic(path, write):
     tmp = path + ".tmp"
     write(tmp)
@@ -103,6 +130,7 @@ def main():
 
         write_atomic(os.path.join(out_dir, name + ".json"), dump)
         print(f"{name}: params {params:,}  MACs {macs:,}  output {out_shape}")
+    check_micronet_twins(gen)
 
 
 if __name__ == "__main__":

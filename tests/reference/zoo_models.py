@@ -113,6 +113,56 @@ class NIN(nn.Module):
         return torch.flatten(self.model(x), 1)
 
 
+class ShuffleConvBNReLU(nn.Module):
+    """[channel shuffle with `shuffle` groups, when shuffle > 0] -> conv (with bias, `groups`)
+    -> BN -> ReLU; the shuffle views [N, C, H, W] as [N, shuffle, C/shuffle, H, W], swaps dims 1
+    and 2 and views back (ShuffleNet, Zhang et al., 2018)."""
+
+    def __init__(self, cin, cout, kernel, padding, groups, shuffle):
+        super().__init__()
+        self.shuffle = shuffle
+        self.conv = nn.Conv2d(cin, cout, kernel, padding=padding, groups=groups)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        if self.shuffle:
+            n, c, h, w = x.shape
+            x = x.view(n, self.shuffle, c // self.shuffle, h, w).transpose(1, 2).reshape(n, c, h, w)
+        return F.relu(self.bn(self.conv(x)))
+
+
+class NINGC(nn.Module):
+    """NIN with grouped convolutions and channel shuffles, the layout of micronet's nin_gc:
+    (index: out, kernel, groups, shuffle groups before the conv)
+    0: 256 5x5 g1; 1: 256 1x1 g2; 2: 256 1x1 g2 shuffle 2; 3: max pool 2/2;
+    4: 512 3x3 g16 shuffle 2; 5: 512 1x1 g4 shuffle 16; 6: 512 1x1 g4 shuffle 4; 7: max pool 2/2;
+    8: 1024 3x3 g32 shuffle 4; 9: 1024 1x1 g8 shuffle 32; 10: num_classes 1x1; 11: global
+    average pool (micronet's AvgPool2d(8) at 32x32); flatten. Convs have a bias; every conv is
+    followed by BN and ReLU. State-dict keys model.<i>.conv / model.<i>.bn as in micronet.
+    """
+
+    def __init__(self, num_classes=10, in_channels=3):
+        super().__init__()
+        u = ShuffleConvBNReLU
+        self.model = nn.Sequential(
+            u(in_channels, 256, 5, 2, 1, 0),
+            u(256, 256, 1, 0, 2, 0),
+            u(256, 256, 1, 0, 2, 2),
+            nn.MaxPool2d(2, stride=2),
+            u(256, 512, 3, 1, 16, 2),
+            u(512, 512, 1, 0, 4, 16),
+            u(512, 512, 1, 0, 4, 4),
+            nn.MaxPool2d(2, stride=2),
+            u(512, 1024, 3, 1, 32, 4),
+            u(1024, 1024, 1, 0, 8, 32),
+            u(1024, num_classes, 1, 0, 1, 0),
+            nn.AdaptiveAvgPool2d(1),
+        )
+
+    def forward(self, x):
+        return torch.flatten(self.model(x), 1)
+
+
 class BasicBlock(nn.Module):
     """ResNet basic block: conv3x3-BN-ReLU-conv3x3-BN, plus the shortcut, then ReLU.
     Option B shortcut (He et al., 2016): 1x1 conv (stride s, no bias) + BN when the shape changes."""
@@ -277,6 +327,7 @@ MODELS = {
     "lenet5": (lambda: LeNet5(), (1, 1, 28, 28)),
     "vgg_small": (lambda: VGGSmall(), (1, 3, 32, 32)),
     "nin": (lambda: NIN(), (1, 3, 32, 32)),
+    "nin_gc": (lambda: NINGC(), (1, 3, 32, 32)),
     "resnet20": (lambda: CifarResNet(3), (1, 3, 32, 32)),
     "resnet32": (lambda: CifarResNet(5), (1, 3, 32, 32)),
     "resnet56": (lambda: CifarResNet(9), (1, 3, 32, 32)),
