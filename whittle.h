@@ -19,6 +19,7 @@
 #include "fuse/fuse.h"
 #include "prune/groups.h"
 #include "prune/prune.h"
+#include "distill/distill.h"
 #include "export/checkpoint.h"
 #include "data/dataset.h"
 #include "data/mnist.h"

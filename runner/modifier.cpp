@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/registration.h"
+#include "runner/distill_modifier.h"
 #include "runner/fuse_modifier.h"
 #include "runner/prune_modifier.h"
 #include "runner/quantize_modifier.h"
@@ -56,6 +57,7 @@ void register_builtin_modifiers() {
     register_quantize_modifier();
     register_fuse_modifier();
     register_prune_modifiers();
+    register_distill_modifier();
   });
 }
 

@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ struct TrainContext {
   int64_t epoch_index = 0;   ///< current epoch, 0-based
   int64_t step = 0;          ///< optimizer steps done so far
   bool parameters_changed = false;
+  /// In on_loss: the student's values the active modifiers asked for (captures()), by name, from
+  /// this batch's forward pass; nullptr when none asked.
+  const std::map<std::string, at::Tensor>* features = nullptr;
 };
 
 /// Base class of modifiers. Hooks default to doing nothing.
@@ -63,6 +67,13 @@ class Modifier {
   }
   /// Once, after the last epoch and before the final checkpoint is written.
   virtual void on_finish(TrainContext&) {}
+  /// The student's graph values (node or value names) this modifier reads in on_loss through
+  /// TrainContext::features while it is active (distillation's feature pairs); none by default.
+  virtual std::vector<std::string> captures() const { return {}; }
+  /// At each epoch's end, after on_epoch_end: adds the modifier's per-epoch figures (the mean of
+  /// each loss term over the epoch's batches, e.g. "kd_loss") to `metrics`, which goes into the
+  /// epoch's line of metrics.jsonl; then starts the next epoch's sums. None by default.
+  virtual void epoch_metrics(std::map<std::string, double>& /*metrics*/) {}
 
   /// The modifier's own state as JSON text (what it has done so far: applied, frozen, pruned
   /// fraction...), saved with the training state; "" (the default) when it has none.

@@ -445,15 +445,23 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor x = batch.images.to(device_, true);
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  std::vector<std::string> captures;
+  for (auto& m : modifiers_)
+    if (m->active_at(tc_.epoch))
+      for (auto& c : m->captures()) captures.push_back(c);
+  std::map<std::string, at::Tensor> features;
   at::Tensor logits;
   {
     AutocastScope autocast(autocast_, t.amp == "bf16" ? at::kBFloat16 : at::kHalf);
-    logits = model_->forward(x);
+    if (captures.empty()) logits = model_->forward(x);
+    else logits = model_->forward_with_intermediates({x}, captures, &features).at(0);
   }
+  tc_.features = captures.empty() ? nullptr : &features;
   logits = logits.to(at::kFloat);
   at::Tensor loss = at::cross_entropy_loss(logits, y, {}, at::Reduction::Mean, -100, t.label_smoothing);
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch)) loss = m->on_loss(tc_, loss, x, y, logits);
+  tc_.features = nullptr;
   const double loss_value = loss.item<double>();
   if (!std::isfinite(loss_value)) {
     const std::string kept =
@@ -552,6 +560,11 @@ EvalMetrics Trainer::end_epoch() {
   line["lr"] = learning_rate_at(t.lr_schedule, t.optimizer.lr, static_cast<double>(epoch + 1) - 1e-9,
                                 static_cast<double>(t.epochs));
   line["train_images_per_second"] = static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
+  {
+    std::map<std::string, double> extra;
+    for (auto& m : modifiers_) m->epoch_metrics(extra);
+    for (const auto& [k, v] : extra) line[k] = v;
+  }
   start_writing();
   {
     std::ofstream f(join_path(result_.run_dir, "metrics.jsonl"), std::ios::app);

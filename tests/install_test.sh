@@ -14,4 +14,5 @@ cmake -S "$src/examples" -B "$build/examples-test" -G Ninja -DCMAKE_BUILD_TYPE=R
 cmake --build "$build/examples-test" -j 2
 "$build/examples-test/graph_basics"
 "$build/examples-test/prune_model" resnet20 "$build/examples-test/resnet20_pruned.h5"
+"$build/examples-test/distill_model" 5
 "$build/examples-test/train_qat" "$src/data/mnist10k" 60 dorefa "$build/examples-test/lenet5_qat.h5"

@@ -1,0 +1,275 @@
+// Distillation: the KD, attention-transfer and hint losses against hand-worked values (issue 14),
+// the frozen teacher, and the `distill` recipe modifier (a LeNet-5 student of a LeNet-5 teacher:
+// its loss terms in metrics.jsonl, its errors).
+
+#include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
+#include <torch/script.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "distill/distill.h"
+#include "export/checkpoint.h"
+#include "graph/graph_module.h"
+#include "graph/zoo.h"
+#include "runner/recipe.h"
+#include "runner/trainer.h"
+#include "support.h"
+#include "test_models.h"
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+namespace whittle::distill {
+namespace {
+
+using test::make;
+
+at::Tensor row(std::vector<float> v) { return at::tensor(v).unsqueeze(0); }
+
+TEST(KdLoss, HandWorkedValues) {
+  const at::Tensor s = row({1, 2, 3}), t = row({3, 2, 1});
+  EXPECT_NEAR(kd_loss(s, t, 1).item<double>(), 1.150421, 1e-6);
+  EXPECT_NEAR(kd_loss(s, t, 2).item<double>(), 1.280627, 1e-6);
+  EXPECT_NEAR(kd_loss(s, t, 2).item<double>() / 4, 0.320157, 1e-6);  // the KL alone
+  EXPECT_NEAR(kd_loss(s, t, 4).item<double>(), 1.31963, 1e-5);
+  EXPECT_NEAR(kd_loss(s, t, 4).item<double>() / 16, 0.082477, 1e-6);
+  const at::Tensor x = s.clone().set_requires_grad(true);
+  kd_loss(x, t, 4).backward();
+  const at::Tensor g = x.grad().squeeze(0);
+  EXPECT_NEAR(g[0].item<double>(), -0.65981, 1e-5);
+  EXPECT_NEAR(g[1].item<double>(), 0.0, 1e-6);
+  EXPECT_NEAR(g[2].item<double>(), 0.65981, 1e-5);
+  // The teacher's logits are constants.
+  const at::Tensor tt = t.clone().set_requires_grad(true);
+  kd_loss(x, tt, 4).backward();
+  EXPECT_FALSE(tt.grad().defined());
+}
+
+// The T² factor keeps the soft gradient's size about the same across temperatures.
+TEST(KdLoss, SoftGradientNormChangesLessThanTwentyPercentFromT1ToT4) {
+  auto grad_norm = [](double T) {
+    const at::Tensor x = row({1, 2, 3}).set_requires_grad(true);
+    kd_loss(x, row({3, 2, 1}), T).backward();
+    return x.grad().norm().item<double>();
+  };
+  const double g1 = grad_norm(1), g4 = grad_norm(4);
+  EXPECT_LT(std::abs(g4 - g1) / g1, 0.2) << g1 << " vs " << g4;
+}
+
+TEST(KdLoss, MixedWithTheHardLabelLoss) {
+  const at::Tensor s = row({1, 2, 3}), t = row({3, 2, 1}), y = at::tensor(std::vector<int64_t>{2});
+  // Cross-entropy of class 2: −log softmax([1, 2, 3])[2] = log(e + e² + e³) − 3.
+  const double ce = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3;
+  EXPECT_NEAR(kd_mixed_loss(s, t, y, 2, 0.9).item<double>(), 0.9 * 1.280627 + 0.1 * ce, 1e-6);
+  EXPECT_NEAR(kd_mixed_loss(s, t, y, 2, 0).item<double>(), ce, 1e-6);
+  EXPECT_THROW(kd_mixed_loss(s, t, y, 2, 1.5), Error);
+  EXPECT_THROW(kd_loss(s, t, 0), Error);
+  EXPECT_THROW(kd_loss(s, row({1, 2}), 1), Error);
+}
+
+// Student channel 0 = [[1, 0], [0, 0]], channel 1 = [[0, 1], [0, 0]]: Q = [1, 1, 0, 0] → [1, 1, 0, 0]/√2.
+// Teacher channel 0 = [[1, 0], [0, 0]], channel 1 = 0: Q = [1, 0, 0, 0]. ‖Q̂_s − Q̂_t‖ =
+// √((1/√2 − 1)² + 1/2) = √(2 − √2) = 0.765367; with β = 2 the loss is that.
+TEST(AttentionLoss, HandWorkedValueOnA1x2x2x2Pair) {
+  const at::Tensor s = at::tensor(std::vector<float>{1, 0, 0, 0, 0, 1, 0, 0}).reshape({1, 2, 2, 2});
+  const at::Tensor t = at::tensor(std::vector<float>{1, 0, 0, 0, 0, 0, 0, 0}).reshape({1, 2, 2, 2});
+  EXPECT_NEAR(attention_loss(s, t, 2.0).item<double>(), std::sqrt(2 - std::sqrt(2.0)), 1e-6);
+  EXPECT_NEAR(attention_loss(s, t, 1000.0).item<double>(), 500 * std::sqrt(2 - std::sqrt(2.0)), 1e-3);
+  EXPECT_NEAR(attention_loss(s, s, 2.0).item<double>(), 0.0, 1e-7);
+  const at::Tensor q = attention_map(s);
+  EXPECT_NEAR(q[0][0].item<double>(), 1 / std::sqrt(2.0), 1e-7);
+  // Channels may differ, spatial sizes may not; the message names both shapes and the pair.
+  EXPECT_NO_THROW(attention_loss(at::randn({2, 3, 4, 4}), at::randn({2, 5, 4, 4})));
+  try {
+    attention_loss(at::randn({2, 3, 4, 4}), at::randn({2, 3, 2, 2}), 2.0, 2.0, "pair a:b");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pair a:b"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2, 3, 2, 2]"), std::string::npos) << e.what();
+  }
+}
+
+// Hint: the MSE over every element. s − t has two entries of 2 among 8: (4 + 4)/8 = 1.
+TEST(HintLoss, HandWorkedValueAndIdentityAdapter) {
+  const at::Tensor t = at::randn({1, 2, 2, 2});
+  at::Tensor s = t.clone();
+  s.view(-1)[1] += 2;
+  s.view(-1)[6] -= 2;
+  EXPECT_NEAR(hint_loss(s, t).item<double>(), 1.0, 1e-6);
+  // An adapter made the identity (1×1 conv = I; BN in eval with mean 0, var 1 − eps·… : γ = √(1 + eps)).
+  GraphModule a = hint_adapter({1, 2, 2, 2}, 2, 0);
+  {
+    at::NoGradGuard ng;
+    Graph& g = a->graph();
+    g.node("conv").params.at("weight").copy_(at::eye(2).reshape({2, 2, 1, 1}));
+    g.node("bn").params.at("weight").fill_(std::sqrt(1 + 1e-5));
+  }
+  a->eval();
+  EXPECT_NEAR(hint_loss(a->forward(t), t).item<double>(), 0.0, 1e-10);
+  EXPECT_EQ(hint_adapter({1, 3, 4, 4}, 5)->forward(at::randn({2, 3, 4, 4})).sizes(), (at::IntArrayRef{2, 5, 4, 4}));
+  EXPECT_THROW(hint_adapter({1, 3}, 5), Error);
+  EXPECT_THROW(hint_loss(at::randn({1, 3, 2, 2}), t, "pair x:y"), Error);
+}
+
+// PyTorch's values (tests/reference/make_distill_reference.py), to 1e-6 relative to the value (at
+// least 1e-6 absolute): both compute in float32, and KD losses over 100 classes reach 13, where one
+// float32 ulp is 1e-6. Gradients to 1e-6 absolute.
+TEST(DistillLosses, EqualPyTorchForBatch1And7And10And100Classes) {
+  torch::jit::Module ref = torch::jit::load(test::binary_dir() + "/testdata/distill_reference/distill_reference.pt");
+  std::map<std::string, at::Tensor> t;
+  for (const auto& b : ref.named_buffers()) t[b.name] = b.value;
+  ASSERT_EQ(t.size(), 2u * 2u * 4u + 2u * 6u);
+  for (int n : {1, 7}) {
+    for (int k : {10, 100}) {
+      const std::string p = "kd_" + std::to_string(n) + "_" + std::to_string(k) + "_";
+      const at::Tensor s = t.at(p + "s").clone().set_requires_grad(true);
+      const at::Tensor loss = kd_loss(s, t.at(p + "t"), 4.0);
+      const double expected = t.at(p + "loss").item<double>();
+      EXPECT_NEAR(loss.item<double>(), expected, 1e-6 * std::max(1.0, std::abs(expected))) << p;
+      loss.backward();
+      EXPECT_LT((s.grad() - t.at(p + "grad")).abs().max().item<double>(), 1e-6) << p;
+    }
+    const std::string a = "at_" + std::to_string(n) + "_", h = "hint_" + std::to_string(n) + "_";
+    EXPECT_NEAR(attention_loss(t.at(a + "s"), t.at(a + "t"), 2.0).item<double>(), t.at(a + "loss").item<double>(), 1e-6) << a;
+    EXPECT_NEAR(hint_loss(t.at(h + "s"), t.at(h + "t")).item<double>(), t.at(h + "loss").item<double>(), 1e-6) << h;
+  }
+}
+
+// small_net's layers with Dropout(0.5) before the classifier.
+Graph teacher_net() {
+  Graph base = test::small_net();
+  Graph g;
+  g.add_input("x", {2, 3, 8, 8});
+  for (const Node& n : base.nodes()) {
+    if (n.name == "classifier") {
+      g.add_node(make("drop", "dropout", {"flatten"}, {{"p", 0.5}}));
+      Node fc = n;
+      fc.inputs = {"drop"};
+      g.add_node(fc);
+      continue;
+    }
+    g.add_node(n);
+  }
+  g.set_outputs({"classifier"});
+  return g;
+}
+
+TEST(Teacher, StaysFrozenThroughDistillationSteps) {
+  at::manual_seed(0);
+  Teacher teacher(teacher_net());
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : teacher.module()->named_parameters()) before[p.key()] = p.value().clone();
+  for (const auto& b : teacher.module()->named_buffers()) before[b.key()] = b.value().clone();
+  GraphModule student(test::small_net());
+  student->train();
+  teacher.module()->train();  // as if a trainer called train() on everything: forward() still runs it in eval
+  const at::Tensor bn_mean0 = student->graph().node("features.1").buffers.at("running_mean").clone();
+  torch::optim::SGD opt(student->parameters(), torch::optim::SGDOptions(0.1));
+  const at::Tensor x = at::randn({4, 3, 8, 8});
+  const at::Tensor y = at::tensor(std::vector<int64_t>{1, 2, 3, 4});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    kd_mixed_loss(student->forward(x), teacher.forward(x), y, 4, 0.9).backward();
+    opt.step();
+  }
+  for (const auto& p : teacher.module()->named_parameters()) {
+    EXPECT_TRUE(p.value().equal(before.at(p.key()))) << p.key();
+    EXPECT_FALSE(p.value().requires_grad()) << p.key();
+    EXPECT_FALSE(p.value().grad().defined()) << p.key();
+  }
+  for (const auto& b : teacher.module()->named_buffers()) EXPECT_TRUE(b.value().equal(before.at(b.key()))) << b.key();
+  EXPECT_TRUE(teacher.forward(x).equal(teacher.forward(x)));  // no dropout draws
+  EXPECT_FALSE(student->graph().node("features.1").buffers.at("running_mean").equal(bn_mean0));
+  // Features by value name.
+  std::map<std::string, at::Tensor> f;
+  teacher.forward(x, {"features.2"}, &f);
+  EXPECT_EQ(f.at("features.2").sizes(), (at::IntArrayRef{4, 8, 8, 8}));
+  EXPECT_THROW(teacher.forward(x, {"no_such_value"}, &f), Error);
+}
+
+}  // namespace
+}  // namespace whittle::distill
+
+namespace whittle::runner {
+namespace {
+
+using test::binary_dir;
+using test::source_dir;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = join_path(binary_dir(), "testdata/distill/" + name);
+  remove_tree(dir);
+  make_directories(parent_directory(dir));
+  return dir;
+}
+
+Recipe recipe(const std::string& modifiers, int epochs = 1) {
+  const std::string mnist = join_path(source_dir(), "data/mnist10k");
+  return parse_recipe("model: {name: lenet5}\n"
+                      "data: {train: " + mnist + ", test: " + mnist +
+                          ", test_split: t10k, batch_size: 32, train_limit: 256, test_limit: 64, num_workers: 0}\n"
+                          "training: {epochs: " + std::to_string(epochs) +
+                          ", optimizer: {name: sgd, lr: 0.01, momentum: 0.9}, threads: 1}\n"
+                          "modifiers:\n" + modifiers,
+                      "r.yaml", source_dir());
+}
+
+// A LeNet-5 teacher checkpoint (fresh weights: the test checks the plumbing, not accuracy).
+std::string teacher_file() {
+  const std::string path = join_path(binary_dir(), "testdata/distill/teacher.h5");
+  make_directories(parent_directory(path));
+  ZooOptions zo;
+  zo.seed = 7;
+  save_checkpoint(path, build_model("lenet5", zo));
+  return path;
+}
+
+TEST(DistillModifier, WritesTheLossTermsPerEpoch) {
+  const std::string dir = fresh_dir("kd_attention");
+  const std::string teacher = teacher_file();
+  std::ostringstream log;
+  RunOptions o;
+  o.out_dir = dir;
+  o.log = &log;
+  const RunResult res = run_recipe(recipe("  - {name: distill, teacher: " + teacher +
+                                          ", method: [kd, attention], temperature: 4, alpha: 0.9, pairs: ['relu2:relu2']}\n"),
+                                   o);
+  EXPECT_EQ(res.epochs_done, 1) << log.str();
+  std::ifstream f(join_path(dir, "metrics.jsonl"));
+  std::string line;
+  std::getline(f, line);
+  for (const char* key : {"\"hard_loss\"", "\"kd_loss\"", "\"attention_loss\""})
+    EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
+}
+
+TEST(DistillModifier, BadSettingsAreRecipeErrors) {
+  const std::string teacher = teacher_file();
+  auto error_of = [](const std::string& modifiers) {
+    std::ostringstream log;
+    RunOptions o;
+    o.out_dir = fresh_dir("bad");
+    o.log = &log;
+    try {
+      run_recipe(recipe(modifiers), o);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      EXPECT_FALSE(path_exists(o.out_dir)) << "the run directory was created for " << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: /nonexistent/t.h5}\n")), "/nonexistent/t.h5 is missing");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [attention], pairs: ['relu2:nope']}\n")),
+             "the teacher has no value 'nope'");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [attention], pairs: ['relu2:relu1']}\n")),
+             "same H, W");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [attention]}\n")), "needs 'pairs'");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [fitnet]}\n")), "not one of kd, attention");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", alpha: 2}\n")), "alpha");
+}
+
+}  // namespace
+}  // namespace whittle::runner
