@@ -278,6 +278,10 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
       }
       const int64_t per = m.size / groups_attr;
       bool inside = true, spread = true;
+      // Equal channel counts per segment give equal conv groups only when the member sees every
+      // channel of the group, each at as many positions.
+      bool uniform = true;
+      for (const auto& p : m.positions) uniform = uniform && !p.empty() && p.size() == m.positions.front().size();
       for (const auto& p : m.positions) {
         if (p.empty()) continue;
         std::vector<int64_t> count(static_cast<size_t>(groups_attr), 0);
@@ -285,6 +289,10 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
         const auto nonzero = std::count_if(count.begin(), count.end(), [](int64_t c) { return c > 0; });
         inside = inside && nonzero == 1;
         spread = spread && std::all_of(count.begin(), count.end(), [&](int64_t c) { return c == count[0]; });
+      }
+      if (inside && !uniform) {
+        uneven = m.node + " sees the group's channels at different numbers of positions (or not all of them)";
+        break;
       }
       if (inside) constraining.push_back({&m, groups_attr});
       else if (!spread) {
@@ -320,7 +328,13 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
       continue;
     }
     if (g.segments == 1) continue;
-    for (size_t k = 0; k < assigned.size(); ++k) g.segment[k] = std::max<int64_t>(assigned[k], 0);
+    if (std::count(assigned.begin(), assigned.end(), int64_t{-1}) > 0) {
+      std::fill(g.fixed.begin(), g.fixed.end(), true);
+      g.fixed_reason = "some channels reach no grouped convolution of the group";
+      g.segments = 1;
+      continue;
+    }
+    for (size_t k = 0; k < assigned.size(); ++k) g.segment[k] = assigned[k];
   }
   return groups;
 }

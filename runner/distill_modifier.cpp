@@ -95,8 +95,14 @@ class DistillModifier : public Modifier {
       total = (1 - o_.alpha) * loss + o_.alpha * kd;
     }
     for (const auto& [s, t] : pairs_) {
+      const at::Tensor* sf = nullptr;
+      if (tc.features) {
+        const auto it = tc.features->find(s);
+        if (it != tc.features->end()) sf = &it->second;
+      }
+      if (!sf) fail("pair '" + s + ":" + t + "': the student no longer has the value '" + s + "' (changed by another modifier?)");
       const at::Tensor at_loss =
-          distill::attention_loss(tc.features->at(s), tf.at(t).to(logits.device()), o_.beta, 2.0, "pair " + s + ":" + t);
+          distill::attention_loss(*sf, tf.at(t).to(logits.device()), o_.beta, 2.0, "pair " + s + ":" + t);
       add("attention_loss", at_loss);
       total = total + at_loss;
     }

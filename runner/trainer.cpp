@@ -457,11 +457,14 @@ void Trainer::step(const data::Batch& batch) {
     else logits = model_->forward_with_intermediates({x}, captures, &features).at(0);
   }
   tc_.features = captures.empty() ? nullptr : &features;
+  struct ClearFeatures {  // tc_.features must not outlive `features`, also when a hook throws
+    TrainContext& tc;
+    ~ClearFeatures() { tc.features = nullptr; }
+  } clear_features{tc_};
   logits = logits.to(at::kFloat);
   at::Tensor loss = at::cross_entropy_loss(logits, y, {}, at::Reduction::Mean, -100, t.label_smoothing);
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch)) loss = m->on_loss(tc_, loss, x, y, logits);
-  tc_.features = nullptr;
   const double loss_value = loss.item<double>();
   if (!std::isfinite(loss_value)) {
     const std::string kept =

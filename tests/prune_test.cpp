@@ -353,6 +353,32 @@ TEST_F(PruneTest, ChannelShuffleBindsPositionKOfEveryGroup) {
   EXPECT_GE(rm[1], 2);
 }
 
+// cat(shuffle(2) of P's 8 channels, Q's 4) into R (12 → 12, 2 groups): P's units have 2 positions in
+// R, Q's 1, so equal counts per segment would not give R equal groups: the group is fixed (with
+// the reason) and pruning the rest of the model still works.
+TEST_F(PruneTest, ShuffledAndPlainChannelsInOneGroupedConvAreLeftFixed) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("P", "x", 3, 8));
+  g.add_node(make("shuffle", "channel_shuffle", {"P"}, {{"groups", int64_t{2}}}));
+  g.add_node(conv("Q", "x", 3, 4));
+  g.add_node(make("cat", "cat", {"shuffle", "Q"}, {{"dim", int64_t{1}}}));
+  g.add_node(conv("R", "cat", 12, 12, 1, 2));
+  g.add_node(conv("out", "R", 12, 2));
+  g.set_outputs({"out"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& grp = group_of(groups, "P", ChannelRole::kOutput);
+  EXPECT_EQ(grp.prunable(), 0) << grp.to_string();
+  EXPECT_NE(grp.fixed_reason.find("R"), std::string::npos) << grp.fixed_reason;
+  Config c;
+  c.sparsity = 0.5;
+  Graph pruned = g.clone();
+  const Report r = remove_channels(pruned, make_plan(pruned, c));
+  EXPECT_EQ(pruned.node("R").params.at("weight").size(0), 6) << r.summary();  // R's own outputs: 12 → 6
+  EXPECT_EQ(pruned.node("R").params.at("weight").size(1), 6);                 // its inputs untouched
+  EXPECT_EQ(pruned.node("P").params.at("weight").size(0), 8);
+}
+
 // micronet's nin_gc: every group through its five channel shuffles is prunable but the
 // classifier's; half the channels by L1 keeps every conv's groups and shrinks the MACs.
 TEST_F(PruneTest, NinGcPrunesThroughEveryShuffle) {

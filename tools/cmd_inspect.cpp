@@ -182,6 +182,9 @@ int run_inspect(const std::vector<std::string>& args) {
   const bool pruned = std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) {
     return n.has_attr("unpruned_channels") || n.has_attr("unpruned_params");
   });
+  // Totals before pruning need the per-node costs, which checkpoints pruned before they were recorded lack.
+  const bool pruned_costs = std::any_of(g.nodes().begin(), g.nodes().end(),
+                                        [](const Node& n) { return n.has_attr("unpruned_params"); });
   if (vm.count("json")) {
     j["model"] = model;
     j["input_shape"] = g.value(g.inputs().front()).shape;
@@ -190,7 +193,7 @@ int run_inspect(const std::vector<std::string>& args) {
                   {"fp32_bytes", static_cast<int64_t>(float_bytes + 0.5)},
                   {"theoretical_bytes", static_cast<int64_t>(theory_bytes + 0.5)}};
     if (file_bytes >= 0) j["total"]["file_bytes"] = file_bytes;
-    if (pruned) {
+    if (pruned_costs) {
       j["total"]["unpruned_params"] = unpruned.params;
       j["total"]["unpruned_macs"] = unpruned.macs;
     }
@@ -228,10 +231,10 @@ int run_inspect(const std::vector<std::string>& args) {
   };
   std::cout << "\n" << g.nodes().size() << " nodes, input " << shape_str(g.value(g.inputs().front()).shape) << "\n"
             << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")";
-  if (pruned) std::cout << "; before pruning " << unpruned.params << " (" << percent(total.params, unpruned.params) << " kept)";
+  if (pruned_costs) std::cout << "; before pruning " << unpruned.params << " (" << percent(total.params, unpruned.params) << " kept)";
   std::cout << "\n"
             << "MACs:       " << total.macs << " (" << human(static_cast<double>(total.macs), "MAC") << ")";
-  if (pruned) std::cout << "; before pruning " << unpruned.macs << " (" << percent(total.macs, unpruned.macs) << " kept)";
+  if (pruned_costs) std::cout << "; before pruning " << unpruned.macs << " (" << percent(total.macs, unpruned.macs) << " kept)";
   std::cout << "\n"
             << "size:       " << human(total_bytes, "B") << " at stored precision (" << human(float_bytes, "B")
             << " as float32)\n"
