@@ -18,9 +18,10 @@ namespace whittle::runner {
 
 namespace {
 
-// Adds the teacher's soft targets (and its attention maps) to the student's loss while active:
-//   loss = (1 − α)·hard + α·KD(s, t, T)   when kd is a method (else loss = hard)
-//        + Σ_pairs β/2·‖Q̂_s − Q̂_t‖₂       when attention is.
+// Adds the teacher's soft targets (its attention maps, its features) to the student's loss while active:
+//   loss = (1 − α)·hard + α·KD(s, t, T)        when kd is a method (else loss = hard)
+//        + Σ_pairs β/2·‖Q̂_s − Q̂_t‖₂            when attention is
+//        + Σ_pairs w·MSE(adapter_p(F_s), F_t)   when hint is (adapters trained with the student).
 class DistillModifier : public Modifier {
  public:
   DistillModifier(const ModifierSpec& spec, DistillModifierOptions o) : Modifier(spec), o_(std::move(o)) {
@@ -29,13 +30,13 @@ class DistillModifier : public Modifier {
     for (const auto& m : o_.method) {
       if (m == "kd") kd_ = true;
       else if (m == "attention") attention_ = true;
-      else if (m == "hint")
-        fail("method 'hint' needs a learned adapter, which the recipe modifier does not train yet; use kd or "
-             "attention here, or distill::hint_adapter and distill::hint_loss from C++");
-      else fail("method '" + m + "' is not one of kd, attention");
+      else if (m == "hint") hint_ = true;
+      else fail("method '" + m + "' is not one of kd, attention, hint");
     }
-    if (attention_ && o_.pairs.empty()) fail("method 'attention' needs 'pairs' (\"student_value:teacher_value\", ...)");
-    if (!attention_ && !o_.pairs.empty()) fail("'pairs' is for method 'attention'; add it to 'method' or drop 'pairs'");
+    if ((attention_ || hint_) && o_.pairs.empty())
+      fail(std::string("method '") + (attention_ ? "attention" : "hint") + "' needs 'pairs' (\"student_value:teacher_value\", ...)");
+    if (!attention_ && !hint_ && !o_.pairs.empty())
+      fail("'pairs' is for methods 'attention' and 'hint'; add one to 'method' or drop 'pairs'");
     for (const auto& p : o_.pairs) {
       const size_t colon = p.find(':');
       if (colon == std::string::npos || colon == 0 || colon + 1 == p.size())
@@ -70,11 +71,33 @@ class DistillModifier : public Modifier {
       const Shape& a = student.value(s).shape;
       const Shape& b = tg.value(t).shape;
       if (a.size() != 4 || b.size() != 4 || a[2] != b[2] || a[3] != b[3])
-        fail("pair '" + s + ":" + t + "': attention transfer needs [N, C, H, W] features of the same H, W; the student's is " +
-             shape_str(a) + ", the teacher's " + shape_str(b));
+        fail("pair '" + s + ":" + t + "': attention transfer and hints need [N, C, H, W] features of the same H, W; the "
+             "student's is " + shape_str(a) + ", the teacher's " + shape_str(b));
       teacher_values_.push_back(t);
+      if (hint_) {
+        GraphModule adapter = distill::hint_adapter(a, b[1]);
+        adapter->to(tc.device);
+        adapter->train();
+        adapters_.push_back(adapter);
+      }
     }
     teacher_->to(tc.device);
+  }
+
+  std::vector<at::Tensor> parameters() override {
+    std::vector<at::Tensor> out;
+    for (auto& a : adapters_)
+      for (auto& p : a->parameters()) out.push_back(p);
+    return out;
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> state_tensors() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (size_t i = 0; i < adapters_.size(); ++i) {
+      for (const auto& p : adapters_[i]->named_parameters()) out.emplace_back("hint" + std::to_string(i) + "." + p.key(), p.value());
+      for (const auto& b : adapters_[i]->named_buffers()) out.emplace_back("hint" + std::to_string(i) + "." + b.key(), b.value());
+    }
+    return out;
   }
 
   std::vector<std::string> captures() const override {
@@ -94,17 +117,26 @@ class DistillModifier : public Modifier {
       add("kd_loss", kd);
       total = (1 - o_.alpha) * loss + o_.alpha * kd;
     }
-    for (const auto& [s, t] : pairs_) {
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      const auto& [s, t] = pairs_[i];
       const at::Tensor* sf = nullptr;
       if (tc.features) {
         const auto it = tc.features->find(s);
         if (it != tc.features->end()) sf = &it->second;
       }
       if (!sf) fail("pair '" + s + ":" + t + "': the student no longer has the value '" + s + "' (changed by another modifier?)");
-      const at::Tensor at_loss =
-          distill::attention_loss(*sf, tf.at(t).to(logits.device()), o_.beta, 2.0, "pair " + s + ":" + t);
-      add("attention_loss", at_loss);
-      total = total + at_loss;
+      const at::Tensor tfeat = tf.at(t).to(logits.device());
+      const std::string where = "pair " + s + ":" + t;
+      if (attention_) {
+        const at::Tensor at_loss = distill::attention_loss(*sf, tfeat, o_.beta, 2.0, where);
+        add("attention_loss", at_loss);
+        total = total + at_loss;
+      }
+      if (hint_) {
+        const at::Tensor h = o_.hint_weight * distill::hint_loss(adapters_[i]->forward(*sf), tfeat, where);
+        add("hint_loss", h);
+        total = total + h;
+      }
     }
     ++batches_;
     return total;
@@ -140,7 +172,8 @@ class DistillModifier : public Modifier {
   void add(const std::string& key, const at::Tensor& v) { sums_[key] += v.detach().item<double>(); }
 
   DistillModifierOptions o_;
-  bool kd_ = false, attention_ = false;
+  bool kd_ = false, attention_ = false, hint_ = false;
+  std::vector<GraphModule> adapters_;  // hint: one per pair (train mode), on the student's device
   std::vector<std::pair<std::string, std::string>> pairs_;
   std::vector<std::string> teacher_values_;
   std::unique_ptr<distill::Teacher> teacher_;
@@ -155,14 +188,17 @@ const OptionsSchema<DistillModifierOptions>& distill_modifier_schema() {
       OptionsSchema<DistillModifierOptions>()
           .add("teacher", &DistillModifierOptions::teacher, "the teacher: a whittle checkpoint (.h5) or a TorchScript file", {},
                "required")
-          .add("method", &DistillModifierOptions::method, "kd (Hinton et al. 2015) and/or attention (Zagoruyko & Komodakis 2017)")
+          .add("method", &DistillModifierOptions::method,
+               "any of kd (Hinton et al. 2015), attention (Zagoruyko & Komodakis 2017), hint (FitNets, Romero et al. 2015)")
           .add("temperature", &DistillModifierOptions::temperature, "kd: softmax temperature T (the loss is scaled by T²)")
           .in_range(Range::above(0))
           .add("alpha", &DistillModifierOptions::alpha, "kd: weight of the KD term; the hard-label loss gets 1 − alpha")
           .in_range(Range::closed(0, 1))
           .add("beta", &DistillModifierOptions::beta, "attention: β of β/2·‖Q̂_s − Q̂_t‖₂, per pair")
           .in_range(Range::at_least(0))
-          .add("pairs", &DistillModifierOptions::pairs, "attention: feature pairs \"student_value:teacher_value\"");
+          .add("hint_weight", &DistillModifierOptions::hint_weight, "hint: weight of the adapter-to-teacher MSE, per pair")
+          .in_range(Range::at_least(0))
+          .add("pairs", &DistillModifierOptions::pairs, "attention, hint: feature pairs \"student_value:teacher_value\"");
   return schema;
 }
 

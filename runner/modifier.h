@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/graph_module.h"
@@ -70,6 +71,14 @@ class Modifier {
   /// The student's graph values (node or value names) this modifier reads in on_loss through
   /// TrainContext::features while it is active (distillation's feature pairs); none by default.
   virtual std::vector<std::string> captures() const { return {}; }
+  /// Trainable tensors the modifier owns beside the model's (distillation's hint adapters),
+  /// created by on_start: the optimizer updates them with the model's parameters (after those, in
+  /// recipe order), and gradient clipping and the loss scaler see them too. None by default.
+  virtual std::vector<at::Tensor> parameters() { return {}; }
+  /// Every tensor the modifier owns (its parameters and buffers, e.g. the adapters' BN running
+  /// statistics), by a name unique within the modifier: saved with the training state and copied
+  /// back in place on resume, after on_start. None by default.
+  virtual std::vector<std::pair<std::string, at::Tensor>> state_tensors() { return {}; }
   /// At each epoch's end, after on_epoch_end: adds the modifier's per-epoch figures (the mean of
   /// each loss term over the epoch's batches, e.g. "kd_loss") to `metrics`, which goes into the
   /// epoch's line of metrics.jsonl; then starts the next epoch's sums. None by default.

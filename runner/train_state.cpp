@@ -50,6 +50,16 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
   json mods = json::array();
   for (const auto& m : modifiers) mods.push_back({{"name", m->spec().name}, {"state", m->state()}});
   a.write("modifiers", c10::IValue(mods.dump()));
+  {
+    torch::serialize::OutputArchive mt;
+    bool any = false;
+    for (size_t i = 0; i < modifiers.size(); ++i)
+      for (const auto& [name, t] : modifiers[i]->state_tensors()) {
+        mt.write(std::to_string(i) + "." + name, t.detach().cpu(), /*is_buffer=*/!t.requires_grad());
+        any = true;
+      }
+    if (any) a.write("modifier_tensors", mt);
+  }
   torch::serialize::OutputArchive optim;
   optimizer.save(optim);
   a.write("optimizer", optim);
@@ -154,6 +164,24 @@ void SavedTrainState::restore_modifiers(const std::vector<std::unique_ptr<Modifi
                   "', the recipe has '" + modifiers[i]->spec().name + "'");
     modifiers[i]->load_state(modifiers_[i].second);
   }
+}
+
+void SavedTrainState::restore_modifier_tensors(const std::vector<std::unique_ptr<Modifier>>& modifiers) {
+  torch::serialize::InputArchive mt;
+  const bool present = archive_.try_read("modifier_tensors", mt);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < modifiers.size(); ++i)
+    for (auto& [name, t] : modifiers[i]->state_tensors()) {
+      const std::string key = std::to_string(i) + "." + name;
+      at::Tensor saved;
+      if (!present || !mt.try_read(key, saved, /*is_buffer=*/!t.requires_grad()))
+        throw Error("--resume: " + path_ + " lacks modifier " + std::to_string(i) + " ('" + modifiers[i]->spec().name +
+                    "') tensor " + name);
+      if (!saved.sizes().equals(t.sizes()))
+        throw Error("--resume: " + path_ + ": modifier " + std::to_string(i) + " tensor " + name + " is " +
+                    shape_str(saved.sizes().vec()) + ", the modifier has " + shape_str(t.sizes().vec()));
+      t.copy_(saved);
+    }
 }
 
 void SavedTrainState::restore_optimizer(torch::optim::Optimizer& optimizer) {

@@ -11,6 +11,8 @@
 //   tensors      archive: every parameter and buffer under its state_dict name, on the CPU
 //   frozen       string: JSON list of the parameters that do not require gradients
 //   modifiers    string: JSON list of {"name", "state"} (Modifier::state), in recipe order
+//   modifier_tensors  archive: each modifier's state_tensors() as "<index>.<name>" (CPU); absent
+//                when no modifier has any
 //   optimizer    archive: torch::optim::Optimizer::save
 //   loss_scale, loss_scale_clean_steps   float64, int64: the fp16 LossScaler
 //   cpu_rng      uint8: LibTorch's default CPU generator state
@@ -72,6 +74,10 @@ class SavedTrainState {
   /// Calls load_state on each modifier with its saved state. Throws whittle::Error when the saved
   /// modifiers (count and names) are not these.
   void restore_modifiers(const std::vector<std::unique_ptr<Modifier>>& modifiers) const;
+  /// Copies each modifier's saved state_tensors() into its current ones (call after on_start, which
+  /// creates them, and before building the optimizer). Throws whittle::Error naming the tensor when
+  /// one is missing or of another shape.
+  void restore_modifier_tensors(const std::vector<std::unique_ptr<Modifier>>& modifiers);
   /// Loads the saved optimizer state into `optimizer`, which must have been built over the restored
   /// model's parameters in the same order. Throws whittle::Error when it does not fit.
   void restore_optimizer(torch::optim::Optimizer& optimizer);

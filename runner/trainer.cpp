@@ -275,8 +275,9 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   tc_.device = device_;
   if (saved) saved->restore_modifiers(modifiers_);
   for (auto& m : modifiers_) m->on_start(tc_);
+  if (saved) saved->restore_modifier_tensors(modifiers_);
   apply_parameter_changes();
-  optimizer_ = make_optimizer(t.optimizer, trainable_parameters(model_));
+  optimizer_ = make_optimizer(t.optimizer, optimized_parameters());
   tc_.optimizer = optimizer_.get();
   if (t.channels_last && device_.is_cuda()) {
     at::NoGradGuard g;
@@ -423,11 +424,18 @@ void Trainer::check_modifier_targets() const {
   }
 }
 
+std::vector<at::Tensor> Trainer::optimized_parameters() {
+  std::vector<at::Tensor> params = trainable_parameters(model_);
+  for (auto& m : modifiers_)
+    for (auto& p : m->parameters()) params.push_back(p);
+  return params;
+}
+
 void Trainer::apply_parameter_changes() {
   if (!tc_.parameters_changed) return;
   model_->to(device_);
   if (optimizer_) {
-    optimizer_ = rebuild_optimizer(*optimizer_, trainable_parameters(model_));
+    optimizer_ = rebuild_optimizer(*optimizer_, optimized_parameters());
     tc_.optimizer = optimizer_.get();
   }
   tc_.parameters_changed = false;
@@ -479,7 +487,7 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor scaled = scaler_.scale_loss(loss / static_cast<double>(t.grad_accumulation));
   scaled.backward();
   if ((index + 1) % t.grad_accumulation == 0 || index + 1 == batches) {
-    const std::vector<at::Tensor> params = trainable_parameters(model_);
+    const std::vector<at::Tensor> params = optimized_parameters();
     if (scaler_.unscale_and_check(params)) {
       if (t.grad_clip_norm > 0) clip_gradient_norm(params, t.grad_clip_norm);
       optimizer_->step();

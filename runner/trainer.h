@@ -150,6 +150,7 @@ class Trainer {
  private:
   using Clock = std::chrono::steady_clock;
   void apply_parameter_changes();
+  std::vector<at::Tensor> optimized_parameters();  // the model's trainable parameters, then the modifiers' (Modifier::parameters)
   RunResult finish();
   std::vector<std::string> run_files() const;  // what a run writes in its directory
   void check_previous_run() const;             // a run already there needs --resume or --overwrite

@@ -6,6 +6,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/script.h>
 
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -245,6 +247,90 @@ TEST(DistillModifier, WritesTheLossTermsPerEpoch) {
     EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
 }
 
+std::vector<std::string> metrics_lines(const std::string& dir) {
+  std::ifstream f(join_path(dir, "metrics.jsonl"));
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);) {
+    // Drop the images-per-second figure (wall-clock dependent); everything else must repeat.
+    const size_t a = line.find("\"train_images_per_second\"");
+    if (a != std::string::npos) line.erase(a, line.find(',', a) - a + 1);
+    out.push_back(line);
+  }
+  return out;
+}
+
+// FitNets hints in a recipe: the adapter (relu2's 16 channels → the teacher's 16, 1×1 conv + BN)
+// trains with the student, its loss is in metrics.jsonl, it is kept in the training state, not in
+// the checkpoint, and a run resumed after epoch 1 ends exactly as the uninterrupted one.
+TEST(DistillModifier, HintAdaptersTrainAndResume) {
+  const std::string teacher = teacher_file();
+  const std::string mods = "  - {name: distill, teacher: " + teacher + ", method: [kd, hint], pairs: ['relu2:relu2']}\n";
+  std::ostringstream log;
+  RunOptions whole;
+  whole.out_dir = fresh_dir("hint_whole");
+  whole.log = &log;
+  run_recipe(recipe(mods, 2), whole);
+  const auto expected = metrics_lines(whole.out_dir);
+  ASSERT_EQ(expected.size(), 2u) << log.str();
+  EXPECT_NE(expected[1].find("\"hint_loss\""), std::string::npos) << expected[1];
+  // No adapter in the checkpoint: the same nodes as a plain LeNet-5.
+  EXPECT_EQ(load_checkpoint(join_path(whole.out_dir, "model.h5")).graph.nodes().size(), build_model("lenet5").nodes().size());
+
+  RunOptions parts;
+  parts.out_dir = fresh_dir("hint_resumed");
+  parts.log = &log;
+  {
+    Trainer tr(recipe(mods, 2), parts);
+    ASSERT_TRUE(tr.train_epoch());
+    tr.end_epoch();  // saves the training state, adapters included
+  }
+  parts.resume = true;
+  run_recipe(recipe(mods, 2), parts);
+  EXPECT_EQ(metrics_lines(parts.out_dir), expected);
+}
+
+// distill with prune and quantize in one run: the student loses half its MACs at the start, gets
+// DoReFa W4A4 quantizers at epoch 1, learns from the unpruned FP32 teacher throughout; the
+// checkpoint is both pruned and packed, and both epochs' lines carry the KD term.
+TEST(DistillModifier, CombinesWithPruneAndQuantize) {
+  const std::string teacher = teacher_file();
+  std::ostringstream log;
+  RunOptions o;
+  o.out_dir = fresh_dir("prune_quantize_kd");
+  o.log = &log;
+  run_recipe(recipe("  - {name: prune, criterion: l1, target_macs: 0.5}\n"
+                    "  - {name: quantize, method: dorefa, weight_bits: 4, activation_bits: 4, start_epoch: 1}\n"
+                    "  - {name: distill, teacher: " + teacher + ", method: [kd]}\n",
+                    2),
+             o);
+  const auto lines = metrics_lines(o.out_dir);
+  ASSERT_EQ(lines.size(), 2u) << log.str();
+  for (const auto& l : lines) EXPECT_NE(l.find("\"kd_loss\""), std::string::npos) << l;
+  const Checkpoint c = load_checkpoint(join_path(o.out_dir, "model.h5"));
+  EXPECT_LE(graph_cost(c.graph).macs, 416520 / 2);
+  const Node& conv2 = c.graph.node("conv2");
+  EXPECT_TRUE(conv2.buffers.find("weight_codes") != nullptr) << "conv2 is not packed";
+  EXPECT_LT(conv2.attr_ints("weight_shape")[0], 16);
+}
+
+// The shipped ResNet-20-of-ResNet-56 recipe names feature pairs that exist in both zoo graphs with
+// the same spatial sizes (checked here, since the teacher checkpoint is not shipped).
+TEST(DistillModifier, ShippedResNet56PairsExist) {
+  ASSERT_EQ(::chdir(source_dir().c_str()), 0);  // recipe paths are relative to the project root
+  if (!path_exists("../shared/data/cifar10-jpeg/cifar10-jpeg.tar.gz")) GTEST_SKIP() << "CIFAR-10 archive absent";
+  const Recipe r = load_recipe("recipes/cifar10/resnet20_kd_resnet56.yaml");
+  ASSERT_EQ(r.modifiers.size(), 1u);
+  const Graph student = build_model("resnet20"), teacher = build_model("resnet56");
+  const auto pairs = r.modifiers[0].settings["pairs"].as<std::vector<std::string>>();
+  ASSERT_EQ(pairs.size(), 3u);
+  for (const std::string& p : pairs) {
+    const std::string s = p.substr(0, p.find(':')), t = p.substr(p.find(':') + 1);
+    ASSERT_TRUE(student.has_value(s)) << s;
+    ASSERT_TRUE(teacher.has_value(t)) << t;
+    EXPECT_EQ(student.value(s).shape, teacher.value(t).shape) << p;
+  }
+}
+
 TEST(DistillModifier, BadSettingsAreRecipeErrors) {
   const std::string teacher = teacher_file();
   auto error_of = [](const std::string& modifiers) {
@@ -267,7 +353,9 @@ TEST(DistillModifier, BadSettingsAreRecipeErrors) {
   EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [attention], pairs: ['relu2:relu1']}\n")),
              "same H, W");
   EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [attention]}\n")), "needs 'pairs'");
-  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [fitnet]}\n")), "not one of kd, attention");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [hint], pairs: ['relu2:relu1']}\n")), "same H, W");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", pairs: ['relu2:relu2']}\n")), "drop 'pairs'");
+  EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [fitnet]}\n")), "not one of kd, attention, hint");
   EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", alpha: 2}\n")), "alpha");
 }
 
