@@ -31,6 +31,7 @@ void write_report(const std::string& path, const Recipe& r, const RunResult& res
   report["checkpoint_bytes"] = result.checkpoint_bytes;
   report["wall_seconds"] = result.wall_seconds;
   report["train_images_per_second"] = result.train_images_per_second;
+  if (!result.loss_terms.empty()) report["loss_terms"] = result.loss_terms;
   report["device"] = device;
   // Float results depend on these (docs/reproducibility.md).
   report["cpu_capability"] = cpu_capability();
@@ -51,7 +52,10 @@ void print_report(std::ostream& log, const Recipe& r, const RunResult& result, c
       << "  MACs per image         " << result.macs << "\n"
       << "  checkpoint             " << result.checkpoint << " (" << result.checkpoint_bytes << " bytes)\n"
       << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n"
-      << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s\n"
+      << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s\n";
+  for (const auto& [k, v] : result.loss_terms)
+    log << "  " << std::left << std::setw(23) << k << std::right << std::setprecision(4) << v << " (last epoch's mean)\n";
+  log
       << "  report                 " << report_path << "\n";
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 
 #include "runner/recipe.h"
@@ -29,10 +30,14 @@ struct RunResult {
   int64_t macs = 0;  ///< per image
   double wall_seconds = 0;
   double train_images_per_second = 0;
+  /// The modifiers' per-epoch figures of the last completed epoch (Modifier::epoch_metrics, e.g.
+  /// distillation's hard_loss and kd_loss: means over its batches); empty when none has any.
+  std::map<std::string, double> loss_terms;
 };
 
 /// Writes `path` (report.json, atomically): recipe, model, test metrics, epochs, parameters,
-/// MACs per image, checkpoint path and bytes, wall time, training images/s, `device`, and what
+/// MACs per image, checkpoint path and bytes, wall time, training images/s, the last epoch's
+/// loss_terms (when any), `device`, and what
 /// float results depend on (ATen CPU capability, intra-op threads, seed, deterministic, LibTorch
 /// version; docs/reproducibility.md). Throws whittle::Error when it cannot be written.
 void write_report(const std::string& path, const Recipe& recipe, const RunResult& result, const std::string& device);

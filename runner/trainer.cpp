@@ -575,6 +575,7 @@ EvalMetrics Trainer::end_epoch() {
     std::map<std::string, double> extra;
     for (auto& m : modifiers_) m->epoch_metrics(extra);
     for (const auto& [k, v] : extra) line[k] = v;
+    result_.loss_terms = extra;
   }
   start_writing();
   {
@@ -582,8 +583,9 @@ EvalMetrics Trainer::end_epoch() {
     f << line.dump() << "\n";
   }
   *log_ << "epoch " << epoch + 1 << "/" << t.epochs << ": test top-1 " << std::fixed << std::setprecision(2)
-        << 100 * ev.top1 << "%  top-5 " << 100 * ev.top5 << "%  loss " << std::setprecision(4) << ev.loss << "\n"
-        << std::flush;
+        << 100 * ev.top1 << "%  top-5 " << 100 * ev.top5 << "%  loss " << std::setprecision(4) << ev.loss;
+  for (const auto& [k, v] : result_.loss_terms) *log_ << "  " << k << " " << v;
+  *log_ << "\n" << std::flush;
   TrainerState next;
   next.epoch = epoch + 1;
   next.step = state_.step;

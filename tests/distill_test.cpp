@@ -245,6 +245,13 @@ TEST(DistillModifier, WritesTheLossTermsPerEpoch) {
   std::getline(f, line);
   for (const char* key : {"\"hard_loss\"", "\"kd_loss\"", "\"attention_loss\""})
     EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
+  // The run's report has the last epoch's terms, as its log lines do.
+  EXPECT_EQ(res.loss_terms.size(), 3u);
+  EXPECT_GT(res.loss_terms.at("kd_loss"), 0.0);
+  std::ifstream rep(join_path(dir, "report.json"));
+  const std::string report((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+  EXPECT_NE(report.find("\"loss_terms\""), std::string::npos) << report;
+  EXPECT_NE(log.str().find("kd_loss "), std::string::npos) << log.str();
 }
 
 std::vector<std::string> metrics_lines(const std::string& dir) {
