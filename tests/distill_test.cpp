@@ -19,6 +19,7 @@
 #include "graph/zoo.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"
+#include "recipe_support.h"
 #include "support.h"
 #include "test_models.h"
 
@@ -201,23 +202,9 @@ namespace {
 using test::binary_dir;
 using test::source_dir;
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = join_path(binary_dir(), "testdata/distill/" + name);
-  remove_tree(dir);
-  make_directories(parent_directory(dir));
-  return dir;
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("distill/" + name); }
 
-Recipe recipe(const std::string& modifiers, int epochs = 1) {
-  const std::string mnist = join_path(source_dir(), "data/mnist10k");
-  return parse_recipe("model: {name: lenet5}\n"
-                      "data: {train: " + mnist + ", test: " + mnist +
-                          ", test_split: t10k, batch_size: 32, train_limit: 256, test_limit: 64, num_workers: 0}\n"
-                          "training: {epochs: " + std::to_string(epochs) +
-                          ", optimizer: {name: sgd, lr: 0.01, momentum: 0.9}, threads: 1}\n"
-                          "modifiers:\n" + modifiers,
-                      "r.yaml", source_dir());
-}
+Recipe recipe(const std::string& modifiers, int epochs = 1) { return test::lenet5_quick_recipe(epochs, modifiers); }
 
 // A LeNet-5 teacher checkpoint (fresh weights: the test checks the plumbing, not accuracy).
 std::string teacher_file() {

@@ -17,6 +17,7 @@
 #include "runner/prune_modifier.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"
+#include "recipe_support.h"
 #include "support.h"
 
 namespace whittle::runner {
@@ -25,24 +26,10 @@ namespace {
 using test::binary_dir;
 using test::source_dir;
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = join_path(binary_dir(), "testdata/prune_recipe/" + name);
-  remove_tree(dir);
-  make_directories(parent_directory(dir));
-  return dir;
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_dir("prune_recipe/" + name); }
 
 // LeNet-5 on 256 training images in batches of 32 (8 steps an epoch).
-Recipe recipe(int epochs, const std::string& modifiers) {
-  const std::string mnist = join_path(source_dir(), "data/mnist10k");
-  return parse_recipe("model: {name: lenet5}\n"
-                      "data: {train: " + mnist + ", test: " + mnist +
-                          ", test_split: t10k, batch_size: 32, train_limit: 256, test_limit: 64, num_workers: 0}\n"
-                          "training: {epochs: " + std::to_string(epochs) +
-                          ", optimizer: {name: sgd, lr: 0.01, momentum: 0.9}, threads: 1}\n"
-                          "modifiers:\n" + modifiers,
-                      "r.yaml", source_dir());
-}
+Recipe recipe(int epochs, const std::string& modifiers) { return test::lenet5_quick_recipe(epochs, modifiers); }
 
 int64_t out_channels(const Graph& g, const std::string& node) { return g.node(node).params.at("weight").size(0); }
 
