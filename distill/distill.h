@@ -77,6 +77,7 @@ class Teacher {
 
  private:
   GraphModule module_;
+  at::Device device_ = at::kCPU;  // where the teacher's tensors are (to())
 };
 
 }  // namespace whittle::distill

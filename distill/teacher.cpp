@@ -8,7 +8,9 @@
 namespace whittle::distill {
 
 Teacher::Teacher(Graph graph) : module_(std::move(graph)) {
-  for (auto& p : module_->parameters()) p.requires_grad_(false);
+  const auto params = module_->parameters();
+  for (auto p : params) p.requires_grad_(false);
+  if (!params.empty()) device_ = params.front().device();
   module_->eval();
 }
 
@@ -16,9 +18,7 @@ at::Tensor Teacher::forward(const at::Tensor& x, const std::vector<std::string>&
                             std::map<std::string, at::Tensor>* features) {
   at::NoGradGuard no_grad;
   module_->eval();  // whatever train() was called on: BN uses its running statistics, no dropout
-  at::Tensor input = x.detach();
-  const auto params = module_->parameters();
-  if (!params.empty() && params.front().device() != input.device()) input = input.to(params.front().device());
+  const at::Tensor input = x.device() == device_ ? x.detach() : x.detach().to(device_);
   if (capture.empty()) return module_->forward(input);
   std::map<std::string, at::Tensor> captured;
   std::vector<at::Tensor> out = module_->forward_with_intermediates({input}, capture, &captured);
@@ -29,6 +29,7 @@ at::Tensor Teacher::forward(const at::Tensor& x, const std::vector<std::string>&
 
 void Teacher::to(at::Device device) {
   module_->to(device);
+  device_ = device;
   for (auto& p : module_->parameters()) p.requires_grad_(false);
 }
 

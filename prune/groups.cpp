@@ -302,7 +302,7 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     }
     if (uneven.empty())
       for (const Grouped& c : constraining) g.segments = lcm(g.segments, c.groups);
-    // Segment by the constraining members' positions; they must agree.
+    // Segment by the constraining members' positions (each sees every channel); they must agree.
     std::vector<int64_t> assigned(static_cast<size_t>(g.channels), -1);
     for (const Grouped& c : constraining) {
       if (!uneven.empty()) break;
@@ -314,7 +314,6 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
       const int64_t per = c.member->size / g.segments;
       for (size_t k = 0; k < c.member->positions.size() && uneven.empty(); ++k) {
         const auto& p = c.member->positions[k];
-        if (p.empty()) continue;
         const int64_t s = p.front() / per;
         if (p.back() / per != s || (assigned[k] >= 0 && assigned[k] != s))
           uneven = "grouped convolutions see these channels in different orders";
@@ -327,14 +326,7 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
       g.segments = 1;
       continue;
     }
-    if (g.segments == 1) continue;
-    if (std::count(assigned.begin(), assigned.end(), int64_t{-1}) > 0) {
-      std::fill(g.fixed.begin(), g.fixed.end(), true);
-      g.fixed_reason = "some channels reach no grouped convolution of the group";
-      g.segments = 1;
-      continue;
-    }
-    for (size_t k = 0; k < assigned.size(); ++k) g.segment[k] = assigned[k];
+    if (g.segments > 1) g.segment = assigned;
   }
   return groups;
 }

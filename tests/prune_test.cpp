@@ -186,7 +186,9 @@ TEST_F(PruneTest, ChannelMultiplierRemovesBothOutputsOfAnInput) {
   EXPECT_EQ(pruned.node("mult").attr_int("groups"), 3);
   EXPECT_EQ(pruned.node("out").params.at("weight").size(1), 6);
   const at::Tensor x = at::randn({2, 3, 6, 6});
-  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"pw", {1}}, {"mult", {2, 3}}}), x), 1e-6, 1e-6));
+  // 1e-5, not 1e-6: the grouped convolutions of 4 and 3 groups may run different oneDNN kernels
+  // (with OMP_NUM_THREADS=1 they differ by up to 4e-6 on outputs of order 1).
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"pw", {1}}, {"mult", {2, 3}}}), x), 1e-5, 1e-5));
 }
 
 TEST_F(PruneTest, FlattenRemovesTheChannelsFeatures) {

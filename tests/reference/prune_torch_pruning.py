@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 import torch
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli_harness import BIN, check, finish, out_dir  # noqa: E402
+from make_zoo_reference import count_macs, randomize  # noqa: E402
 from zoo_models import MODELS  # noqa: E402
 
 try:
@@ -33,42 +33,6 @@ except ImportError:
 OUT = out_dir("prune_torch_pruning")
 os.makedirs(OUT, exist_ok=True)
 RATIO = 0.5
-
-
-def randomize(model, seed):
-    """Non-trivial BN statistics and affine parameters; conv/linear weights keep their default draw."""
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * 0.2)
-                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=gen) * 0.2)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) * 1.5 + 0.5)
-
-
-def macs_of(model, x):
-    """Multiply-accumulates of convolutions and linear layers, as whittle counts them."""
-    total = [0]
-
-    def conv_hook(m, inp, out):
-        total[0] += out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
-
-    def linear_hook(m, inp, out):
-        total[0] += out.numel() * m.in_features
-
-    hooks = []
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            hooks.append(m.register_forward_hook(conv_hook))
-        elif isinstance(m, nn.Linear):
-            hooks.append(m.register_forward_hook(linear_hook))
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return total[0]
 
 
 def read_checkpoint(path):
@@ -87,8 +51,9 @@ def read_checkpoint(path):
 
 for name in ["resnet20", "resnet56"]:
     build, shape = MODELS[name]
+    torch.manual_seed(0)
     model = build().eval()
-    randomize(model, 0)
+    randomize(model, torch.Generator().manual_seed(0))
     x = torch.randn(4, *shape[1:], generator=torch.Generator().manual_seed(1))
     ts = os.path.join(OUT, f"{name}.pt")
     torch.jit.trace(model, torch.zeros(shape)).save(ts)
@@ -121,7 +86,7 @@ for name in ["resnet20", "resnet56"]:
         for pname, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
             if pname == "num_batches_tracked":
                 continue
-            key = (mod_name.replace("shortcut.0", "shortcut.0").replace("shortcut.1", "shortcut.1"), pname)
+            key = (mod_name, pname)
             w = tensors.get(key)
             if w is None or w.shape != tuple(p.shape) or not np.allclose(w, p.detach().numpy(), atol=0, rtol=0):
                 differ.append(f"{mod_name}.{pname} {tuple(p.shape)} vs {None if w is None else w.shape}")
@@ -130,7 +95,7 @@ for name in ["resnet20", "resnet56"]:
     tp_params = sum(p.numel() for p in tp_model.parameters())
     info = json.loads(subprocess.run([BIN, "inspect", ck, "--json"], capture_output=True, text=True).stdout)
     check(info["total"]["params"] == tp_params, f"{name}: parameters whittle {info['total']['params']} == Torch-Pruning {tp_params}")
-    tp_macs = macs_of(tp_model, torch.zeros(shape))
+    tp_macs = count_macs(tp_model, shape)[0]
     check(info["total"]["macs"] == tp_macs, f"{name}: MACs whittle {info['total']['macs']} == Torch-Pruning {tp_macs}")
 
     # Outputs: the whittle checkpoint's tensors loaded into the Torch-Pruning model's shapes.
