@@ -432,6 +432,29 @@ EncodedWeight encode_node_weight(const Node& n) {
   return xnor_encode(w, node_granularity(n, Granularity::kPerChannel), axis);
 }
 
+std::optional<WeightQuantization> weight_quantization(const Node& n) {
+  WeightQuantization q;
+  if (n.weight_transforms.size() == 1 && n.weight_transforms[0] == "packed") {
+    const at::Tensor* scale = n.buffers.find("weight_scale");
+    if (!scale || !scale->defined() || !n.has_attr("weight_bits") || !n.has_attr("weight_encoding"))
+      node_fail(n, "packed weight needs buffer 'weight_scale' and attributes weight_bits and weight_encoding");
+    q.method = n.attr_str("quant_method", "");
+    q.encoding = encoding_from_name(n.attr_str("weight_encoding"));
+    q.bits = n.attr_int("weight_bits");
+    q.axis = n.attr_int("weight_axis", 0);
+    q.scale = *scale;
+    return q;
+  }
+  if (!has_quantized_weight(n)) return std::nullopt;
+  EncodedWeight e = encode_node_weight(n);
+  q.method = n.weight_transforms.back();
+  q.encoding = e.encoding;
+  q.bits = e.bits;
+  q.axis = e.axis;
+  q.scale = e.scale;
+  return q;
+}
+
 Graph pack_graph(const Graph& graph) {
   register_all();
   Graph out = graph.clone(/*clone_tensors=*/false);

@@ -113,6 +113,20 @@ bool has_quantized_weight(const Node& node);
 /// Throws whittle::Error naming the node when it has no quantized weight.
 EncodedWeight encode_node_weight(const Node& node);
 
+/// What a node's quantized weight is, for writers that keep the quantization (the ONNX writer's
+/// QuantizeLinear/DequantizeLinear form of DoReFa grids).
+struct WeightQuantization {
+  std::string method;  ///< the quantizer: "dorefa", "twn", "bnn" or "xnor"
+  Encoding encoding = Encoding::kDoReFa;
+  int64_t bits = 8;
+  int64_t axis = 0;   ///< output-channel axis of the weight
+  at::Tensor scale;   ///< the encoding's scale (decode_weight), float [1] or [C]
+};
+/// The quantization of the weight the node runs with, from its quantizer (has_quantized_weight)
+/// or from its packed codes (a loaded checkpoint); nullopt for a float weight. Throws
+/// whittle::Error naming the node like encode_node_weight for inconsistent attributes.
+std::optional<WeightQuantization> weight_quantization(const Node& node);
+
 /// A copy of `graph` (tensors shared) in which every node with a quantized weight holds packed
 /// codes instead of its float weight: the `weight` parameter is removed; buffers `weight_codes`
 /// (uint8 [packed_size], codes packed with pack_codes at storage_bits) and `weight_scale`

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything whittle needs on a Debian 12 machine, idempotently:
-#   1. Debian packages (toolchain, CMake, Ninja, ccache, Eigen, Boost, HDF5, yaml-cpp, GoogleTest, ...)
+#   1. Debian packages (toolchain, CMake, Ninja, ccache, Eigen, Boost, HDF5, yaml-cpp, GoogleTest,
+#      ONNX with protobuf, ...)
 #   2. a project-local Python virtual environment .venv/ with the pinned LibTorch (the `torch`
 #      wheel from PyPI) and the Python packages that the reference tests use.
 # A second run with nothing to do only checks, and finishes in a few seconds.
@@ -11,6 +12,7 @@ APT_PACKAGES=(
   build-essential g++ cmake ninja-build ccache pkg-config git python3 python3-venv
   libeigen3-dev libboost-program-options-dev libhdf5-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libturbojpeg0-dev libpng-dev zlib1g-dev libarchive-dev
+  libonnx-dev libprotobuf-dev
   clang-format clang-tidy
 )
 # The pinned LibTorch version and the reference-test packages (see requirements.txt).

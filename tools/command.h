@@ -38,5 +38,6 @@ int run_data(const std::vector<std::string>& args);
 int run_keys(const std::vector<std::string>& args);
 int run_fuse(const std::vector<std::string>& args);
 int run_prune(const std::vector<std::string>& args);
+int run_export(const std::vector<std::string>& args);
 
 }  // namespace whittle::cli

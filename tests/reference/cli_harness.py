@@ -1,6 +1,7 @@
 """What the command-line reference checks share: the paths CTest passes in the environment
 (WHITTLE_BIN, WHITTLE_SOURCE_DIR, WHITTLE_BINARY_DIR), the bundled digits, and check/finish,
-which print one ok/FAIL line per check and exit non-zero when any failed."""
+which print one ok/FAIL line per check (check returns the condition) and exit non-zero when any
+failed."""
 import os
 import sys
 
@@ -20,6 +21,7 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         failures.append(what)
+    return cond
 
 
 def finish():

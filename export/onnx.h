@@ -1,0 +1,102 @@
+#pragma once
+// ONNX export: a whittle graph (float, quantized, pruned, fused, imported) written as an ONNX
+// model that onnxruntime runs and the ONNX checker accepts. The writer walks the graph in order
+// and calls each node's OpTraits::to_onnx hook (op_registry.h) with an OnnxEmitter; the hooks of
+// the built-in, quantize and fuse ops are attached by this module (onnx_ops.cpp). An op without a
+// hook, or an attribute a hook cannot express, is a whittle::Error naming the node; no file is
+// written then.
+//
+// Forms (docs/export.md has the op table and the exactness of each form):
+//   - the graph is first put in deploy form (deploy.h): QAT conv_bn_qat nodes become their base
+//     layer with the folded weight and bias; every weight is the one eval() runs with;
+//   - DoReFa weight grids of 2..7 bits (int8 codes) as QuantizeLinear → DequantizeLinear on the
+//     float weight, per output channel (axis 0; 1 for a transposed conv); other quantized weights
+//     (DoReFa 1 and 8 bits, TWN, BNN, XNOR) as float constants of the decoded values;
+//   - DoReFa activations of k ≤ 8 bits as Clip(0, c) (k < 8) → QuantizeLinear → DequantizeLinear,
+//     uint8 with zero point 0 and scale c/(2^k − 1), per tensor;
+//   - sign binarizers (BNN activations, threshold_sign) as Sign(2·Sign(x) + 1), so sign(0) = +1;
+//   - batch_norm as BatchNormalization in inference form with the running statistics.
+// Spec: ONNX operators, https://github.com/onnx/onnx/blob/main/docs/Operators.md (opsets 13..17).
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "export/onnx_proto.h"
+#include "graph/graph.h"
+
+namespace whittle {
+
+/// Options of export_onnx.
+struct OnnxOptions {
+  int64_t opset = 17;          ///< default-domain opset, 13..17 (the linked ONNX library's newest)
+  bool dynamic_batch = true;   ///< input and output dim 0 symbolic ("N"); false: the graph's batch size
+  std::string producer_version;  ///< written as producer_version (default: whittle's version)
+  std::map<std::string, std::string> metadata;  ///< extra metadata_props (key → value)
+};
+
+/// The ONNX bytes of `graph` (deploy form, checked by onnx::checker and strict shape inference).
+/// Throws whittle::Error naming the node for an op or attribute without an ONNX form at
+/// `options.opset`, and for an opset outside 13..17.
+std::string onnx_model_bytes(const Graph& graph, const OnnxOptions& options = {});
+
+/// Writes onnx_model_bytes(graph, options) to `path` atomically (a temporary file renamed over
+/// `path` when complete; nothing is left on error). Throws whittle::Error as onnx_model_bytes,
+/// or naming the path when it cannot be written.
+void export_onnx(const Graph& graph, const std::string& path, const OnnxOptions& options = {});
+
+/// Parses an ONNX file and runs the ONNX checker on it; returns its node count. Throws
+/// whittle::Error naming the path when it does not parse or does not pass.
+int64_t check_onnx_file(const std::string& path);
+
+/// What a to_onnx hook writes through (op_registry.h OnnxWriteFn). Value names are whittle's value
+/// names (a node's outputs, the graph inputs); ONNX node names are whittle node names, and the
+/// extra nodes and values of one whittle node are named "<node>/<part>"; initializers are
+/// "<node>.<tensor>" as in a state_dict.
+class OnnxEmitter {
+ public:
+  using Attribute = onnx_proto::Attribute;
+
+  OnnxEmitter(const Graph& graph, int64_t opset);
+
+  /// The default-domain opset being written.
+  int64_t opset() const { return opset_; }
+  /// The static shape of a value (batch dimension as declared by the graph).
+  const Shape& shape(const std::string& value) const;
+  /// Appends an ONNX node for whittle node `n`, named n.name, or "n.name/part" when `part` is given.
+  void node(const Node& n, const std::string& op_type, std::vector<std::string> inputs, std::vector<std::string> outputs,
+            std::vector<Attribute> attributes = {}, const std::string& part = "");
+  /// A fresh intermediate value name "<node>/<hint>" (unique in the model).
+  std::string temp(const Node& n, const std::string& hint);
+  /// Adds initializer "<node>.<name>" holding `t` (float types as float32; int64, int32, uint8,
+  /// int8 and bool kept), returns its name.
+  std::string initializer(const Node& n, const std::string& name, const at::Tensor& t);
+  /// A 1-D int64 initializer "<node>.<name>" (shapes, axes, split sizes), returns its name.
+  std::string ints(const Node& n, const std::string& name, const std::vector<int64_t>& values);
+  /// A float32 scalar initializer "<node>.<name>", returns its name.
+  std::string scalar(const Node& n, const std::string& name, float value);
+  /// The node's parameter or buffer `name` as an initializer; "" when the node lacks it.
+  std::string tensor(const Node& n, const std::string& name);
+  /// The weight the node runs with in eval (its transform stack applied, packed codes decoded),
+  /// `axis` its output-channel axis: a float initializer, through QuantizeLinear → DequantizeLinear
+  /// (int8, per channel on `axis`) when it is a DoReFa grid of 2..7 bits. Returns the value name.
+  std::string weight(const Node& n, int64_t axis);
+  /// Writes Sign(2·Sign(x) + 1) into `out`: +1 for x ≥ 0 (including −0), −1 for x < 0.
+  void sign_plus_one(const Node& n, const std::string& x, const std::string& out, const std::string& part);
+  /// Throws whittle::Error "node 'n' (op): no ONNX form for <what> at opset N".
+  [[noreturn]] void unsupported(const Node& n, const std::string& what) const;
+
+  /// The collected model (the driver adds inputs, outputs and metadata).
+  onnx_proto::ModelSpec& model() { return model_; }
+
+ private:
+  const Graph& graph_;
+  int64_t opset_;
+  onnx_proto::ModelSpec model_;
+  std::map<std::string, int> used_;  ///< names of values and initializers given out so far
+};
+
+}  // namespace whittle

@@ -1,0 +1,17 @@
+#pragma once
+// The export module's registration: attaches the ONNX and TorchScript writer hooks
+// (OpTraits::to_onnx, OpTraits::to_torchscript) of the built-in, quantize and fuse ops.
+
+namespace whittle {
+
+/// Attaches the writer hooks to the op registry once (idempotent, thread-safe; registers quantize's
+/// and fuse's ops first). export_onnx and export_torchscript call it; it also runs at registration
+/// (core/registration.h) in every program that links the export module.
+void register_export_writers();
+
+namespace detail {
+void attach_onnx_writers();         // onnx_ops.cpp
+void attach_torchscript_writers();  // torchscript_ops.cpp
+}  // namespace detail
+
+}  // namespace whittle

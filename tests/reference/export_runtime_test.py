@@ -1,0 +1,161 @@
+"""`whittle export` of every zoo model, of the imported TorchScript classifiers and of every shipped
+LeNet-5 recipe's checkpoint, run in onnxruntime and in torch.jit.load (this process imports nothing
+from whittle), against whittle's own eval outputs on random inputs (`--check-data`).
+
+Bounds (issue 15, docs/export.md): ONNX max |difference| ≤ 1e-5 of the largest output; TorchScript
+bitwise equal. The LeNet-5 checkpoints (each recipe trained for 1 epoch here: the export, not the
+accuracy, is under test) must also give `whittle eval`'s top-1 on the 2,000 test digits in both
+runtimes, and their ONNX files must carry the quantized forms: QuantizeLinear/DequantizeLinear on
+the DoReFa W4A4 weights (int8, zero point int8, axis 0) and activations (uint8), on the W8A8
+activations; no BatchNormalization after `whittle fuse` of the FP32 model (fewer for BNN and XNOR, whose
+BN + sign pairs become thresholds).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import cli_harness as h  # noqa: E402
+from export_check import check as run_check  # noqa: E402
+from export_check import run_onnx, run_torchscript  # noqa: E402
+from mnist_idx import load_split  # noqa: E402
+
+BOUND = 1e-5
+OUT = h.out_dir("export_runtime")
+TS_DIR = os.path.join(h.BUILD, "testdata", "torchscript")
+ZOO = ["lenet5", "vgg_small", "nin", "nin_gc", "resnet20", "resnet32", "resnet56", "mobilenet_v2", "repvgg_a0"]
+# Imported TorchScript fixtures (make_torchscript_models.py) and their input shapes.
+IMPORTED = {
+    "resnet18": "1,3,224,224", "mobilenet_v2": "1,3,224,224", "vgg11_bn": "1,3,224,224", "squeezenet1_0": "1,3,224,224",
+    "shufflenet_v2_x0_5": "1,3,224,224", "densenet121": "1,3,224,224", "efficientnet_b0": "1,3,224,224",
+    "regnet_y_400mf": "1,3,224,224", "googlenet": "1,3,224,224", "mobilenet_v3_small": "1,3,224,224",
+    "scripted_residual": "1,3,32,32", "tiny_unet": "1,3,32,32", "chunk_mix": "1,8,16,16",
+}
+RECIPES = ["lenet5", "lenet5_dorefa_w8a8", "lenet5_dorefa_w4a4", "lenet5_dorefa_w2a2", "lenet5_twn", "lenet5_bnn",
+           "lenet5_xnor", "lenet5_prune", "lenet5_bnn_kd", "lenet5_dorefa_w2a2_kd"]
+MEAN, STD = 0.1307, 0.3081
+
+
+def whittle(*args):
+    r = subprocess.run([h.BIN, *args], cwd=h.SRC, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout[-2000:], r.stderr[-2000:])
+    return r
+
+
+def export_and_check(name, model, *extra):
+    """Exports `model` both ways; checks the bounds; returns the ONNX structure summary (or None)."""
+    summary = None
+    for ext in ("onnx", "pt"):
+        path = os.path.join(OUT, f"{name}.{ext}")
+        data = path + ".h5"
+        r = whittle("export", model, "--out", path, "--check-data", data, *extra)
+        if not h.check(r.returncode == 0, f"{name}: whittle export --out {os.path.basename(path)}"):
+            continue
+        res = run_check(path, data)
+        if ext == "onnx":
+            h.check(res["relative"] <= BOUND,
+                    f"{name}: onnxruntime within {BOUND:g} of the largest output (max |diff| {res['max_abs_difference']:.3g}"
+                    f" of {res['max_abs_output']:.3g}: {res['relative']:.2g})")
+            summary = res
+        else:
+            h.check(res["bitwise_equal"], f"{name}: torch.jit.load outputs bitwise equal (max |diff| {res['max_abs_difference']:.3g})")
+    return summary
+
+
+def top1(predict, images, labels, batch=500):
+    correct = 0
+    for i in range(0, len(images), batch):
+        x = ((images[i:i + batch].astype(np.float64) / 255.0 - MEAN) / STD).astype(np.float32)
+        correct += int((np.argmax(predict(x), axis=1) == labels[i:i + batch]).sum())
+    return correct / len(images)
+
+
+def check_recipe_checkpoint(name, ckpt, images, labels):
+    summary = export_and_check(name, ckpt)
+    r = whittle("eval", ckpt, "--json")
+    if not h.check(r.returncode == 0, f"{name}: whittle eval"):
+        return summary
+    expected = json.loads(r.stdout)["top1"]
+    onnx_path, ts_path = os.path.join(OUT, f"{name}.onnx"), os.path.join(OUT, f"{name}.pt")
+    if os.path.exists(onnx_path):
+        got = top1(lambda x: run_onnx(onnx_path, [x])[0], images, labels)
+        h.check(got == expected, f"{name}: onnxruntime top-1 {100 * got:.2f}% = whittle eval's {100 * expected:.2f}%")
+    if os.path.exists(ts_path):
+        got = top1(lambda x: run_torchscript(ts_path, [x])[0], images, labels)
+        h.check(got == expected, f"{name}: torch.jit.load top-1 {100 * got:.2f}% = whittle eval's {100 * expected:.2f}%")
+    return summary
+
+
+def quantized_weight(summary):
+    return [q for q in summary["quantize_linear"] if q["input"] == "initializer"]
+
+
+def quantized_activation(summary):
+    return [q for q in summary["quantize_linear"] if q["input"] != "initializer"]
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for name in ZOO:
+        export_and_check(name, name)
+    for name, shape in IMPORTED.items():
+        export_and_check(f"import_{name}", os.path.join(TS_DIR, name + ".pt"), "--input-shape", shape)
+
+    images, labels = load_split(h.MNIST, "t10k")
+    runs = os.path.join(OUT, "runs")
+    summaries = {}
+    teacher = os.path.join(runs, "lenet5", "model.h5")
+    for recipe in RECIPES:
+        out = os.path.join(runs, recipe)
+        sets = ["training.epochs=1"]
+        if recipe == "lenet5_prune":
+            sets.append(f"model.file={teacher}")
+        if recipe.endswith("_kd"):
+            sets.append(f"modifiers.0.teacher={teacher}")
+        r = whittle("run", f"recipes/mnist/{recipe}.yaml", "--out", out, "--overwrite", *sum((["--set", s] for s in sets), []))
+        if not h.check(r.returncode == 0, f"{recipe}: 1-epoch run"):
+            continue
+        summaries[recipe] = check_recipe_checkpoint(recipe, os.path.join(out, "model.h5"), images, labels)
+    # Deploy forms: BN folded (FP32), BN + sign → threshold (BNN).
+    for recipe in ("lenet5", "lenet5_bnn", "lenet5_xnor"):
+        src = os.path.join(runs, recipe, "model.h5")
+        fused = os.path.join(OUT, f"{recipe}_fused.h5")
+        if not os.path.exists(src) or not h.check(whittle("fuse", src, "--out", fused).returncode == 0, f"{recipe}: whittle fuse"):
+            continue
+        s = check_recipe_checkpoint(f"{recipe}_fused", fused, images, labels)
+        if not s:
+            continue
+        summaries[f"{recipe}_fused"] = s
+        bn = s["op_types"].get("BatchNormalization", 0)
+        if recipe == "lenet5":
+            h.check(bn == 0, f"{recipe}_fused: no BatchNormalization node left ({s['op_types']})")
+        elif summaries.get(recipe):
+            # A BN after a binary layer whose output no binarizer reads (bn4 → the FP32 classifier) stays.
+            before = summaries[recipe]["op_types"].get("BatchNormalization", 0)
+            h.check(bn < before, f"{recipe}_fused: {before - bn} of {before} BatchNormalization nodes became thresholds")
+
+    if summaries.get("lenet5"):
+        h.check(summaries["lenet5"]["op_types"].get("BatchNormalization", 0) > 0, "lenet5: BatchNormalization in inference form")
+    if summaries.get("lenet5_bnn_fused"):
+        h.check(summaries["lenet5_bnn_fused"]["op_types"].get("Sign", 0) > 0, "lenet5_bnn_fused: thresholds as Sign")
+    w4 = summaries.get("lenet5_dorefa_w4a4")
+    if w4:
+        weights, acts = quantized_weight(w4), quantized_activation(w4)
+        h.check(weights and all(q["axis"] == 0 and q["zero_point_type"] == "INT8" and any(f.startswith(("Conv:1", "Gemm:1")) for f in q["feeds"]) for q in weights),
+                f"lenet5_dorefa_w4a4: int8 QuantizeLinear/DequantizeLinear on axis 0 feeding the layers' weights ({len(weights)})")
+        h.check(acts and all(q["zero_point_type"] == "UINT8" and q["input"] == "Clip" for q in acts),
+                f"lenet5_dorefa_w4a4: uint8 QuantizeLinear/DequantizeLinear after Clip on the activations ({len(acts)})")
+        h.check(w4["op_types"].get("DequantizeLinear", 0) == len(w4["quantize_linear"]), "lenet5_dorefa_w4a4: every QuantizeLinear has its DequantizeLinear")
+    w8 = summaries.get("lenet5_dorefa_w8a8")
+    if w8:
+        h.check(len(quantized_activation(w8)) > 0 and not quantized_weight(w8),
+                f"lenet5_dorefa_w8a8: activations quantized ({len(quantized_activation(w8))}), 8-bit DoReFa weights as float constants")
+    h.finish()
+
+
+if __name__ == "__main__":
+    main()
