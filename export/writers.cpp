@@ -9,6 +9,9 @@
 namespace whittle {
 
 void register_export_writers() {
+  // Pending registrations first (this one among them when called before any registry lookup): a
+  // lookup inside the once-block must not start them, or it would re-enter this function.
+  ensure_registered();
   static std::once_flag once;
   std::call_once(once, [] {
     quantize::register_all();
