@@ -104,7 +104,7 @@ std::string OnnxEmitter::weight(const Node& n, int64_t axis) {
   }
   const std::optional<quantize::WeightQuantization> q = quantize::weight_quantization(n);
   const bool int8_grid = q && q->encoding == quantize::Encoding::kDoReFa && q->bits >= 2 && q->bits <= 7 &&
-                         axis < w.dim() && (q->scale.numel() == 1 || q->scale.numel() == w.size(axis));
+                         q->axis == axis && axis < w.dim() && (q->scale.numel() == 1 || q->scale.numel() == w.size(axis));
   const std::string value = initializer(n, "weight", w);
   if (!int8_grid) return value;
   // DoReFa value s·(2c/(2^k − 1) − 1) = (2c − (2^k − 1))·s/(2^k − 1): an odd integer in

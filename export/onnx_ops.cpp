@@ -3,8 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "core/error.h"
 #include "export/onnx.h"
@@ -57,12 +59,22 @@ void attach_layers() {
   });
   attach("conv_transpose2d", [](const Node& n, OnnxEmitter& e) {
     const std::vector<int64_t> w = weight_shape(n);
+    const auto s = n.attr_pair("stride", 1), p = n.attr_pair("padding", 0);
+    std::vector<int64_t> op = n.attr_pair("output_padding", 0), pads = pads4(p);
+    // PyTorch allows output_padding < max(stride, dilation), onnxruntime only < stride. The output
+    // is the full result cropped by p at the start and p − output_padding at the end, so with
+    // p ≥ output_padding the end padding says the same.
+    for (int i = 0; i < 2; ++i)
+      if (op[i] >= s[i]) {
+        if (p[i] < op[i]) e.unsupported(n, "output_padding ≥ stride with padding < output_padding");
+        pads[2 + i] -= op[i];
+        op[i] = 0;
+      }
     std::vector<std::string> in{n.inputs[0], e.weight(n, 1)};
     if (std::string b = e.tensor(n, "bias"); !b.empty()) in.push_back(b);
     e.node(n, "ConvTranspose", in, {n.outputs[0]},
-           {A::of("kernel_shape", std::vector<int64_t>{w[2], w[3]}), A::of("strides", n.attr_pair("stride", 1)),
-            A::of("pads", pads4(n.attr_pair("padding", 0))), A::of("dilations", n.attr_pair("dilation", 1)),
-            A::of("output_padding", n.attr_pair("output_padding", 0)), A::of("group", n.attr_int("groups", 1))});
+           {A::of("kernel_shape", std::vector<int64_t>{w[2], w[3]}), A::of("strides", s), A::of("pads", pads),
+            A::of("dilations", n.attr_pair("dilation", 1)), A::of("output_padding", op), A::of("group", n.attr_int("groups", 1))});
   });
   attach("linear", [](const Node& n, OnnxEmitter& e) {
     const std::string w = e.weight(n, 0);
@@ -170,15 +182,26 @@ void attach_pooling() {
     const auto d = n.attr_pair("dilation", 1);
     const bool ceil_mode = n.attr_int("ceil_mode", 0) != 0;
     const Shape& in = e.shape(n.inputs[0]);
-    // ceil_mode as floor mode with the end padding the extra window needs (padding never wins a max).
+    // ceil_mode: ONNX's own when its sizes are PyTorch's (no last window starting in the padding);
+    // otherwise floor mode with the end padding the last window needs (padding never wins a max),
+    // which ONNX allows while the padding stays below the kernel size.
     std::vector<int64_t> pads = pads4(p);
-    for (int i = 0; i < 2; ++i) {
-      const int64_t out = pooled(in[2 + i], k[i], s[i], p[i], d[i], ceil_mode);
-      const int64_t need = (out - 1) * s[i] + d[i] * (k[i] - 1) + 1 - (in[2 + i] + 2 * p[i]);
-      if (need > 0) pads[2 + i] += need;
+    bool onnx_ceil = ceil_mode, padded = ceil_mode;
+    std::vector<int64_t> extra = pads;
+    for (int i = 0; ceil_mode && i < 2; ++i) {
+      const int64_t want = pooled(in[2 + i], k[i], s[i], p[i], d[i], true);
+      const int64_t span = d[i] * (k[i] - 1) + 1;
+      onnx_ceil = onnx_ceil && (in[2 + i] + 2 * p[i] - span + s[i] - 1) / s[i] + 1 == want;
+      extra[2 + i] += std::max<int64_t>(0, (want - 1) * s[i] + span - (in[2 + i] + 2 * p[i]));
+      padded = padded && extra[2 + i] < k[i];
+    }
+    if (ceil_mode && !onnx_ceil) {
+      if (!padded) e.unsupported(n, "ceil_mode whose last window needs end padding ≥ the kernel size");
+      pads = extra;
     }
     e.node(n, "MaxPool", {n.inputs[0]}, {n.outputs[0]},
-           {A::of("kernel_shape", k), A::of("strides", s), A::of("pads", pads), A::of("dilations", d)});
+           {A::of("kernel_shape", k), A::of("strides", s), A::of("pads", pads), A::of("dilations", d),
+            A::of("ceil_mode", int64_t{onnx_ceil ? 1 : 0})});
   });
   attach("avg_pool2d", [](const Node& n, OnnxEmitter& e) {
     const auto k = n.attr_pair("kernel_size", 1);
@@ -272,24 +295,50 @@ void attach_shape_ops() {
     e.node(n, "Reshape", {b, e.ints(n, "shape", back)}, {n.outputs[0]});
   });
   attach("upsample", [](const Node& n, OnnxEmitter& e) {
-    const std::string mode = n.attr_str("mode", "nearest");
-    std::vector<A> attrs;
-    if (mode == "nearest") {
-      attrs = {A::of("mode", std::string("nearest")), A::of("coordinate_transformation_mode", std::string("asymmetric")),
-               A::of("nearest_mode", std::string("floor"))};
-    } else {
-      const bool align = n.attr_int("align_corners", 0) != 0;
-      attrs = {A::of("mode", std::string("linear")),
-               A::of("coordinate_transformation_mode", std::string(align ? "align_corners" : "pytorch_half_pixel"))};
-    }
-    if (!n.has_attr("size")) {  // scale_factor: PyTorch maps coordinates with the factor itself
-      std::vector<double> sf = n.attr_floats("scale_factor");
+    const Shape& in = e.shape(n.inputs[0]);
+    const Shape& out = e.shape(n.outputs[0]);
+    std::vector<double> sf;
+    if (!n.has_attr("size")) {
+      sf = n.attr_floats("scale_factor");
       if (sf.size() == 1) sf.push_back(sf[0]);
-      const at::Tensor scales = at::tensor(std::vector<float>{1.0f, 1.0f, static_cast<float>(sf[0]), static_cast<float>(sf[1])});
-      return e.node(n, "Resize", {n.inputs[0], "", e.initializer(n, "scales", scales)}, {n.outputs[0]}, attrs);
+    }
+    const std::string mode = n.attr_str("mode", "nearest");
+    if (mode == "nearest") {
+      // PyTorch's source index min(floor(i·scale), in − 1) in float, scale = 1/scale_factor or
+      // in/out: two Gathers with those indices, exact (Resize's nearest rounds some ratios otherwise).
+      std::string x = n.inputs[0];
+      for (int axis = 0; axis < 2; ++axis) {
+        const float scale = sf.empty() ? static_cast<float>(in[2 + axis]) / static_cast<float>(out[2 + axis])
+                                       : static_cast<float>(1.0 / sf[static_cast<size_t>(axis)]);
+        std::vector<int64_t> index;
+        for (int64_t i = 0; i < out[2 + axis]; ++i)
+          index.push_back(std::min(static_cast<int64_t>(std::floor(static_cast<float>(i) * scale)), in[2 + axis] - 1));
+        const std::string y = axis == 0 ? e.temp(n, "rows") : n.outputs[0];
+        e.node(n, "Gather", {x, e.ints(n, axis == 0 ? "row_index" : "column_index", index)}, {y},
+               {A::of("axis", int64_t{2 + axis})}, axis == 0 ? "rows" : "");
+        x = y;
+      }
+      return;
+    }
+    // Bilinear: half_pixel (pytorch_half_pixel differs from PyTorch for an output length of 1).
+    const bool align = n.attr_int("align_corners", 0) != 0;
+    const std::vector<A> attrs{A::of("mode", std::string("linear")),
+                               A::of("coordinate_transformation_mode", std::string(align ? "align_corners" : "half_pixel"))};
+    if (!sf.empty()) {  // scale_factor: PyTorch maps coordinates with the factor itself
+      // The float factor, nudged by ulps until ONNX's floor(in·scale) in float is whittle's size.
+      std::vector<float> scales{1.0f, 1.0f};
+      for (int axis = 0; axis < 2; ++axis) {
+        float f = static_cast<float>(sf[static_cast<size_t>(axis)]);
+        for (int step = 0; step < 64; ++step) {
+          const auto got = static_cast<int64_t>(std::floor(static_cast<float>(in[2 + axis]) * f));
+          if (got == out[2 + axis]) break;
+          f = std::nextafter(f, got < out[2 + axis] ? std::numeric_limits<float>::infinity() : 0.0f);
+        }
+        scales.push_back(f);
+      }
+      return e.node(n, "Resize", {n.inputs[0], "", e.initializer(n, "scales", at::tensor(scales))}, {n.outputs[0]}, attrs);
     }
     // sizes = [N, C] of the input (the batch may vary) ++ the requested [h, w].
-    const Shape& out = e.shape(n.outputs[0]);
     const std::string shp = e.temp(n, "input_shape"), nc = e.temp(n, "batch_channels"), sizes = e.temp(n, "sizes");
     e.node(n, "Shape", {n.inputs[0]}, {shp}, {}, "shape");
     e.node(n, "Slice", {shp, e.ints(n, "slice_start", {0}), e.ints(n, "slice_end", {2})}, {nc}, {}, "batch_channels");

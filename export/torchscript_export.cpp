@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <cctype>
 #include <cmath>
@@ -51,6 +52,18 @@ std::string quoted(const std::string& s) {
   return q + "\"";
 }
 
+// Python keywords: TorchScript's serializer writes attribute names unquoted when they are
+// identifiers, so a keyword part ("in", "None") would make a file torch.jit.load cannot read.
+bool is_keyword(const std::string& s) {
+  static const char* const kKeywords[] = {"False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
+                                          "continue", "def", "del", "elif", "else", "except", "finally", "for", "from",
+                                          "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass",
+                                          "raise", "return", "try", "while", "with", "yield"};
+  for (const char* k : kKeywords)
+    if (s == k) return true;
+  return false;
+}
+
 }  // namespace
 
 TorchScriptEmitter::TorchScriptEmitter(const Graph& graph) : graph_(graph) {
@@ -82,6 +95,10 @@ std::string TorchScriptEmitter::temp(const std::string& hint) {
 
 std::string TorchScriptEmitter::tensor(const Node& n, const std::string& name, const at::Tensor& t, bool parameter) {
   const std::string dotted = n.name + "." + name;
+  for (const std::string& part : split_dots(dotted))
+    if (part.empty() || is_keyword(part))
+      throw Error("node '" + n.name + "' (" + n.op + "): TorchScript export cannot name a submodule or tensor '" + part +
+                  "' (" + (part.empty() ? "an empty name part" : "a Python keyword") + "); rename the node");
   for (const auto& entry : tensors_)
     if (entry.first == dotted) throw Error("node '" + n.name + "' (" + n.op + "): tensor '" + name + "' written twice");
   at::Tensor copy = t.detach().to(at::kCPU).clone().contiguous();
@@ -219,6 +236,12 @@ void export_torchscript(const Graph& graph, const std::string& path, const Torch
       m.save(tmp);
     } catch (const std::exception& ex) {
       throw Error(path + ": cannot write the TorchScript file (" + message_of(ex) + ")");
+    }
+    // What was written must load back (torch.jit.load reads the same archive) before it replaces `path`.
+    try {
+      torch::jit::load(tmp, at::kCPU);
+    } catch (const std::exception& ex) {
+      throw Error(path + ": the written TorchScript file does not load back (" + message_of(ex) + ")");
     }
   });
 }

@@ -64,6 +64,16 @@ KeySpec key(std::string name, KeyType type, std::string def, std::string desc, R
   return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, {}, range};
 }
 
+// A string value (or list element) against the key's choices, if it has any.
+void check_choice(const YAML::Node& v, const KeySpec& spec, const std::string& origin, const std::string& path) {
+  if (spec.choices.empty() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) != spec.choices.end()) return;
+  std::string hint = closest_match(v.Scalar(), spec.choices);
+  std::string all;
+  for (const auto& c : spec.choices) all += (all.empty() ? "" : ", ") + c;
+  usage_error(at_line(origin, v) + ": '" + path + "' is '" + v.Scalar() + "'" +
+              (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (one of: " + all + ")");
+}
+
 KeySpec section(std::string name, std::string desc, std::vector<KeySpec> children) {
   return KeySpec{std::move(name), KeyType::kMap, "", std::move(desc), std::move(children), {}, {}};
 }
@@ -189,7 +199,11 @@ std::vector<KeySpec> build_schema() {
       "outputs", "Where results go.",
       {key("dir", KeyType::kString, "runs/<recipe name>", "run directory (the command line's --out overrides it)"),
        key("checkpoint", KeyType::kString, "model.h5", "checkpoint file name inside the run directory"),
-       key("save_every_epoch", KeyType::kBool, "true", "write checkpoint and training state after every epoch")}));
+       key("save_every_epoch", KeyType::kBool, "true", "write checkpoint and training state after every epoch"),
+       key("export", KeyType::kStringList, "[]",
+           "also write the final model as ONNX and/or TorchScript beside the checkpoint (model.onnx, model.pt; docs/export.md)",
+           std::vector<std::string>{"onnx", "torchscript"}),
+       key("onnx_opset", KeyType::kInt, "17", "ONNX opset of the export", Range::closed(13, 17))}));
   return s;
 }
 
@@ -499,11 +513,15 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
       case KeyType::kFloatList:
       case KeyType::kIntList:
       case KeyType::kStringList: {
-        if (v.IsScalar() && spec->type == KeyType::kStringList) break;  // one string stands for a list of one
+        if (v.IsScalar() && spec->type == KeyType::kStringList) {  // one string stands for a list of one
+          check_choice(v, *spec, origin, path);
+          break;
+        }
         if (!v.IsSequence()) usage_error(wrong + ", e.g. [1, 2]");
         for (const auto& e : v) {
           if (!scalar_is(e, element_type(spec->type))) usage_error(wrong + "; element " + node_kind(e) + " is not");
           if (spec->type != KeyType::kStringList) check_range(e, *spec, origin, path);
+          else check_choice(e, *spec, origin, path);
         }
         break;
       }
@@ -511,14 +529,7 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
       default:
         if (!scalar_is(v, spec->type)) usage_error(wrong + ", got " + node_kind(v));
         if (spec->type == KeyType::kInt || spec->type == KeyType::kFloat) check_range(v, *spec, origin, path);
-        if (!spec->choices.empty() &&
-            std::find(spec->choices.begin(), spec->choices.end(), v.Scalar()) == spec->choices.end()) {
-          std::string hint = closest_match(v.Scalar(), spec->choices);
-          std::string all;
-          for (const auto& c : spec->choices) all += (all.empty() ? "" : ", ") + c;
-          usage_error(at_line(origin, v) + ": '" + path + "' is '" + v.Scalar() + "'" +
-                      (hint.empty() ? "" : "; did you mean '" + hint + "'?") + " (one of: " + all + ")");
-        }
+        check_choice(v, *spec, origin, path);
     }
   }
 }
@@ -773,6 +784,12 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     get_path(o, "dir", r.outputs.dir);
     get(o, "checkpoint", r.outputs.checkpoint);
     get(o, "save_every_epoch", r.outputs.save_every_epoch);
+    if (const YAML::Node e = o["export"]; e && !e.IsNull()) {
+      if (e.IsScalar()) r.outputs.export_formats = {e.as<std::string>()};
+      else
+        for (const auto& f : e) r.outputs.export_formats.push_back(f.as<std::string>());
+    }
+    get(o, "onnx_opset", r.outputs.onnx_opset);
   }
   if (r.outputs.dir.empty()) {
     std::string stem = origin.substr(origin.rfind('/') == std::string::npos ? 0 : origin.rfind('/') + 1);
@@ -786,7 +803,20 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     if (ck == reserved)
       usage_error(origin + ": 'outputs.checkpoint' is '" + ck + "', a file the run directory already uses for itself");
   if (ck.front() == '.') usage_error(origin + ": 'outputs.checkpoint' '" + ck + "' must not start with '.'");
+  for (const std::string& format : r.outputs.export_formats) {
+    const std::string file = export_file_name(r.outputs, format);
+    for (const char* reserved : {"train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml"})
+      if (file == reserved || file == ck)
+        usage_error(origin + ": 'outputs.export' " + format + " would write '" + file + "', a file the run directory uses " +
+                    "for itself; rename 'outputs.checkpoint'");
+  }
   return r;
+}
+
+std::string export_file_name(const OutputsSpec& outputs, const std::string& format) {
+  std::string stem = outputs.checkpoint;
+  if (const size_t dot = stem.rfind('.'); dot != std::string::npos && dot > 0) stem = stem.substr(0, dot);
+  return stem + (format == "onnx" ? ".onnx" : ".pt");
 }
 
 DataSpec parse_recipe_data(const std::string& text, const std::string& origin) {

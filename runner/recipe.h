@@ -160,7 +160,15 @@ struct OutputsSpec {
   std::string dir;                   ///< run directory (default: runs/<recipe file stem>)
   std::string checkpoint = "model.h5";
   bool save_every_epoch = true;      ///< write the checkpoint and training state after every epoch
+  /// Formats the final model is also exported in, beside the checkpoint: "onnx" (<stem>.onnx),
+  /// "torchscript" (<stem>.pt), <stem> the checkpoint's name without its extension.
+  std::vector<std::string> export_formats;
+  int64_t onnx_opset = 17;  ///< ONNX opset of the export (13..17)
 };
+
+/// The file name outputs.export writes for `format` ("onnx" → <stem>.onnx, "torchscript" →
+/// <stem>.pt; <stem>: outputs.checkpoint without its extension).
+std::string export_file_name(const OutputsSpec& outputs, const std::string& format);
 
 /// A validated recipe.
 struct Recipe {

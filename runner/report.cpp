@@ -32,6 +32,8 @@ void write_report(const std::string& path, const Recipe& r, const RunResult& res
   report["wall_seconds"] = result.wall_seconds;
   report["train_images_per_second"] = result.train_images_per_second;
   if (!result.loss_terms.empty()) report["loss_terms"] = result.loss_terms;
+  for (const auto& [format, path] : result.exports)
+    report["exports"][format] = {{"path", path}, {"bytes", result.export_bytes.count(format) ? result.export_bytes.at(format) : 0}};
   report["device"] = device;
   // Float results depend on these (docs/reproducibility.md).
   report["cpu_capability"] = cpu_capability();
@@ -51,7 +53,11 @@ void print_report(std::ostream& log, const Recipe& r, const RunResult& result, c
       << "  parameters             " << result.params << "\n"
       << "  MACs per image         " << result.macs << "\n"
       << "  checkpoint             " << result.checkpoint << " (" << result.checkpoint_bytes << " bytes)\n"
-      << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n"
+      ;
+  for (const auto& [format, path] : result.exports)
+    log << "  " << std::left << std::setw(23) << (format + " export") << std::right << path << " ("
+        << (result.export_bytes.count(format) ? result.export_bytes.at(format) : 0) << " bytes)\n";
+  log << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n"
       << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s\n";
   for (const auto& [k, v] : result.loss_terms)
     log << "  " << std::left << std::setw(23) << k << std::right << std::setprecision(4) << v << " (last epoch's mean)\n";

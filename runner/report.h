@@ -33,11 +33,14 @@ struct RunResult {
   /// The modifiers' per-epoch figures of the last completed epoch (Modifier::epoch_metrics, e.g.
   /// distillation's hard_loss and kd_loss: means over its batches); empty when none has any.
   std::map<std::string, double> loss_terms;
+  /// Files written by outputs.export: format ("onnx", "torchscript") → path, with their sizes.
+  std::map<std::string, std::string> exports;
+  std::map<std::string, int64_t> export_bytes;
 };
 
 /// Writes `path` (report.json, atomically): recipe, model, test metrics, epochs, parameters,
 /// MACs per image, checkpoint path and bytes, wall time, training images/s, the last epoch's
-/// loss_terms (when any), `device`, and what
+/// loss_terms (when any), the exported files (when any), `device`, and what
 /// float results depend on (ATen CPU capability, intra-op threads, seed, deterministic, LibTorch
 /// version; docs/reproducibility.md). Throws whittle::Error when it cannot be written.
 void write_report(const std::string& path, const Recipe& recipe, const RunResult& result, const std::string& device);

@@ -21,6 +21,8 @@
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
+#include "export/onnx.h"
+#include "export/torchscript_export.h"
 #include "graph/op_registry.h"
 #include "graph/select.h"
 #include "runner/model_loader.h"
@@ -259,6 +261,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   for (const auto& spec : r.modifiers) modifiers_.push_back(modifier_info(spec.name).create(spec));
   if (!saved) check_modifier_targets();
   check_input_shapes();
+  check_export_forms();
 
   // Everything is checked: from here on the run directory is written.
   if (g_stop.load()) throw Interrupted("interrupted before training started; nothing was written");
@@ -396,6 +399,24 @@ void Trainer::check_input_shapes() const {
                       (recipe_.model.name.empty() ? recipe_.model.file : recipe_.model.name) + "' takes " +
                       shape_str(want) + " (its input " + shape_str(in) + ")",
                   ErrorKind::kUsage);
+  }
+}
+
+void Trainer::check_export_forms() const {
+  // A dry run of each export on the model as loaded: an op or attribute without a form is
+  // reported now, not after the last epoch (modifiers only add ops that have forms).
+  for (const std::string& format : recipe_.outputs.export_formats) {
+    try {
+      if (format == "onnx") {
+        OnnxOptions o;
+        o.opset = recipe_.outputs.onnx_opset;
+        onnx_model_bytes(model_->graph(), o);
+      } else {
+        torchscript_source(model_->graph());
+      }
+    } catch (const Error& e) {
+      throw Error(recipe_.path + ": 'outputs.export' " + format + ": " + e.what() + " (docs/export.md)", ErrorKind::kUsage);
+    }
   }
 }
 
@@ -628,12 +649,39 @@ RunResult Trainer::finish() {
   metrics["epochs"] = result_.epochs_done;
   save_checkpoint(result_.checkpoint, model_->graph(), recipe_.text, metrics.dump());
   result_.checkpoint_bytes = file_size(result_.checkpoint);
+  std::string export_error;
+  try {
+    export_final_model();
+  } catch (const Error& e) {
+    export_error = e.what();  // the run is complete: its report is written first
+  }
   result_.wall_seconds = seconds_since(t_start_);
   result_.train_images_per_second = static_cast<double>(images_trained_) / std::max(train_seconds_, 1e-9);
   const std::string report_path = join_path(result_.run_dir, "report.json");
   write_report(report_path, recipe_, result_, device_.str());
   print_report(*log_, recipe_, result_, report_path);
+  if (!export_error.empty()) throw Error(export_error);
   return result_;
+}
+
+void Trainer::export_final_model() {
+  for (const std::string& format : recipe_.outputs.export_formats) {
+    const std::string path = join_path(result_.run_dir, export_file_name(recipe_.outputs, format));
+    try {
+      if (format == "onnx") {
+        OnnxOptions o;
+        o.opset = recipe_.outputs.onnx_opset;
+        export_onnx(model_->graph(), path, o);
+      } else {
+        export_torchscript(model_->graph(), path);
+      }
+    } catch (const Error& e) {
+      throw Error("outputs.export " + format + " failed (the checkpoint " + result_.checkpoint +
+                  " is saved; `whittle export` it once the cause is fixed): " + e.what());
+    }
+    result_.exports[format] = path;
+    result_.export_bytes[format] = file_size(path);
+  }
 }
 
 RunResult run_recipe(const Recipe& recipe, const RunOptions& options) {

@@ -152,10 +152,13 @@ class Trainer {
   void apply_parameter_changes();
   std::vector<at::Tensor> optimized_parameters();  // the model's trainable parameters, then the modifiers' (Modifier::parameters)
   RunResult finish();
+  // Writes the outputs.export files of the final model beside the checkpoint (export/).
+  void export_final_model();
   std::vector<std::string> run_files() const;  // what a run writes in its directory
   void check_previous_run() const;             // a run already there needs --resume or --overwrite
   void check_modifier_windows() const;         // every window opens at a step of the run
   void check_modifier_targets() const;         // every pattern matches a node of the model
+  void check_export_forms() const;             // outputs.export: a dry run of each export
   void check_input_shapes() const;             // both data sets' images fit the model's input
 
   Recipe recipe_;

@@ -305,6 +305,52 @@ TEST_F(ExportTest, EveryQuantizerTypeMatchesInBothRuntimes) {
   EXPECT_TRUE(verify_torchscript_file(g, ts).bitwise_equal);
 }
 
+// Forms where ONNX's own operator differs from PyTorch's: nearest sizes whose float ratio rounds
+// differently (14 → 2, 14 → 16), bilinear to a length of 1, scale factors whose float product
+// floors lower (14·0.7), max pooling in ceil mode with dilation and with a last window dropped, a
+// transposed conv with output_padding ≥ stride.
+TEST_F(ExportTest, EdgeCasesOfResizePoolingAndTransposedConvMatch) {
+  using V = std::vector<int64_t>;
+  Graph g;
+  g.add_input("x", {1, 2, 14, 14});
+  g.add_node(make("near2", "upsample", {"x"}, {{"size", V{2, 2}}}));
+  g.add_node(make("near16", "upsample", {"x"}, {{"size", V{16, 16}}}));
+  g.add_node(make("bilinear1", "upsample", {"x"}, {{"mode", std::string("bilinear")}, {"size", V{1, 1}}}));
+  g.add_node(make("near07", "upsample", {"x"}, {{"scale_factor", std::vector<double>{0.7}}}));
+  g.add_node(make("bilinear03", "upsample", {"x"}, {{"mode", std::string("bilinear")}, {"scale_factor", std::vector<double>{0.3}}}));
+  g.add_node(make("pool_dilated", "max_pool2d", {"x"},
+                  {{"kernel_size", int64_t{2}}, {"stride", int64_t{3}}, {"dilation", int64_t{3}}, {"ceil_mode", int64_t{1}}}));
+  // 9 → 5 in ceil mode: the sixth window would start in the padding, PyTorch drops it, ONNX's ceil keeps it.
+  g.add_node(make("pool_dropped", "max_pool2d", {"near07"},
+                  {{"kernel_size", int64_t{2}}, {"stride", int64_t{2}}, {"padding", int64_t{1}}, {"ceil_mode", int64_t{1}}}));
+  g.add_node(with(make("deconv", "conv_transpose2d", {"x"},
+                       {{"dilation", int64_t{2}}, {"padding", int64_t{1}}, {"output_padding", int64_t{1}}}),
+                  {{"weight", at::randn({2, 3, 3, 3})}, {"bias", at::randn({3})}}));
+  g.set_outputs({"near2", "near16", "bilinear1", "near07", "bilinear03", "pool_dilated", "pool_dropped", "deconv"});
+  EXPECT_EQ(g.value("near07").shape, (Shape{1, 2, 9, 9}));
+  EXPECT_EQ(g.value("pool_dropped").shape, (Shape{1, 2, 5, 5}));
+  EXPECT_EQ(g.value("deconv").shape, (Shape{1, 3, 17, 17}));
+  export_and_run(g, "edge_cases");
+}
+
+TEST_F(ExportTest, KeywordNodeNamesAreRefusedForTorchScript) {
+  Graph g;
+  g.add_input("x", {1, 3});
+  g.add_node(with(make("in", "linear", {"x"}), {{"weight", at::randn({2, 3})}}));
+  g.set_outputs({"in"});
+  const std::string ts = join_path(out_dir(), "keyword.pt");
+  remove_file(ts);
+  try {
+    export_torchscript(g, ts);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'in' (linear)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Python keyword"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(path_exists(ts));
+  export_onnx(g, join_path(out_dir(), "keyword.onnx"));  // ONNX names may be anything
+}
+
 TEST_F(ExportTest, UnsupportedOpIsNamedAndNothingIsWritten) {
   OpTraits t;
   t.kind = "test_no_writer";

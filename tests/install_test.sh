@@ -16,3 +16,4 @@ cmake --build "$build/examples-test" -j 2
 "$build/examples-test/prune_model" resnet20 "$build/examples-test/resnet20_pruned.h5"
 "$build/examples-test/distill_model" 5
 "$build/examples-test/train_qat" "$src/data/mnist10k" 60 dorefa "$build/examples-test/lenet5_qat.h5"
+"$build/examples-test/export_model" "$build/examples-test/lenet5_qat.h5" "$build/examples-test/lenet5_qat.onnx" "$build/examples-test/lenet5_qat.pt"

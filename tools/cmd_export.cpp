@@ -50,6 +50,8 @@ int run_export(const std::vector<std::string>& args) {
   }
   if (model.empty()) throw Error("export: missing MODEL (see whittle export --help)", ErrorKind::kUsage);
   if (out.empty()) throw Error("export: missing --out FILE (see whittle export --help)", ErrorKind::kUsage);
+  if (path_exists(model) && is_same_or_inside(out, model))
+    throw Error("export: --out " + out + " is the input model " + model, ErrorKind::kUsage);
   if (format.empty()) {
     const std::string ext = file_extension(out);
     if (ext == ".onnx") format = "onnx";
@@ -62,8 +64,6 @@ int run_export(const std::vector<std::string>& args) {
     throw Error("export: unknown --format '" + format + "' (onnx, torchscript)", ErrorKind::kUsage);
   if (format != "onnx" && (!vm["opset"].defaulted() || vm.count("static-batch")))
     throw Error("export: --opset and --static-batch apply to --format onnx only", ErrorKind::kUsage);
-  if (path_exists(model) && is_same_or_inside(out, model))
-    throw Error("export: --out " + out + " is the input model " + model, ErrorKind::kUsage);
   if (!check_data.empty() && (is_same_or_inside(check_data, out) || (path_exists(model) && is_same_or_inside(check_data, model))))
     throw Error("export: --check-data " + check_data + " must be another file than MODEL and --out", ErrorKind::kUsage);
 
@@ -94,7 +94,13 @@ int run_export(const std::vector<std::string>& args) {
       std::cout << "verify: " << out << " parses and passes the ONNX checker (" << nodes
                 << " nodes); compare its outputs with onnxruntime (docs/export.md)\n";
     } else {
-      const ExportCheck c = verify_torchscript_file(graph, out, batch);
+      ExportCheck c;
+      try {
+        c = verify_torchscript_file(graph, out, batch);
+      } catch (const Error& e) {
+        remove_file(out);
+        throw Error(std::string(e.what()) + "; removed " + out);
+      }
       const double rel = c.max_abs_output > 0 ? c.max_abs_difference / c.max_abs_output : c.max_abs_difference;
       std::cout << "verify: torch::jit::load(" << out << ") on " << c.batch << " random inputs: largest difference "
                 << std::setprecision(3) << c.max_abs_difference << " (" << rel << " of the largest output "

@@ -17,6 +17,7 @@
 #include "graph/op_registry.h"
 #include "graph/pass_registry.h"
 #include "quantize/quantize.h"
+#include "export/writers.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
 
@@ -94,7 +95,7 @@ int run_inspect(const std::vector<std::string>& args) {
       ("input-shape", po::value<std::string>(&shape_text), "example input shape, comma-separated (batch first)")
       ("num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model")
       ("json", "print JSON instead of the table")
-      ("ops", "list the registered ops (kind, channel flow, description) and exit")
+      ("ops", "list the registered ops (kind, channel flow, export forms: o ONNX, t TorchScript, description) and exit")
       ("passes", "list the registered graph passes (name, module, description, options) and exit")
       ("transforms", "list the registered weight transforms (name, kind, description) and exit");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
@@ -122,10 +123,13 @@ int run_inspect(const std::vector<std::string>& args) {
     return 0;
   }
   if (vm.count("ops")) {
+    register_export_writers();
     for (const auto& kind : registered_ops()) {
       const OpTraits& t = op_traits(kind);
+      // Export forms: o = ONNX, t = TorchScript (docs/export.md).
+      const std::string forms = std::string(t.to_onnx ? "o" : "-") + (t.to_torchscript ? "t" : "-");
       std::cout << std::left << std::setw(22) << kind << std::setw(19) << channel_flow_name(t.channel_flow)
-                << t.description << "\n";
+                << std::setw(4) << forms << t.description << "\n";
     }
     return 0;
   }

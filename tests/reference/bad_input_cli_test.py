@@ -229,4 +229,23 @@ names = [n["name"] for n in inspect_json(os.path.join(appended, "model.h5"))["no
 check(r.returncode == 0 and "conv1" in names and "bn2" in names and "bn1" not in names,
       f"--set modifiers.1={{name: fuse_batchnorm}} appends a modifier (bn1 folded: {'bn1' not in names})")
 
+# 17. Export: bad options and models are named; nothing is written.
+model = os.path.join(good, "model.h5")
+eo = os.path.join(OUT, "export.onnx")
+expect(["export", model, "--out", os.path.join(OUT, "export.bin")], 2, "cannot tell the format from", "export to an unknown extension")
+expect(["export", model, "--out", eo, "--format", "tflite"], 2, "unknown --format 'tflite' (onnx, torchscript)", "export --format tflite", eo)
+expect(["export", model, "--out", eo, "--opset", "12"], 2, "opset 12 is not supported (13..17)", "export --opset 12", eo)
+expect(["export", model, "--out", eo, "--opset", "18"], 2, "opset 18 is not supported (13..17)", "export --opset 18", eo)
+expect(["export", model, "--out", os.path.join(OUT, "export.pt"), "--opset", "13"], 2, "apply to --format onnx only",
+       "export --opset with TorchScript", os.path.join(OUT, "export.pt"))
+expect(["export", model, "--out", model], 2, "is the input model", "export onto its input")
+check(open(model, "rb").read() == ckpt, "export onto its input: the checkpoint is untouched")
+expect(["export", os.path.join(OUT, "no_such_model.h5"), "--out", eo], 2, "does not exist", "export of a missing model", eo)
+expect(["export", model], 2, "missing --out FILE", "export without --out")
+expect(["run", BASE, *QUICK, "--set", "outputs.export=[onnx, tflite]", "--out", d], 2,
+       "'outputs.export' is 'tflite'", "outputs.export with an unknown format", d)
+expect(["run", BASE, *QUICK, "--set", "outputs.export=[torchscript]", "--set", "outputs.checkpoint=train_state.h5", "--out", d], 2,
+       "would write 'train_state.pt', a file the run directory uses", "outputs.export onto the training state", d)
+expect(["run", BASE, *QUICK, "--set", "outputs.onnx_opset=18", "--out", d], 2, "outputs.onnx_opset", "outputs.onnx_opset 18", d)
+
 finish()

@@ -120,6 +120,15 @@ def main():
         if not h.check(r.returncode == 0, f"{recipe}: 1-epoch run"):
             continue
         summaries[recipe] = check_recipe_checkpoint(recipe, os.path.join(out, "model.h5"), images, labels)
+        if recipe == "lenet5_dorefa_w4a4":  # outputs.export: [onnx, torchscript]
+            report = json.load(open(os.path.join(out, "report.json")))
+            exports = report.get("exports", {})
+            paths = [os.path.join(out, "model.onnx"), os.path.join(out, "model.pt")]
+            h.check(sorted(exports) == ["onnx", "torchscript"] and all(os.path.exists(p) for p in paths),
+                    f"{recipe}: outputs.export wrote model.onnx and model.pt ({exports})")
+            if all(os.path.exists(p) for p in paths):
+                got = top1(lambda x: run_onnx(paths[0], [x])[0], images, labels)
+                h.check(got == report["test_top1"], f"{recipe}: the run's model.onnx gives the run's top-1 {100 * got:.2f}%")
     # Deploy forms: BN folded (FP32), BN + sign → threshold (BNN).
     for recipe in ("lenet5", "lenet5_bnn", "lenet5_xnor"):
         src = os.path.join(runs, recipe, "model.h5")
