@@ -4,7 +4,7 @@ from whittle), against whittle's own eval outputs on random inputs (`--check-dat
 
 Bounds (issue 15, docs/export.md): ONNX max |difference| ≤ 1e-5 of the largest output; TorchScript
 bitwise equal. The LeNet-5 checkpoints (each recipe trained for 1 epoch here: the export, not the
-accuracy, is under test) must also give `whittle eval`'s top-1 on the 2,000 test digits in both
+accuracy, is under test; also W4A4 fine-tuning of a traced PyTorch LeNet-5) must also give `whittle eval`'s top-1 on the 2,000 test digits in both
 runtimes, and their ONNX files must carry the quantized forms: QuantizeLinear/DequantizeLinear on
 the DoReFa W4A4 weights (int8, zero point int8, axis 0) and activations (uint8), on the W8A8
 activations; no BatchNormalization after `whittle fuse` of the FP32 model (fewer for BNN and XNOR, whose
@@ -129,6 +129,21 @@ def main():
             if all(os.path.exists(p) for p in paths):
                 got = top1(lambda x: run_onnx(paths[0], [x])[0], images, labels)
                 h.check(got == report["test_top1"], f"{recipe}: the run's model.onnx gives the run's top-1 {100 * got:.2f}%")
+    # A model imported from TorchScript (PyTorch's twin of the zoo LeNet-5, traced here), fine-tuned
+    # with the W4A4 recipe, exports the same way.
+    import torch
+    from zoo_models import LeNet5
+    traced = os.path.join(OUT, "lenet5_traced.pt")
+    torch.manual_seed(1)  # not the recipe's seed 0, with which the zoo builder draws the same weights
+    torch.jit.trace(LeNet5().eval(), torch.randn(1, 1, 28, 28)).save(traced)
+    out = os.path.join(runs, "imported_w4a4")
+    r = whittle("run", "recipes/mnist/lenet5_dorefa_w4a4.yaml", "--out", out, "--overwrite", "--set", "training.epochs=1",
+                "--set", f"model.file={traced}")
+    if h.check(r.returncode == 0, "imported_w4a4: 1-epoch W4A4 fine-tuning of a traced PyTorch LeNet-5"):
+        s = check_recipe_checkpoint("imported_w4a4", os.path.join(out, "model.h5"), images, labels)
+        if s:
+            h.check(len(quantized_weight(s)) > 0, f"imported_w4a4: its 4-bit weights as QuantizeLinear/DequantizeLinear ({len(quantized_weight(s))})")
+
     # Deploy forms: BN folded (FP32), BN + sign → threshold (BNN).
     for recipe in ("lenet5", "lenet5_bnn", "lenet5_xnor"):
         src = os.path.join(runs, recipe, "model.h5")
