@@ -144,16 +144,7 @@ std::string onnx_model_bytes(const Graph& graph_in, const OnnxOptions& options) 
                     ".." + std::to_string(max_opset) + ")",
                 ErrorKind::kUsage);
   const Graph graph = deploy_graph(graph_in);
-  // Every node first: one missing form is reported before any work.
-  std::string missing;
-  for (const Node& n : graph.nodes())
-    if (!op_traits(n.op).to_onnx) missing += (missing.empty() ? "" : ", ") + ("'" + n.name + "' (" + n.op + ")");
-  if (!missing.empty()) {
-    std::string with;
-    for (const std::string& k : registered_ops())
-      if (op_traits(k).to_onnx) with += (with.empty() ? "" : ", ") + k;
-    throw Error("ONNX export: no ONNX form for node " + missing + "; ops with one: " + with);
-  }
+  require_writers(graph, "ONNX", [](const OpTraits& t) { return static_cast<bool>(t.to_onnx); });
   OnnxEmitter e(graph, options.opset);
   for (const Node& n : graph.nodes()) op_traits(n.op).to_onnx(n, e);
 

@@ -154,15 +154,7 @@ struct Generated {
 
 Generated generate(const Graph& graph) {
   register_export_writers();
-  std::string missing;
-  for (const Node& n : graph.nodes())
-    if (!op_traits(n.op).to_torchscript) missing += (missing.empty() ? "" : ", ") + ("'" + n.name + "' (" + n.op + ")");
-  if (!missing.empty()) {
-    std::string with;
-    for (const std::string& k : registered_ops())
-      if (op_traits(k).to_torchscript) with += (with.empty() ? "" : ", ") + k;
-    throw Error("TorchScript export: no TorchScript form for node " + missing + "; ops with one: " + with);
-  }
+  require_writers(graph, "TorchScript", [](const OpTraits& t) { return static_cast<bool>(t.to_torchscript); });
   TorchScriptEmitter e(graph);
   for (const Node& n : graph.nodes()) op_traits(n.op).to_torchscript(n, e);
   std::ostringstream src;

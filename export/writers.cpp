@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "core/error.h"
 #include "core/registration.h"
 #include "fuse/fuse.h"
 #include "quantize/quantize.h"
@@ -19,6 +20,17 @@ void register_export_writers() {
     detail::attach_onnx_writers();
     detail::attach_torchscript_writers();
   });
+}
+
+void require_writers(const Graph& graph, const std::string& format, const std::function<bool(const OpTraits&)>& has) {
+  std::string missing;
+  for (const Node& n : graph.nodes())
+    if (!has(op_traits(n.op))) missing += (missing.empty() ? "" : ", ") + ("'" + n.name + "' (" + n.op + ")");
+  if (missing.empty()) return;
+  std::string with;
+  for (const std::string& k : registered_ops())
+    if (has(op_traits(k))) with += (with.empty() ? "" : ", ") + k;
+  throw Error(format + " export: no " + format + " form for node " + missing + "; ops with one: " + with);
 }
 
 WHITTLE_REGISTER_MODULE("export", &register_export_writers)

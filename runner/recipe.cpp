@@ -790,6 +790,12 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
         for (const auto& f : e) r.outputs.export_formats.push_back(f.as<std::string>());
     }
     get(o, "onnx_opset", r.outputs.onnx_opset);
+    const auto& f = r.outputs.export_formats;
+    for (size_t i = 0; i < f.size(); ++i)
+      if (std::find(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(i), f[i]) != f.begin() + static_cast<std::ptrdiff_t>(i))
+        usage_error(at_line(origin, o["export"]) + ": 'outputs.export' names " + f[i] + " twice");
+    if (o["onnx_opset"] && !o["onnx_opset"].IsNull() && std::find(f.begin(), f.end(), "onnx") == f.end())
+      usage_error(at_line(origin, o["onnx_opset"]) + ": 'outputs.onnx_opset' applies when 'outputs.export' has onnx");
   }
   if (r.outputs.dir.empty()) {
     std::string stem = origin.substr(origin.rfind('/') == std::string::npos ? 0 : origin.rfind('/') + 1);

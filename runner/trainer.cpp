@@ -665,6 +665,8 @@ RunResult Trainer::finish() {
 }
 
 void Trainer::export_final_model() {
+  // Every format is attempted; the failures are reported together.
+  std::string errors;
   for (const std::string& format : recipe_.outputs.export_formats) {
     const std::string path = join_path(result_.run_dir, export_file_name(recipe_.outputs, format));
     try {
@@ -675,13 +677,15 @@ void Trainer::export_final_model() {
       } else {
         export_torchscript(model_->graph(), path);
       }
+      result_.exports[format] = path;
+      result_.export_bytes[format] = file_size(path);
     } catch (const Error& e) {
-      throw Error("outputs.export " + format + " failed (the checkpoint " + result_.checkpoint +
-                  " is saved; `whittle export` it once the cause is fixed): " + e.what());
+      errors += std::string(errors.empty() ? "" : "; ") + format + ": " + e.what();
     }
-    result_.exports[format] = path;
-    result_.export_bytes[format] = file_size(path);
   }
+  if (!errors.empty())
+    throw Error("outputs.export failed (the checkpoint " + result_.checkpoint +
+                " is saved; `whittle export` it once the cause is fixed): " + errors);
 }
 
 RunResult run_recipe(const Recipe& recipe, const RunOptions& options) {

@@ -83,6 +83,7 @@ Json export_and_run(const Graph& g, const std::string& name, int64_t opset = 17,
   EXPECT_LE(r[0]["relative"].get<double>(), kBound)
       << name << " onnxruntime: max |diff| " << r[0]["max_abs_difference"] << " of " << r[0]["max_abs_output"];
   EXPECT_TRUE(r[1]["bitwise_equal"].get<bool>()) << name << " torch.jit.load: max |diff| " << r[1]["max_abs_difference"];
+  EXPECT_TRUE(r[1]["foreign_ops"].empty()) << name << ": TorchScript nodes outside aten:: and prim:: " << r[1]["foreign_ops"];
   return r[0];
 }
 
@@ -295,7 +296,7 @@ TEST_F(ExportTest, EveryQuantizerTypeMatchesInBothRuntimes) {
   EXPECT_EQ(count(r, "BatchNormalization"), 3);  // bn1, bn4, bn5 (bn2 folded by QAT, bn3 into the threshold)
 
   // The packed checkpoint of the same model exports to bitwise the same TorchScript outputs.
-  const std::string ck = join_path(out_dir(), "every_quantizer.h5");
+  const std::string ck = join_path(out_dir(), "every_quantizer_checkpoint.h5");
   Graph deploy = g.clone();
   fuse::finalize_qat_batchnorm(deploy);  // checkpoints store the folded weight's codes
   save_checkpoint(ck, deploy);

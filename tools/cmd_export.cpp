@@ -5,6 +5,10 @@
 
 #include <boost/program_options.hpp>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 
@@ -19,6 +23,22 @@
 namespace po = boost::program_options;
 
 namespace whittle::cli {
+
+namespace {
+
+// Checks, writing nothing, that a file can be written at `path` (given as option `what`): not a
+// directory, in an existing writable directory. So neither output is written when the other
+// could not be.
+void check_writable_file(const std::string& path, const std::string& what) {
+  if (is_directory(path)) throw Error("export: " + what + " " + path + " is a directory", ErrorKind::kUsage);
+  const std::string dir = parent_directory(path);
+  const std::string d = dir.empty() ? "." : dir;
+  if (!is_directory(d)) throw Error("export: " + what + " " + path + ": " + describe_path(d) + ", not a folder to write into");
+  if (::access(d.c_str(), W_OK) != 0)
+    throw Error("export: " + what + " " + path + ": cannot write into " + d + " (" + std::strerror(errno) + ")");
+}
+
+}  // namespace
 
 int run_export(const std::vector<std::string>& args) {
   po::options_description opts(
@@ -41,7 +61,7 @@ int run_export(const std::vector<std::string>& args) {
       "static-batch", "ONNX: fix the batch dimension to the model's declared one (default: dynamic 'N')")(
       "verify", "check the written file (see above) and print the largest output difference")(
       "check-data", po::value<std::string>(&check_data), "also write random inputs and whittle's outputs for them (HDF5)")(
-      "input-shape", po::value<std::string>(&shape_text), "example input shape of a TorchScript model (N,C,H,W)")(
+      "input-shape", po::value<std::string>(&shape_text), "input shape of a TorchScript file or zoo model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
@@ -67,9 +87,19 @@ int run_export(const std::vector<std::string>& args) {
   if (!check_data.empty() && (is_same_or_inside(check_data, out) || (path_exists(model) && is_same_or_inside(check_data, model))))
     throw Error("export: --check-data " + check_data + " must be another file than MODEL and --out", ErrorKind::kUsage);
 
+  check_writable_file(out, "--out");
+  if (!check_data.empty()) check_writable_file(check_data, "--check-data");
+
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
-  const Graph graph = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()));
+  runner::ModelMetadata meta;
+  const Graph graph = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()), &meta);
+  if (meta.kind == runner::ModelMetadata::Kind::kCheckpoint && (shape || !vm["num-classes"].defaulted()))
+    throw Error("export: --input-shape and --num-classes apply to TorchScript files and zoo models; " + model +
+                    " is a checkpoint, which keeps its own",
+                ErrorKind::kUsage);
+  if (meta.kind == runner::ModelMetadata::Kind::kTorchScript && !vm["num-classes"].defaulted())
+    throw Error("export: --num-classes applies to zoo models; " + model + " is a TorchScript file", ErrorKind::kUsage);
   const bool static_batch = vm.count("static-batch") > 0;
   if (format == "onnx") {
     OnnxOptions o;

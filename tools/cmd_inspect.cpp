@@ -124,6 +124,7 @@ int run_inspect(const std::vector<std::string>& args) {
   }
   if (vm.count("ops")) {
     register_export_writers();
+    std::cout << "# op                   channel flow       export (o: ONNX, t: TorchScript; conv_bn_qat: as its folded layer)\n";
     for (const auto& kind : registered_ops()) {
       const OpTraits& t = op_traits(kind);
       // Export forms: o = ONNX, t = TorchScript (docs/export.md).

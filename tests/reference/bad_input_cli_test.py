@@ -247,5 +247,15 @@ expect(["run", BASE, *QUICK, "--set", "outputs.export=[onnx, tflite]", "--out", 
 expect(["run", BASE, *QUICK, "--set", "outputs.export=[torchscript]", "--set", "outputs.checkpoint=train_state.h5", "--out", d], 2,
        "would write 'train_state.pt', a file the run directory uses", "outputs.export onto the training state", d)
 expect(["run", BASE, *QUICK, "--set", "outputs.onnx_opset=18", "--out", d], 2, "outputs.onnx_opset", "outputs.onnx_opset 18", d)
+expect(["run", BASE, *QUICK, "--set", "outputs.export=[onnx, onnx]", "--out", d], 2, "names onnx twice", "outputs.export twice onnx", d)
+expect(["run", BASE, *QUICK, "--set", "outputs.export=[torchscript]", "--set", "outputs.onnx_opset=13", "--out", d], 2,
+       "applies when 'outputs.export' has onnx", "outputs.onnx_opset without an ONNX export", d)
+# Both output paths are checked before either is written.
+expect(["export", model, "--out", eo, "--check-data", OUT], 2, "--check-data " + OUT + " is a directory",
+       "export --check-data onto a directory", eo)
+expect(["export", model, "--out", eo, "--check-data", os.path.join(OUT, "no_dir", "x.h5")], 1, "not a folder to write into",
+       "export --check-data into a missing folder", eo)
+expect(["export", model, "--out", eo, "--input-shape", "1,3,32,32"], 2, "apply to TorchScript files and zoo models",
+       "export of a checkpoint with --input-shape", eo)
 
 finish()

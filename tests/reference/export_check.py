@@ -7,7 +7,8 @@ in this process, which imports nothing from whittle: only torch, onnx, onnxrunti
 CHECK_DATA.h5 is what `whittle export --check-data` writes: /inputs/<i> and /outputs/<i>.
 Prints one JSON object per line and file:
   {"file", "format", "max_abs_difference", "max_abs_output", "relative", "bitwise_equal",
-   "op_types": {op: count} (ONNX), "quantize_linear": [{"node", "axis", "feeds", "input_type"}] (ONNX)}
+   "op_types": {op: count} (ONNX), "quantize_linear": [{"node", "axis", "feeds", "input", "zero_point_type"}] (ONNX),
+   "foreign_ops": TorchScript node kinds outside aten:: and prim:: (Python or custom ops; none expected)}
 Exit status 0 unless a file cannot be run. The callers (export_runtime_test.py, export_test.cpp)
 decide what bound to hold.
 """
@@ -100,6 +101,11 @@ def check(path, data):
          "max_abs_output": scale, "relative": diff / scale if scale > 0 else diff, "bitwise_equal": bool(bitwise)}
     if is_onnx:
         r.update(onnx_structure(path))
+    else:
+        import torch
+
+        graph = torch.jit.load(path, map_location="cpu").inlined_graph
+        r["foreign_ops"] = sorted({n.kind() for n in graph.nodes() if not n.kind().startswith(("aten::", "prim::"))})
     return r
 
 
