@@ -72,6 +72,11 @@ void save_check_data(const CheckData& data, const Graph& graph, const std::strin
 
 ExportCheck verify_torchscript_file(const Graph& graph, const std::string& path, int64_t batch, uint64_t seed) {
   if (!is_regular_file(path)) throw Error(path + ": no such file");
+  return verify_torchscript_file(make_check_data(graph, batch, seed), path);
+}
+
+ExportCheck verify_torchscript_file(const CheckData& d, const std::string& path) {
+  if (!is_regular_file(path)) throw Error(path + ": no such file");
   torch::jit::Module m;
   try {
     m = torch::jit::load(path, at::kCPU);
@@ -79,7 +84,6 @@ ExportCheck verify_torchscript_file(const Graph& graph, const std::string& path,
     throw Error(path + ": cannot load as TorchScript (" + message_of(ex) + ")");
   }
   m.eval();
-  const CheckData d = make_check_data(graph, batch, seed);
   std::vector<c10::IValue> args(d.inputs.begin(), d.inputs.end());
   c10::IValue r;
   {
@@ -94,7 +98,7 @@ ExportCheck verify_torchscript_file(const Graph& graph, const std::string& path,
     throw Error(path + ": the module returns " + std::to_string(outs.size()) + " outputs, the graph " +
                 std::to_string(d.outputs.size()));
   ExportCheck c;
-  c.batch = batch;
+  c.batch = d.inputs.empty() ? 0 : d.inputs[0].size(0);
   c.bitwise_equal = true;
   for (size_t i = 0; i < outs.size(); ++i) {
     if (outs[i].sizes() != d.outputs[i].sizes())

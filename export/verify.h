@@ -41,5 +41,8 @@ struct ExportCheck {
 /// Throws whittle::Error naming the path when the file does not load or its outputs do not match
 /// in number or shape.
 ExportCheck verify_torchscript_file(const Graph& graph, const std::string& path, int64_t batch = 4, uint64_t seed = 0);
+/// The same comparison against check data already made (make_check_data), so a caller that also
+/// saves it runs whittle's forward once. Throws like verify_torchscript_file.
+ExportCheck verify_torchscript_file(const CheckData& data, const std::string& path);
 
 }  // namespace whittle

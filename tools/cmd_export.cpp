@@ -114,8 +114,11 @@ int run_export(const std::vector<std::string>& args) {
   }
   // Check data at the batch the file accepts: the declared one when it is fixed.
   const int64_t batch = static_batch && !graph.inputs().empty() ? graph.value(graph.inputs()[0]).shape.at(0) : 4;
+  // Random inputs and whittle's outputs for them, computed once for --check-data and --verify.
+  std::optional<CheckData> data;
+  if (!check_data.empty() || (vm.count("verify") && format != "onnx")) data = make_check_data(graph, batch);
   if (!check_data.empty()) {
-    save_check_data(make_check_data(graph, batch), graph, check_data);
+    save_check_data(*data, graph, check_data);
     std::cout << "wrote " << check_data << " (" << batch << " random inputs and whittle's outputs)\n";
   }
   if (vm.count("verify")) {
@@ -126,7 +129,7 @@ int run_export(const std::vector<std::string>& args) {
     } else {
       ExportCheck c;
       try {
-        c = verify_torchscript_file(graph, out, batch);
+        c = verify_torchscript_file(*data, out);
       } catch (const Error& e) {
         remove_file(out);
         throw Error(std::string(e.what()) + "; removed " + out);
