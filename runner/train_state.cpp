@@ -6,6 +6,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include <set>
 
@@ -22,6 +23,17 @@ namespace {
 using json = nlohmann::json;
 
 at::Tensor int_tensor(int64_t v) { return at::tensor(v); }
+
+/// Whether two recipe texts say the same: equal YAML once comments and layout are dropped (a
+/// recipe whose comments were edited still resumes). Texts that do not parse compare as text.
+bool same_recipe(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  try {
+    return YAML::Dump(YAML::Load(a)) == YAML::Dump(YAML::Load(b));
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
 
 }  // namespace
 
@@ -104,7 +116,7 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
                 ", this whittle reads format " + std::to_string(kTrainStateFormat) +
                 (format < kTrainStateFormat ? " (written by an older whittle; start the run again without --resume)"
                                             : " (written by a newer whittle)"));
-  if (read_string("recipe") != recipe_text)
+  if (!same_recipe(read_string("recipe"), recipe_text))
     throw Error("--resume: the recipe differs from the one the training state " + path +
                     " was saved with (a resumed run must use the same recipe and --set overrides; the saved one is " +
                     parent_directory(path) + "/recipe.yaml)",

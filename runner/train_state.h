@@ -61,8 +61,9 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
 class SavedTrainState {
  public:
   /// Reads `path`. Throws whittle::Error naming the path when it is missing ("nothing to resume"),
-  /// unreadable or damaged, of another format (an older whittle's), or when its recipe text differs
-  /// from `recipe_text` (the run would not continue the same training).
+  /// unreadable or damaged, of another format (an older whittle's), or when its recipe differs
+  /// from `recipe_text` (the run would not continue the same training). Recipes are compared as
+  /// YAML: comments and layout may differ.
   static SavedTrainState read(const std::string& path, const std::string& recipe_text);
 
   const TrainerState& state() const { return state_; }

@@ -376,6 +376,8 @@ TEST(TrainState, RoundTripAndChecks) {
   EXPECT_EQ(back.scale(), 1024.0);
   EXPECT_EQ(back.clean_steps(), 17);
 
+  // The same recipe with other comments and spacing: resumes (a comment edit changes nothing).
+  EXPECT_NO_THROW(SavedTrainState::read(path, "# epochs were changed in a comment only\nrecipe text  # trailing\n"));
   // Another recipe text: refused, naming the file.
   try {
     SavedTrainState::read(path, "another recipe\n");
