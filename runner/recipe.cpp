@@ -156,8 +156,8 @@ std::vector<KeySpec> build_schema() {
        key("num_workers", KeyType::kInt, "2", "loader threads", Range::closed(0, data::kMaxWorkers)),
        key("prefetch", KeyType::kInt, "4", "batches prepared ahead of training", Range::closed(1, data::kMaxPrefetchBatches)),
        key("drop_last", KeyType::kBool, "true", "drop the last incomplete training batch"),
-       key("train_limit", KeyType::kInt, "0 (all)", "use only the first N training images", Range::at_least(0)),
-       key("test_limit", KeyType::kInt, "0 (all)", "use only the first N test images", Range::at_least(0))}));
+       key("train_limit", KeyType::kInt, "0 (all)", "use only N training images: in rounds, the next image of each class in dataset order (every class, even in a class-sorted folder)", Range::at_least(0)),
+       key("test_limit", KeyType::kInt, "0 (all)", "use only N test images, chosen as train_limit chooses", Range::at_least(0))}));
   s.push_back(section(
       "training", "The optimization schedule (required section; `training: {}` takes every default).",
       {key("epochs", KeyType::kInt, "1", "number of epochs", Range::closed(1, 1000000)),

@@ -40,8 +40,8 @@ struct DataSpec {
   int64_t num_workers = 2;         ///< loader threads
   int64_t prefetch = 4;            ///< batches prepared ahead
   bool drop_last = true;           ///< training: drop the last incomplete batch
-  int64_t train_limit = 0;         ///< use only the first N training images (0 = all); for quick runs
-  int64_t test_limit = 0;          ///< use only the first N test images (0 = all)
+  int64_t train_limit = 0;         ///< use only N training images, class-balanced (0 = all); for quick runs
+  int64_t test_limit = 0;          ///< use only N test images, class-balanced (0 = all)
 };
 
 /// `training.optimizer:`.

@@ -5,7 +5,10 @@
 #include <iomanip>
 #include <ostream>
 
+#include <algorithm>
+
 #include "core/file_util.h"
+#include "graph/op_registry.h"
 #include "graph/version.h"
 
 namespace whittle::runner {
@@ -14,9 +17,146 @@ namespace {
 
 std::string model_label(const Recipe& r) { return r.model.name.empty() ? r.model.file : r.model.name; }
 
+// Stored bits of a node's weight: the quantized width when a quantizer set `weight_bits`,
+// otherwise the dtype's width.
+int64_t weight_bits(const Node& n) {
+  if (n.has_attr("weight_bits")) return n.attr_int("weight_bits");
+  const at::Tensor* w = n.params.find("weight");
+  return w && w->defined() ? static_cast<int64_t>(w->element_size()) * 8 : 0;
+}
+
+double tensor_bytes(const at::Tensor& t) { return static_cast<double>(t.numel() * static_cast<int64_t>(t.element_size())); }
+
+// Elements of the float weight a packed node stands for (its `weight_shape`).
+double packed_weight_count(const Node& n) {
+  double count = 1;
+  for (int64_t d : n.attr_ints("weight_shape")) count *= static_cast<double>(d);
+  return count;
+}
+
+// Bytes of a node's tensors at stored precision: the weight at weight_bits, everything else at
+// its dtype's size.
+double stored_bytes(const Node& n) {
+  double bytes = 0;
+  for (const auto& kv : n.params) {
+    if (!kv.second.defined()) continue;
+    if (kv.first == "weight") bytes += static_cast<double>(kv.second.numel()) * static_cast<double>(weight_bits(n)) / 8.0;
+    else bytes += tensor_bytes(kv.second);
+  }
+  for (const auto& kv : n.buffers)
+    if (kv.second.defined()) bytes += tensor_bytes(kv.second);
+  return bytes;
+}
+
+// The node's tensors as float32; a packed weight counts as the float32 weight it stands for, and
+// its per-channel scale (part of that weight) not at all.
+double fp32_bytes(const Node& n) {
+  double bytes = 0;
+  for (const auto& kv : n.params)
+    if (kv.second.defined()) bytes += static_cast<double>(kv.second.numel()) * 4.0;
+  for (const auto& kv : n.buffers) {
+    if (!kv.second.defined()) continue;
+    if (kv.first == "weight_codes" && n.has_attr("weight_shape")) bytes += 4.0 * packed_weight_count(n);
+    else if (kv.first != "weight_scale" || !n.has_attr("weight_shape")) bytes += tensor_bytes(kv.second);
+  }
+  return bytes;
+}
+
+// Theoretical size of a node: `weight_bits` per quantized weight (latent or packed) plus 32 bits
+// per other stored value (scales, biases, BN statistics, full-precision weights).
+double theoretical_bytes(const Node& n) {
+  const bool quantized = n.has_attr("weight_bits");
+  double bits = 0;
+  for (const auto& kv : n.params) {
+    if (!kv.second.defined()) continue;
+    const double count = static_cast<double>(kv.second.numel());
+    bits += (quantized && kv.first == "weight" ? static_cast<double>(n.attr_int("weight_bits")) : 32.0) * count;
+  }
+  for (const auto& kv : n.buffers) {
+    if (!kv.second.defined()) continue;
+    if (kv.first == "weight_codes" && n.has_attr("weight_shape"))
+      bits += packed_weight_count(n) * static_cast<double>(n.attr_int("weight_bits"));
+    else
+      bits += 32.0 * static_cast<double>(kv.second.numel());
+  }
+  return bits / 8.0;
+}
+
+nlohmann::ordered_json summary_to_json(const ModelSummary& s) {
+  nlohmann::ordered_json j;
+  j["nodes"] = nlohmann::ordered_json::array();
+  for (const LayerSummary& l : s.layers) {
+    nlohmann::ordered_json r = {{"name", l.name},         {"op", l.op},     {"output_shape", l.output_shape},
+                                {"params", l.params},     {"macs", l.macs}, {"weight_bits", l.weight_bits}};
+    if (l.unpruned_channels >= 0) {
+      r["channels"] = l.channels;
+      r["unpruned_channels"] = l.unpruned_channels;
+    }
+    if (l.unpruned_params >= 0) {
+      r["unpruned_params"] = l.unpruned_params;
+      r["unpruned_macs"] = l.unpruned_macs;
+    }
+    j["nodes"].push_back(std::move(r));
+  }
+  j["total"] = {{"params", s.params},
+                {"macs", s.macs},
+                {"bytes", static_cast<int64_t>(s.bytes + 0.5)},
+                {"fp32_bytes", static_cast<int64_t>(s.fp32_bytes + 0.5)},
+                {"theoretical_bytes", static_cast<int64_t>(s.theoretical_bytes + 0.5)}};
+  if (s.unpruned_params >= 0) {
+    j["total"]["unpruned_params"] = s.unpruned_params;
+    j["total"]["unpruned_macs"] = s.unpruned_macs;
+  }
+  return j;
+}
+
 }  // namespace
 
-void write_report(const std::string& path, const Recipe& r, const RunResult& result, const std::string& device) {
+ModelSummary summarize_model(const Graph& g) {
+  ModelSummary s;
+  int64_t unpruned_params = 0, unpruned_macs = 0;
+  bool pruned_costs = false;  // checkpoints pruned before per-node costs were recorded lack them
+  for (const auto& n : g.nodes()) {
+    const NodeCost c = node_cost(g, n);
+    LayerSummary l;
+    l.name = n.name;
+    l.op = n.op;
+    l.output_shape = g.value(n.outputs.front()).shape;
+    l.params = c.params;
+    l.macs = c.macs;
+    l.weight_bits = weight_bits(n);
+    if (n.has_attr("unpruned_channels")) {
+      l.channels = l.output_shape.size() >= 2 ? l.output_shape[1] : 0;
+      l.unpruned_channels = n.attr_int("unpruned_channels");
+      s.pruned = true;
+    }
+    if (n.has_attr("unpruned_params")) {
+      s.pruned = pruned_costs = true;
+      if (n.attr_int("unpruned_params") != c.params || n.attr_int("unpruned_macs") != c.macs) {
+        l.unpruned_params = n.attr_int("unpruned_params");
+        l.unpruned_macs = n.attr_int("unpruned_macs");
+      }
+    }
+    s.params += c.params;
+    s.macs += c.macs;
+    unpruned_params += n.has_attr("unpruned_params") ? n.attr_int("unpruned_params") : c.params;
+    unpruned_macs += n.has_attr("unpruned_macs") ? n.attr_int("unpruned_macs") : c.macs;
+    s.bytes += stored_bytes(n);
+    s.fp32_bytes += fp32_bytes(n);
+    s.theoretical_bytes += theoretical_bytes(n);
+    s.layers.push_back(std::move(l));
+  }
+  if (pruned_costs) {
+    s.unpruned_params = unpruned_params;
+    s.unpruned_macs = unpruned_macs;
+  }
+  return s;
+}
+
+std::string model_summary_json(const ModelSummary& summary) { return summary_to_json(summary).dump(); }
+
+void write_report(const std::string& path, const Recipe& r, const RunResult& result, const std::string& device,
+                  const Graph& model) {
   nlohmann::ordered_json report;
   report["recipe"] = r.path;
   report["model"] = model_label(r);
@@ -41,6 +181,7 @@ void write_report(const std::string& path, const Recipe& r, const RunResult& res
   report["seed"] = r.training.seed;
   report["deterministic"] = r.training.deterministic;
   report["torch_version"] = torch_version();
+  report["model_summary"] = summary_to_json(summarize_model(model));
   write_file_atomic(path, report.dump(2) + "\n");
 }
 

@@ -5,7 +5,9 @@
 #include <iosfwd>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "graph/graph.h"
 #include "runner/recipe.h"
 
 namespace whittle::runner {
@@ -38,12 +40,51 @@ struct RunResult {
   std::map<std::string, int64_t> export_bytes;
 };
 
+/// One node's costs and storage, as `whittle inspect` and report.json show them.
+struct LayerSummary {
+  std::string name;
+  std::string op;
+  Shape output_shape;
+  int64_t params = 0;
+  int64_t macs = 0;         ///< per image
+  int64_t weight_bits = 0;  ///< stored bits per weight: the quantizer's weight_bits, else the dtype's (0: no weight)
+  int64_t channels = -1;    ///< output channels of a pruned node (−1: the node was not pruned)
+  int64_t unpruned_channels = -1;
+  int64_t unpruned_params = -1;  ///< the node's parameters and MACs before pruning (−1: unchanged or not recorded)
+  int64_t unpruned_macs = -1;
+};
+
+/// Per-node and total costs and sizes of a graph (per image: the graph's declared batch size is
+/// divided out by node_cost).
+struct ModelSummary {
+  std::vector<LayerSummary> layers;  ///< in graph order
+  int64_t params = 0;
+  int64_t macs = 0;
+  double bytes = 0;              ///< tensors at stored precision: weights at weight_bits, the rest at their dtype
+  double fp32_bytes = 0;         ///< the same tensors as float32 (a packed weight counted as its float32 shape)
+  double theoretical_bytes = 0;  ///< weight_bits per quantized weight, 32 bits per other value
+  bool pruned = false;           ///< some node records pre-pruning channels or costs
+  int64_t unpruned_params = -1;  ///< totals before pruning (−1: not recorded, e.g. pruned by an older whittle)
+  int64_t unpruned_macs = -1;
+};
+
+/// Summarizes `graph` node by node (weight bits, channels kept, parameters, MACs, bytes).
+ModelSummary summarize_model(const Graph& graph);
+
+/// `summary` as JSON text: {"nodes": [{name, op, output_shape, params, macs, weight_bits,
+/// [channels, unpruned_channels], [unpruned_params, unpruned_macs]}, ...], "total": {params, macs,
+/// bytes, fp32_bytes, theoretical_bytes, [unpruned_params, unpruned_macs]}} (the `model_summary` of
+/// report.json, the body of `whittle inspect --json`).
+std::string model_summary_json(const ModelSummary& summary);
+
 /// Writes `path` (report.json, atomically): recipe, model, test metrics, epochs, parameters,
 /// MACs per image, checkpoint path and bytes, wall time, training images/s, the last epoch's
 /// loss_terms (when any), the exported files (when any), `device`, and what
 /// float results depend on (ATen CPU capability, intra-op threads, seed, deterministic, LibTorch
-/// version; docs/reproducibility.md). Throws whittle::Error when it cannot be written.
-void write_report(const std::string& path, const Recipe& recipe, const RunResult& result, const std::string& device);
+/// version; docs/reproducibility.md), and `model_summary` of the final `model`
+/// (model_summary_json). Throws whittle::Error when it cannot be written.
+void write_report(const std::string& path, const Recipe& recipe, const RunResult& result, const std::string& device,
+                  const Graph& model);
 
 /// Prints the end-of-run table (test top-1/top-5 in %, loss, parameters, MACs, checkpoint, wall
 /// time in s, training speed, report path) to `os`.

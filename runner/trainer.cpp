@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -47,13 +49,30 @@ NodeCost per_image_cost(const Graph& g) {
   return c;
 }
 
-// The recipe's `data.<key>` set (key "train" or "test"), the first `limit` images of it (0: all).
-// Throws whittle::Error naming the key for a set without images.
+// Indices (int64 [limit], increasing) of `limit` images of `ds`, class-balanced: taken in rounds,
+// each round the next image of every class in dataset order, so that a class-sorted set (an image
+// folder) still gives every class, and a shuffled one nearly its first `limit` images.
+at::Tensor balanced_subset(const data::Dataset& ds, int64_t limit) {
+  const at::Tensor labels = ds.labels.contiguous();
+  const int64_t* y = labels.data_ptr<int64_t>();
+  const int64_t n = ds.size();
+  std::map<int64_t, int64_t> in_class;
+  std::vector<std::pair<int64_t, int64_t>> order(static_cast<size_t>(n));  // (rank within its class, index)
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = {in_class[y[i]]++, i};
+  std::sort(order.begin(), order.end());
+  std::vector<int64_t> chosen;
+  for (int64_t i = 0; i < limit; ++i) chosen.push_back(order[static_cast<size_t>(i)].second);
+  std::sort(chosen.begin(), chosen.end());
+  return at::tensor(chosen, at::kLong);
+}
+
+// The recipe's `data.<key>` set (key "train" or "test"), `limit` images of it, class-balanced
+// (0: all). Throws whittle::Error naming the key for a set without images.
 data::Dataset load_limited(const DataSpec& spec, const char* key, const std::string& path, const std::string& split,
                            int64_t limit, std::ostream& log) {
   data::Dataset ds = load_split(path, split, spec.pack_to, log);
   if (ds.size() == 0) throw Error("'data." + std::string(key) + "': " + path + " (split " + split + ") holds no images");
-  if (limit > 0 && limit < ds.size()) ds = ds.subset(at::arange(limit, at::kLong));
+  if (limit > 0 && limit < ds.size()) ds = ds.subset(balanced_subset(ds, limit));
   return ds;
 }
 
@@ -555,7 +574,8 @@ bool Trainer::train_epoch() {
     }
   }
   progress_->end_line();
-  train_seconds_ += seconds_since(t_epoch_);
+  epoch_train_seconds_ = seconds_since(t_epoch_);
+  train_seconds_ += epoch_train_seconds_;
   images_trained_ += epoch_images_;
   return !stopped;
 }
@@ -572,7 +592,9 @@ EvalMetrics Trainer::end_epoch() {
   const int64_t epoch = state_.epoch;
   for (auto& m : modifiers_) m->on_epoch_end(tc_);
   apply_parameter_changes();
+  const Clock::time_point t_eval = Clock::now();
   const EvalMetrics ev = evaluate();
+  const double eval_seconds = seconds_since(t_eval);
   if (!std::isfinite(ev.loss))
     throw Error("training stopped: after epoch " + std::to_string(epoch + 1) + " the test loss is " +
                 (std::isnan(ev.loss) ? "NaN" : "infinite") + " (the model's weights are no longer finite); " +
@@ -591,7 +613,12 @@ EvalMetrics Trainer::end_epoch() {
   line["test_loss"] = ev.loss;
   line["lr"] = learning_rate_at(t.lr_schedule, t.optimizer.lr, static_cast<double>(epoch + 1) - 1e-9,
                                 static_cast<double>(t.epochs));
-  line["train_images_per_second"] = static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
+  const double rate = static_cast<double>(epoch_images_) / std::max(epoch_train_seconds_, 1e-9);
+  line["train_images_per_second"] = rate;
+  line["train_images"] = state_.seen;
+  // The whole epoch's training pass: an epoch resumed part-way is extrapolated from this sitting's rate.
+  line["train_seconds"] = seen / std::max(rate, 1e-9);
+  line["eval_seconds"] = eval_seconds;
   {
     std::map<std::string, double> extra;
     for (auto& m : modifiers_) m->epoch_metrics(extra);
@@ -658,7 +685,7 @@ RunResult Trainer::finish() {
   result_.wall_seconds = seconds_since(t_start_);
   result_.train_images_per_second = static_cast<double>(images_trained_) / std::max(train_seconds_, 1e-9);
   const std::string report_path = join_path(result_.run_dir, "report.json");
-  write_report(report_path, recipe_, result_, device_.str());
+  write_report(report_path, recipe_, result_, device_.str(), model_->graph());
   print_report(*log_, recipe_, result_, report_path);
   if (!export_error.empty()) throw Error(export_error);
   return result_;

@@ -191,7 +191,8 @@ class Trainer {
   RunResult result_;
   int64_t images_trained_ = 0;  ///< images trained by this process (not before a resume)
   int64_t epoch_images_ = 0;    ///< of them, in the current epoch
-  double train_seconds_ = 0;
+  double train_seconds_ = 0;        ///< training passes of this process, s
+  double epoch_train_seconds_ = 0;  ///< the current epoch's training pass in this process, s
 };
 
 /// Runs a recipe to completion (or to SIGINT, after which the training state is saved and the

@@ -17,6 +17,7 @@
 #include "graph/op_registry.h"
 #include "graph/pass_registry.h"
 #include "quantize/quantize.h"
+#include "runner/report.h"
 #include "export/writers.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -26,51 +27,6 @@ namespace po = boost::program_options;
 namespace whittle::cli {
 
 namespace {
-
-// Stored bits of a node's weight: the quantized width when a quantizer set `weight_bits`,
-// otherwise the dtype's width.
-int64_t weight_bits(const Node& n) {
-  if (n.has_attr("weight_bits")) return n.attr_int("weight_bits");
-  const at::Tensor* w = n.params.find("weight");
-  return w && w->defined() ? static_cast<int64_t>(w->element_size()) * 8 : 0;
-}
-
-// Bytes of a node's tensors at stored precision: the weight at weight_bits, everything else at
-// its dtype's size.
-double stored_bytes(const Node& n) {
-  double bytes = 0;
-  for (const auto& kv : n.params) {
-    if (!kv.second.defined()) continue;
-    if (kv.first == "weight") bytes += static_cast<double>(kv.second.numel()) * static_cast<double>(weight_bits(n)) / 8.0;
-    else bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
-  }
-  for (const auto& kv : n.buffers)
-    if (kv.second.defined()) bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
-  return bytes;
-}
-
-// Theoretical size of a node: `weight_bits` per quantized weight (latent or packed) plus 32 bits
-// per other stored value (scales, biases, BN statistics, full-precision weights).
-double theoretical_bytes(const Node& n) {
-  const bool quantized = n.has_attr("weight_bits");
-  double bits = 0;
-  for (const auto& kv : n.params) {
-    if (!kv.second.defined()) continue;
-    const double count = static_cast<double>(kv.second.numel());
-    bits += (quantized && kv.first == "weight" ? static_cast<double>(n.attr_int("weight_bits")) : 32.0) * count;
-  }
-  for (const auto& kv : n.buffers) {
-    if (!kv.second.defined()) continue;
-    if (kv.first == "weight_codes" && n.has_attr("weight_shape")) {
-      double count = 1;
-      for (int64_t d : n.attr_ints("weight_shape")) count *= static_cast<double>(d);
-      bits += count * static_cast<double>(n.attr_int("weight_bits"));
-    } else {
-      bits += 32.0 * static_cast<double>(kv.second.numel());
-    }
-  }
-  return bits / 8.0;
-}
 
 std::string human(double v, const char* unit) {
   std::ostringstream os;
@@ -142,90 +98,36 @@ int run_inspect(const std::vector<std::string>& args) {
   Graph g = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()));
   const int64_t file_bytes = is_regular_file(model) ? file_size(model) : -1;
 
-  nlohmann::ordered_json j;
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  NodeCost total, unpruned;  // unpruned: each node's cost before pruning (its current one when not recorded)
-  double total_bytes = 0, float_bytes = 0, theory_bytes = 0;
-  for (const auto& n : g.nodes()) {
-    theory_bytes += theoretical_bytes(n);
-    NodeCost c = node_cost(g, n);
-    total.params += c.params;
-    total.macs += c.macs;
-    unpruned.params += n.has_attr("unpruned_params") ? n.attr_int("unpruned_params") : c.params;
-    unpruned.macs += n.has_attr("unpruned_macs") ? n.attr_int("unpruned_macs") : c.macs;
-    double b = stored_bytes(n);
-    total_bytes += b;
-    for (const auto& kv : n.params)
-      if (kv.second.defined()) float_bytes += static_cast<double>(kv.second.numel()) * 4.0;
-    for (const auto& kv : n.buffers) {
-      if (!kv.second.defined()) continue;
-      if (kv.first == "weight_codes" && n.has_attr("weight_shape")) {  // packed: the float32 weight it stands for
-        double count = 1;
-        for (int64_t d : n.attr_ints("weight_shape")) count *= static_cast<double>(d);
-        float_bytes += 4.0 * count;
-      } else if (kv.first != "weight_scale" || !n.has_attr("weight_shape")) {
-        float_bytes += static_cast<double>(kv.second.numel() * static_cast<int64_t>(kv.second.element_size()));
-      }
-    }
-    rows.push_back({{"name", n.name},
-                    {"op", n.op},
-                    {"output_shape", g.value(n.outputs.front()).shape},
-                    {"params", c.params},
-                    {"macs", c.macs},
-                    {"weight_bits", weight_bits(n)}});
-    if (n.has_attr("unpruned_channels")) {
-      const Shape& s = g.value(n.outputs.front()).shape;
-      rows.back()["channels"] = s.size() >= 2 ? s[1] : 0;
-      rows.back()["unpruned_channels"] = n.attr_int("unpruned_channels");
-    }
-    if (n.has_attr("unpruned_params") &&
-        (n.attr_int("unpruned_params") != c.params || n.attr_int("unpruned_macs") != c.macs)) {
-      rows.back()["unpruned_params"] = n.attr_int("unpruned_params");
-      rows.back()["unpruned_macs"] = n.attr_int("unpruned_macs");
-    }
-  }
-  const bool pruned = std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) {
-    return n.has_attr("unpruned_channels") || n.has_attr("unpruned_params");
-  });
-  // Totals before pruning need the per-node costs, which checkpoints pruned before they were recorded lack.
-  const bool pruned_costs = std::any_of(g.nodes().begin(), g.nodes().end(),
-                                        [](const Node& n) { return n.has_attr("unpruned_params"); });
+  const runner::ModelSummary sum = runner::summarize_model(g);
   if (vm.count("json")) {
+    nlohmann::ordered_json j;
     j["model"] = model;
     j["input_shape"] = g.value(g.inputs().front()).shape;
-    j["nodes"] = rows;
-    j["total"] = {{"params", total.params}, {"macs", total.macs}, {"bytes", static_cast<int64_t>(total_bytes + 0.5)},
-                  {"fp32_bytes", static_cast<int64_t>(float_bytes + 0.5)},
-                  {"theoretical_bytes", static_cast<int64_t>(theory_bytes + 0.5)}};
+    const nlohmann::ordered_json body = nlohmann::ordered_json::parse(runner::model_summary_json(sum));
+    j["nodes"] = body["nodes"];
+    j["total"] = body["total"];
     if (file_bytes >= 0) j["total"]["file_bytes"] = file_bytes;
-    if (pruned_costs) {
-      j["total"]["unpruned_params"] = unpruned.params;
-      j["total"]["unpruned_macs"] = unpruned.macs;
-    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   size_t wname = 4, wop = 2;
-  for (const auto& n : g.nodes()) {
-    wname = std::max(wname, n.name.size());
-    wop = std::max(wop, n.op.size());
+  for (const auto& l : sum.layers) {
+    wname = std::max(wname, l.name.size());
+    wop = std::max(wop, l.op.size());
   }
   std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(static_cast<int>(wop) + 2) << "op"
             << std::setw(22) << "output shape" << std::right << std::setw(12) << "params" << std::setw(15) << "MACs"
-            << std::setw(6) << "bits" << (pruned ? "  before pruning: channels, params, MACs" : "") << "\n";
-  for (const auto& r : rows) {
-    const int64_t bits = r["weight_bits"].get<int64_t>();
-    std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << r["name"].get<std::string>()
-              << std::setw(static_cast<int>(wop) + 2) << r["op"].get<std::string>() << std::setw(22)
-              << shape_str(r["output_shape"].get<Shape>()) << std::right << std::setw(12) << r["params"].get<int64_t>()
-              << std::setw(15) << r["macs"].get<int64_t>() << std::setw(6) << (bits ? std::to_string(bits) : "-");
-    if (r.contains("unpruned_channels") || r.contains("unpruned_params")) {
+            << std::setw(6) << "bits" << (sum.pruned ? "  before pruning: channels, params, MACs" : "") << "\n";
+  for (const auto& l : sum.layers) {
+    std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << l.name << std::setw(static_cast<int>(wop) + 2)
+              << l.op << std::setw(22) << shape_str(l.output_shape) << std::right << std::setw(12) << l.params
+              << std::setw(15) << l.macs << std::setw(6) << (l.weight_bits ? std::to_string(l.weight_bits) : "-");
+    if (l.unpruned_channels >= 0 || l.unpruned_params >= 0) {
       std::cout << "  ";
-      if (r.contains("unpruned_channels"))
-        std::cout << r["channels"].get<int64_t>() << " of " << r["unpruned_channels"].get<int64_t>() << " channels";
-      if (r.contains("unpruned_params"))
-        std::cout << (r.contains("unpruned_channels") ? ", " : "") << r["unpruned_params"].get<int64_t>() << " params, "
-                  << r["unpruned_macs"].get<int64_t>() << " MACs";
+      if (l.unpruned_channels >= 0) std::cout << l.channels << " of " << l.unpruned_channels << " channels";
+      if (l.unpruned_params >= 0)
+        std::cout << (l.unpruned_channels >= 0 ? ", " : "") << l.unpruned_params << " params, " << l.unpruned_macs
+                  << " MACs";
     }
     std::cout << "\n";
   }
@@ -235,18 +137,20 @@ int run_inspect(const std::vector<std::string>& args) {
     return os.str();
   };
   std::cout << "\n" << g.nodes().size() << " nodes, input " << shape_str(g.value(g.inputs().front()).shape) << "\n"
-            << "parameters: " << total.params << " (" << human(static_cast<double>(total.params), "") << ")";
-  if (pruned_costs) std::cout << "; before pruning " << unpruned.params << " (" << percent(total.params, unpruned.params) << " kept)";
+            << "parameters: " << sum.params << " (" << human(static_cast<double>(sum.params), "") << ")";
+  if (sum.unpruned_params >= 0)
+    std::cout << "; before pruning " << sum.unpruned_params << " (" << percent(sum.params, sum.unpruned_params) << " kept)";
   std::cout << "\n"
-            << "MACs:       " << total.macs << " (" << human(static_cast<double>(total.macs), "MAC") << ")";
-  if (pruned_costs) std::cout << "; before pruning " << unpruned.macs << " (" << percent(total.macs, unpruned.macs) << " kept)";
+            << "MACs:       " << sum.macs << " (" << human(static_cast<double>(sum.macs), "MAC") << ")";
+  if (sum.unpruned_macs >= 0)
+    std::cout << "; before pruning " << sum.unpruned_macs << " (" << percent(sum.macs, sum.unpruned_macs) << " kept)";
   std::cout << "\n"
-            << "size:       " << human(total_bytes, "B") << " at stored precision (" << human(float_bytes, "B")
+            << "size:       " << human(sum.bytes, "B") << " at stored precision (" << human(sum.fp32_bytes, "B")
             << " as float32)\n"
-            << "theoretical: " << human(theory_bytes, "B") << " (weight_bits per quantized weight, 32 bits per other value)\n";
+            << "theoretical: " << human(sum.theoretical_bytes, "B") << " (weight_bits per quantized weight, 32 bits per other value)\n";
   if (file_bytes >= 0)
     std::cout << "file:       " << human(static_cast<double>(file_bytes), "B") << " (" << file_bytes << " bytes, "
-              << std::setprecision(2) << static_cast<double>(file_bytes) / std::max(theory_bytes, 1.0) << "x theoretical)\n";
+              << std::setprecision(2) << static_cast<double>(file_bytes) / std::max(sum.theoretical_bytes, 1.0) << "x theoretical)\n";
   return 0;
 }
 

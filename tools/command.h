@@ -39,5 +39,6 @@ int run_keys(const std::vector<std::string>& args);
 int run_fuse(const std::vector<std::string>& args);
 int run_prune(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
+int run_report(const std::vector<std::string>& args);
 
 }  // namespace whittle::cli

@@ -1,0 +1,300 @@
+"""CIFAR-10 ResNet-20 fine-tuning with micronet's own quantizers, beside whittle's budget recipes.
+
+For one method, starts from the FP32 checkpoint whittle trained (runs/cifar10/resnet20_budget by
+default), loads it into the PyTorch ResNet-20 of tests/reference/zoo_models.py (by way of
+`whittle export` to TorchScript: the state_dict keys are the same), applies micronet 1.12.0's
+`prepare`, and fine-tunes in a plain PyTorch loop with what whittle's recipe
+recipes/cifar10/resnet20_budget_<method>.yaml says: epochs, batch size, optimizer (SGD with
+momentum / Nesterov / weight decay, or Adam), cosine learning rate set every batch, normalization,
+random crop and flip, seed, on the same images (whittle's packed HDF5 copy of the JPEG archive,
+data/cache/). Each epoch it evaluates on the 10,000 test images and saves its training state, so
+--resume continues an interrupted run; at the end it saves the model as micronet's users do,
+torch.save(model.state_dict()), and writes report.json and metrics.jsonl in whittle's run
+directory format, so `whittle report` shows both sides together.
+
+micronet modules (what each quantizes, from micronet's source):
+  dorefa_w{8,4,2}a{8,4,2}: micronet.compression.quantization.wqaq.dorefa.quantize.prepare(a_bits, w_bits):
+      every conv and linear layer but the first, classifier included; activations
+      round(clip(0.1·a, 0, 1)·(2^k − 1)) / (2^k − 1) at each quantized layer's input.
+  twn:  micronet.compression.quantization.wbwtab.quantize.prepare(W=3, A=32): ternary weights in
+      every conv but the first and the last registered (layer3.2.conv2); full-precision activations.
+  bnn, xnor: the same module with W=2, A=2: binary weights scaled by mean |W| (XNOR-Net style;
+      micronet has one binary mode) and sign activations in place of the nn.ReLU modules, again
+      sparing the first and the last conv. The linear classifier is never quantized.
+Both sides keep the first conv in full precision; whittle quantizes layer3.2.conv2 and keeps the
+classifier in full precision; micronet's DoReFa quantizes the classifier, its binary and ternary
+modules keep layer3.2.conv2.
+
+usage: .venv/bin/python bench/micronet_cifar.py METHOD [--fp32 RUN_DIR] [--out DIR] [--resume]
+                                                [--threads 2] [--build build]
+  METHOD: dorefa_w8a8, dorefa_w4a4, dorefa_w2a2, twn, bnn or xnor
+Prints the FP32 checkpoint's top-1 as PyTorch computes it (a check of the loading: it must equal
+whittle's), then one line per epoch, then top-1, top-5, training time and the saved file's bytes.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+import zoo_models  # noqa: E402
+
+METHODS = ("dorefa_w8a8", "dorefa_w4a4", "dorefa_w2a2", "twn", "bnn", "xnor")
+
+
+class ReLUBlock(zoo_models.BasicBlock):
+    """zoo_models.BasicBlock with its ReLUs as nn.ReLU modules (micronet's binary module replaces
+    nn.ReLU modules; F.relu calls it cannot see). Same parameters and state_dict keys."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__(cin, cout, stride)
+        self.relu1 = nn.ReLU()
+        self.relu2 = nn.ReLU()
+
+    def forward(self, x):
+        out = self.relu1(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu2(out + self.shortcut(x))
+
+
+class ReLUResNet20(nn.Module):
+    """zoo_models.CifarResNet(3) with nn.ReLU modules; same layers, order and keys."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU()
+        c = 16
+        for i, (w, s) in enumerate([(16, 1), (32, 2), (64, 2)]):
+            blocks = []
+            for b in range(3):
+                blocks.append(ReLUBlock(c, w, s if b == 0 else 1))
+                c = w
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+        self.linear = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.linear(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def load_fp32(build, fp32_dir, tmp_dir):
+    """The FP32 ResNet-20 of whittle run `fp32_dir`, via `whittle export` to TorchScript."""
+    pt = os.path.join(tmp_dir, "fp32.pt")
+    if not os.path.exists(pt):
+        subprocess.run([os.path.join(build, "whittle"), "export", os.path.join(fp32_dir, "model.h5"), "--out", pt],
+                       check=True, stdout=subprocess.DEVNULL)
+    sd = torch.jit.load(pt).state_dict()
+    model = ReLUResNet20()
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing), (missing, unexpected)
+    return model
+
+
+def prepare(model, method):
+    if method.startswith("dorefa"):
+        from micronet.compression.quantization.wqaq.dorefa import quantize as mq
+        bits = int(method[len("dorefa_w")])
+        return mq.prepare(model, inplace=True, a_bits=bits, w_bits=bits)
+    from micronet.compression.quantization.wbwtab import quantize as mq
+    if method == "twn":
+        return mq.prepare(model, inplace=True, A=32, W=3)
+    return mq.prepare(model, inplace=True, A=2, W=2)
+
+
+def load_split(recipe, split):
+    """Images (uint8 N×3×32×32) and labels of whittle's packed copy of the recipe's dataset."""
+    d = recipe["data"]
+    src = d["train" if split == "train" else "test"]
+    stem = os.path.basename(src)
+    for ext in (".tar.gz", ".tgz", ".tar"):
+        if stem.endswith(ext):
+            stem = stem[: -len(ext)]
+    path = os.path.join(ROOT, d["pack_to"], f"{stem}-{d[split + '_split']}.h5")
+    if not os.path.exists(path):
+        sys.exit(f"micronet_cifar.py: {path} is missing: whittle packs it on its first run of the recipe "
+                 f"(or `build/whittle data pack {src} --to {path}`)")
+    with h5py.File(path, "r") as f:
+        return torch.from_numpy(np.asarray(f["images"])), torch.from_numpy(np.asarray(f["labels"]))
+
+
+def learning_rate(t, base, e):
+    """whittle's cosine schedule (runner/schedule.cpp) at fractional epoch e."""
+    s = t.get("lr_schedule", {})
+    assert s.get("name") == "cosine" and not s.get("warmup_epochs"), "only cosine without warm-up is mirrored"
+    lo = s.get("min_lr", 0.0)
+    return lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, e / t["epochs"]))))
+
+
+def evaluate(model, x, y, mean, std):
+    model.eval()
+    correct1 = correct5 = 0
+    loss = 0.0
+    with torch.no_grad():
+        for i in range(0, x.shape[0], 500):
+            logits = model((x[i:i + 500].float() / 255 - mean) / std)
+            yy = y[i:i + 500]
+            loss += float(F.cross_entropy(logits, yy, reduction="sum"))
+            top5 = logits.topk(5, 1).indices
+            correct1 += int((top5[:, 0] == yy).sum())
+            correct5 += int((top5 == yy[:, None]).any(1).sum())
+    n = x.shape[0]
+    return correct1 / n, correct5 / n, loss / n
+
+
+def augment(xb, pad, gen):
+    """Random crop with `pad` zero pixels and random horizontal flip, per image (uint8 N×C×H×W)."""
+    n, _, h, w = xb.shape
+    padded = F.pad(xb, (pad, pad, pad, pad))
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
+    flip = torch.rand(n, generator=gen) < 0.5
+    out = torch.empty_like(xb)
+    for i in range(n):
+        img = padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w]
+        out[i] = img.flip(2) if flip[i] else img
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("method", choices=METHODS)
+    ap.add_argument("--fp32", default="runs/cifar10/resnet20_budget", help="whittle's FP32 run directory")
+    ap.add_argument("--out", help="run directory (default runs/micronet/resnet20_budget_<method>)")
+    ap.add_argument("--resume", action="store_true", help="continue from the run directory's training state")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--build", default="build")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+    try:
+        import micronet  # noqa: F401
+    except ImportError:
+        sys.exit("micronet_cifar.py: micronet is not installed (it is in requirements.txt: scripts/setup.sh)")
+    whittle_name = "resnet20_budget_" + ("dorefa_" + args.method[len("dorefa_"):] if args.method.startswith("dorefa") else args.method)
+    recipe_path = f"recipes/cifar10/{whittle_name}.yaml"
+    recipe = yaml.safe_load(open(recipe_path))
+    out = args.out or f"runs/micronet/{whittle_name}"
+    state_path = os.path.join(out, "train_state.pt")
+    if os.path.exists(os.path.join(out, "report.json")) and not args.resume:
+        sys.exit(f"micronet_cifar.py: {out} already holds a finished run (delete it to rerun)")
+    if os.path.exists(state_path) and not args.resume:
+        sys.exit(f"micronet_cifar.py: {out} holds a training state: continue with --resume or delete the directory")
+    os.makedirs(out, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    d, t = recipe["data"], recipe["training"]
+    o = t["optimizer"]
+    mean = torch.tensor(d["mean"]).view(1, -1, 1, 1)
+    std = torch.tensor(d["std"]).view(1, -1, 1, 1)
+    xtr, ytr = load_split(recipe, "train")
+    xte, yte = load_split(recipe, "test")
+
+    torch.manual_seed(t.get("seed", 0))
+    model = load_fp32(args.build, args.fp32, out)
+    fp32_report = json.load(open(os.path.join(args.fp32, "report.json")))
+    top1, _, _ = evaluate(model, xte, yte, mean, std)
+    print(f"FP32 checkpoint in PyTorch: top-1 {100 * top1:.2f} % (whittle: {100 * fp32_report['test_top1']:.2f} %)",
+          flush=True)
+    model = prepare(model, args.method)
+    if o["name"] == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o.get("momentum", 0.9),
+                              nesterov=o.get("nesterov", False), weight_decay=o.get("weight_decay", 0.0))
+    elif o["name"] == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=o["lr"], betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                               eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.0))
+    else:
+        sys.exit(f"micronet_cifar.py: optimizer {o['name']} is not mirrored")
+    gen = torch.Generator().manual_seed(t.get("seed", 0))
+    start, elapsed = 0, 0.0
+    if args.resume:
+        if not os.path.exists(state_path):
+            sys.exit(f"micronet_cifar.py: --resume: no training state at {state_path}")
+        st = torch.load(state_path, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        gen.set_state(st["generator"])
+        torch.set_rng_state(st["cpu_rng"])
+        start, elapsed = st["epoch"], st["elapsed"]
+        print(f"resuming {out} at epoch {start + 1}", flush=True)
+    elif os.path.exists(os.path.join(out, "metrics.jsonl")):
+        os.remove(os.path.join(out, "metrics.jsonl"))
+
+    batch, epochs, pad = d["batch_size"], t["epochs"], d.get("random_crop_padding", 0)
+    steps = xtr.shape[0] // batch  # whittle drops the last incomplete batch by default
+    for epoch in range(start, epochs):
+        model.train()
+        t0 = time.perf_counter()
+        perm = torch.randperm(xtr.shape[0], generator=gen)
+        loss_sum, correct, seen = 0.0, 0, 0
+        for i in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = learning_rate(t, o["lr"], epoch + i / steps)
+            idx = perm[i * batch:(i + 1) * batch]
+            xb = xtr[idx]
+            if pad:
+                xb = augment(xb, pad, gen)
+            if d.get("horizontal_flip") and not pad:
+                flip = torch.rand(xb.shape[0], generator=gen) < 0.5
+                xb[flip] = xb[flip].flip(3)
+            logits = model((xb.float() / 255 - mean) / std)
+            loss = F.cross_entropy(logits, ytr[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += float(loss) * idx.numel()
+            correct += int((logits.argmax(1) == ytr[idx]).sum())
+            seen += idx.numel()
+        train_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        top1, top5, test_loss = evaluate(model, xte, yte, mean, std)
+        eval_seconds = time.perf_counter() - t1
+        elapsed += train_seconds + eval_seconds
+        line = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_top1": correct / seen, "test_top1": top1,
+                "test_top5": top5, "test_loss": test_loss, "lr": learning_rate(t, o["lr"], epoch + 1 - 1e-9),
+                "train_images_per_second": seen / train_seconds, "train_images": seen,
+                "train_seconds": train_seconds, "eval_seconds": eval_seconds}
+        with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(line) + "\n")
+        tmp = state_path + ".tmp"
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+                    "cpu_rng": torch.get_rng_state(), "epoch": epoch + 1, "elapsed": elapsed}, tmp)
+        os.replace(tmp, state_path)
+        print(f"epoch {epoch + 1}/{epochs}: test top-1 {100 * top1:.2f} %  top-5 {100 * top5:.2f} %  "
+              f"loss {test_loss:.4f}  ({train_seconds + eval_seconds:.0f} s)", flush=True)
+
+    ckpt = os.path.join(out, "model.pth")
+    torch.save(model.state_dict(), ckpt)
+    top1, top5, test_loss = evaluate(model, xte, yte, mean, std)
+    from importlib.metadata import version
+    report = {
+        "recipe": recipe_path, "model": "resnet20", "tool": f"micronet {version('micronet')}",
+        "test_top1": top1, "test_top5": top5, "test_loss": test_loss, "test_images": int(xte.shape[0]),
+        "epochs": epochs, "params": sum(p.numel() for p in model.parameters()),
+        "macs_per_image": fp32_report["macs_per_image"], "checkpoint": ckpt,
+        "checkpoint_bytes": os.path.getsize(ckpt), "wall_seconds": elapsed, "device": "cpu",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "intra_op_threads": torch.get_num_threads(),
+        "seed": t.get("seed", 0), "torch_version": torch.__version__,
+    }
+    with open(os.path.join(out, "recipe.yaml"), "w") as f:
+        f.write(open(recipe_path).read())
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    os.remove(state_path)
+    print(f"micronet {args.method}: top-1 {100 * top1:.2f} %, top-5 {100 * top5:.2f} %, "
+          f"{elapsed / 60:.1f} min, {os.path.getsize(ckpt):,} B ({ckpt})")
+
+
+if __name__ == "__main__":
+    main()
