@@ -246,7 +246,7 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
     if (v >= x0 - 1e-9 && v <= x1 + 1e-9) xt.push_back(v);
   size_t longest = 0;
   for (const auto& s : series) longest = std::max(longest, s.label.size());
-  const double ml = 62, mr = 12, mt = 26, mb = 42, legend = 44 + 6.6 * static_cast<double>(longest);
+  const double ml = 72, mr = 12, mt = 26, mb = 42, legend = 44 + 6.6 * static_cast<double>(longest);
   const double pw = width - ml - mr, ph = height - mt - mb;
   auto px = [&](double x) { return ml + (x - x0) / (x1 - x0) * pw; };
   auto py = [&](double y) { return mt + (1 - (y - y0) / (y1 - y0)) * ph; };
@@ -303,7 +303,7 @@ std::string pareto_chart(const std::vector<RunSummary>& runs) {
   const std::vector<double> yt = enclosing_ticks(a0, a1, ystep);
   const double y0 = yt.front(), y1 = yt.back();
   const int width = 720, height = 380;
-  const double ml = 62, mr = 150, mt = 26, mb = 44, pw = width - ml - mr, ph = height - mt - mb;
+  const double ml = 72, mr = 150, mt = 26, mb = 44, pw = width - ml - mr, ph = height - mt - mb;
   auto px = [&](double bytes) { return ml + (std::log10(bytes) - lx0) / (lx1 - lx0) * pw; };
   auto py = [&](double top1) { return mt + (1 - (top1 - y0) / (y1 - y0)) * ph; };
   std::ostringstream o;
