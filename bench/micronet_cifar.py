@@ -18,16 +18,17 @@ micronet modules (what each quantizes, from micronet's source):
       round(clip(0.1·a, 0, 1)·(2^k − 1)) / (2^k − 1) at each quantized layer's input.
   twn:  micronet.compression.quantization.wbwtab.quantize.prepare(W=3, A=32): ternary weights in
       every conv but the first and the last registered (layer3.2.conv2); full-precision activations.
-  bnn, xnor: the same module with W=2, A=2: binary weights scaled by mean |W| (XNOR-Net style;
-      micronet has one binary mode) and sign activations in place of the nn.ReLU modules, again
-      sparing the first and the last conv. The linear classifier is never quantized.
+  bnn:  the same module with W=2, A=2: binary weights scaled by mean |W| (XNOR-Net style; micronet
+      has one binary mode, the peer of whittle's BNN and XNOR-Net recipes, whose schedules are the
+      same) and sign activations in place of the nn.ReLU modules, again sparing the first and the
+      last conv. The linear classifier is never quantized.
 Both sides keep the first conv in full precision; whittle quantizes layer3.2.conv2 and keeps the
 classifier in full precision; micronet's DoReFa quantizes the classifier, its binary and ternary
 modules keep layer3.2.conv2.
 
 usage: .venv/bin/python bench/micronet_cifar.py METHOD [--fp32 RUN_DIR] [--out DIR] [--resume]
                                                 [--threads 2] [--build build]
-  METHOD: dorefa_w8a8, dorefa_w4a4, dorefa_w2a2, twn, bnn or xnor
+  METHOD: dorefa_w8a8, dorefa_w4a4, dorefa_w2a2, twn or bnn
 Prints the FP32 checkpoint's top-1 as PyTorch computes it (a check of the loading: it must equal
 whittle's), then one line per epoch, then top-1, top-5, training time and the saved file's bytes.
 """
@@ -50,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 import zoo_models  # noqa: E402
 
-METHODS = ("dorefa_w8a8", "dorefa_w4a4", "dorefa_w2a2", "twn", "bnn", "xnor")
+METHODS = ("dorefa_w8a8", "dorefa_w4a4", "dorefa_w2a2", "twn", "bnn")
 
 
 class ReLUBlock(zoo_models.BasicBlock):

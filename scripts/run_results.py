@@ -1,34 +1,55 @@
 #!/usr/bin/env python3
-"""Runs shipped recipes for a given number of epochs and prints the results table of docs/results.md.
+"""The CIFAR-10 CPU-budget results of docs/results.md: trains them, collects their summaries, prints the table.
 
-usage: .venv/bin/python scripts/run_results.py [--epochs N] [--build DIR] [--table-only] RECIPE...
+usage: .venv/bin/python scripts/run_results.py [--train [STEM...]] [--collect] [--html FILE]
+                                               [--summaries DIR] [--build DIR]
 
-Each RECIPE (a path such as recipes/cifar10/resnet20_twn.yaml) is trained with
-`whittle run RECIPE --set training.epochs=N --out runs/<dataset>/<name>_<N>ep`, unless that run
-directory already holds a report.json for N epochs (then it is reused; delete the directory to
-rerun). The table has one row per recipe: epochs run of the recipe's own schedule, method and
-bits, test top-1/top-5, checkpoint bytes, ratio to the FP32 recipe of the same model (when that
-run is in the table), wall time and training images/s. Exits 1 if any run fails.
+The budget family (recipes/cifar10/resnet20_budget*.yaml): the 40-epoch FP32 ResNet-20, then each
+method fine-tuned from its checkpoint, and micronet 1.12.0's quantizers fine-tuned the same way
+(bench/micronet_cifar.py).
+
+  (no option)  prints the Markdown table of docs/results.md from the committed run summaries
+               (docs/results/cifar10_budget/<run>/: report.json, metrics.jsonl, recipe.yaml), read
+               through `whittle report --json`.
+  --train      trains what has no finished run yet, in dependency order (every step resumes an
+               interrupted run: a run spans sittings), whittle's runs under runs/cifar10/ and
+               micronet's under runs/micronet/; with STEMs only those (e.g. resnet20_budget_twn,
+               micronet_twn). Then collects.
+  --collect    copies the finished runs' summaries into --summaries (adding report.json's
+               model_summary from `whittle inspect --json` of the checkpoint where an earlier
+               whittle wrote none) and writes docs/results.html (`whittle report --html`).
+  --html FILE  writes the HTML report of the committed summaries to FILE.
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
-import yaml
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUMMARIES = os.path.join("docs", "results", "cifar10_budget")
 
-
-def run_dir(recipe, epochs):
-    dataset = os.path.basename(os.path.dirname(os.path.abspath(recipe)))
-    name = os.path.splitext(os.path.basename(recipe))[0]
-    return os.path.join("runs", dataset, f"{name}_{epochs}ep")
+# (whittle recipe stem, micronet method of bench/micronet_cifar.py or None, row label, W/A bits).
+BUDGET = [
+    ("resnet20_budget", None, "FP32", "32/32"),
+    ("resnet20_budget_dorefa_w8a8", "dorefa_w8a8", "DoReFa W8A8", "8/8"),
+    ("resnet20_budget_dorefa_w4a4", "dorefa_w4a4", "DoReFa W4A4", "4/4"),
+    ("resnet20_budget_dorefa_w2a2", "dorefa_w2a2", "DoReFa W2A2", "2/2"),
+    ("resnet20_budget_twn", "twn", "TWN", "ternary/32"),
+    ("resnet20_budget_bnn", "bnn", "BNN", "1/1"),
+    # micronet has one binary mode (binary weights scaled by mean |W|, sign activations): the same run.
+    ("resnet20_budget_xnor", "bnn", "XNOR-Net", "1/1"),
+    ("resnet20_budget_prune_l1", None, "pruned, L1, half the MACs", "32/32"),
+    ("resnet20_budget_prune_w4a4", None, "pruned, then DoReFa W4A4", "4/4"),
+    ("resnet20_budget_kd_w2a2", None, "DoReFa W2A2 student, KD from FP32", "2/2"),
+]
+# Runs each run starts from (trained first).
+NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}
 
 
 def method_of(recipe_yaml):
-    """'FP32' or e.g. 'DoReFa W2A2' from a recipe's quantize modifier."""
+    """'FP32' or e.g. 'DoReFa W2A2' from a recipe's quantize modifier (scripts/seed_sweep.py)."""
     for m in recipe_yaml.get("modifiers") or []:
         if m.get("name") != "quantize":
             continue
@@ -42,55 +63,148 @@ def method_of(recipe_yaml):
     return "FP32"
 
 
+def whittle_dir(stem):
+    return os.path.join("runs", "cifar10", stem)
+
+
+def micronet_stem(method):
+    return f"micronet_{method}"
+
+
+def micronet_dir(method):
+    return os.path.join("runs", "micronet", "resnet20_budget_" + method)
+
+
+def finished(d):
+    return os.path.isfile(os.path.join(d, "report.json"))
+
+
+def train(build, only):
+    steps = []
+    for stem, _, _, _ in BUDGET:
+        if stem not in [s for s, _ in steps]:
+            steps.append((stem, "whittle"))
+    for _, m, _, _ in BUDGET:
+        if m and (micronet_stem(m), "micronet") not in steps:
+            steps.append((micronet_stem(m), "micronet"))
+    if only:
+        unknown = set(only) - {s for s, _ in steps}
+        if unknown:
+            sys.exit(f"run_results.py: unknown run(s) {' '.join(sorted(unknown))}; known: {' '.join(s for s, _ in steps)}")
+        steps = [s for s in steps if s[0] in only]
+    for stem, tool in steps:
+        if tool == "whittle":
+            d = whittle_dir(stem)
+            need = NEEDS.get(stem, "resnet20_budget" if stem != "resnet20_budget" else None)
+            if need and not finished(whittle_dir(need)):
+                sys.exit(f"run_results.py: {stem} starts from {whittle_dir(need)}, which has not finished")
+            cmd = [os.path.join(build, "whittle"), "run", f"recipes/cifar10/{stem}.yaml"]
+            resume = os.path.isfile(os.path.join(d, "train_state.pt"))
+        else:
+            method = stem[len("micronet_"):]
+            d = micronet_dir(method)
+            if not finished(whittle_dir("resnet20_budget")):
+                sys.exit("run_results.py: micronet's runs start from runs/cifar10/resnet20_budget, which has not finished")
+            cmd = [sys.executable, "bench/micronet_cifar.py", method, "--build", build]
+            resume = os.path.isfile(os.path.join(d, "train_state.pt"))
+        if finished(d):
+            print(f"= {stem}: finished ({d})", flush=True)
+            continue
+        if resume:
+            cmd.append("--resume")
+        print("+", " ".join(cmd), flush=True)
+        if subprocess.call(cmd) != 0:
+            sys.exit(f"run_results.py: {stem} failed or was interrupted; rerun to continue")
+
+
+def collect(build):
+    os.makedirs(SUMMARIES, exist_ok=True)
+    sources = [(stem, whittle_dir(stem)) for stem, _, _, _ in BUDGET]
+    sources += sorted({(micronet_stem(m), micronet_dir(m)) for _, m, _, _ in BUDGET if m})
+    for stem, d in sources:
+        if not finished(d):
+            continue
+        dst = os.path.join(SUMMARIES, stem)
+        os.makedirs(dst, exist_ok=True)
+        rep = json.load(open(os.path.join(d, "report.json")))
+        ckpt = os.path.join(d, os.path.basename(rep.get("checkpoint", "model.h5")))
+        if "model_summary" not in rep and ckpt.endswith(".h5") and os.path.isfile(ckpt):
+            out = subprocess.run([os.path.join(build, "whittle"), "inspect", ckpt, "--json"], check=True,
+                                 capture_output=True, text=True).stdout
+            j = json.loads(out)
+            rep["model_summary"] = {"nodes": j["nodes"], "total": {k: v for k, v in j["total"].items() if k != "file_bytes"}}
+        with open(os.path.join(dst, "report.json"), "w") as f:
+            json.dump(rep, f, indent=2)
+            f.write("\n")
+        for name in ("metrics.jsonl", "recipe.yaml"):
+            shutil.copyfile(os.path.join(d, name), os.path.join(dst, name))
+        print(f"collected {d} -> {dst}")
+    write_html(build, os.path.join("docs", "results.html"))
+
+
+def summary_dirs():
+    dirs = [os.path.join(SUMMARIES, stem) for stem, _, _, _ in BUDGET]
+    dirs += sorted({os.path.join(SUMMARIES, micronet_stem(m)) for _, m, _, _ in BUDGET if m})
+    return [d for d in dirs if finished(d)]
+
+
+def write_html(build, path):
+    dirs = summary_dirs()
+    if not dirs:
+        sys.exit(f"run_results.py: no finished run summaries in {SUMMARIES}")
+    subprocess.run([os.path.join(build, "whittle"), "report", *dirs, "--html", path, "--title",
+                    "whittle: ResNet-20 on CIFAR-10 in a CPU budget (whittle and micronet 1.12.0)"],
+                   check=True, stdout=subprocess.DEVNULL)
+    print(f"wrote {path}")
+
+
+def minutes(s):
+    return f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+
+def table(build):
+    dirs = summary_dirs()
+    runs = {}
+    if dirs:
+        out = subprocess.run([os.path.join(build, "whittle"), "report", *dirs, "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        runs = {os.path.basename(r["dir"]): r for r in json.loads(out)}
+    fp32 = runs.get("resnet20_budget")
+    lines = ["| method | W/A bits | epochs | top-1 | top-5 | checkpoint | vs FP32 | training time "
+             "| micronet top-1 | micronet file | micronet time |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for stem, m, label, bits in BUDGET:
+        r = runs.get(stem)
+        if r is None:
+            continue
+        ratio = f"{fp32['checkpoint_bytes'] / r['checkpoint_bytes']:.1f}×" if fp32 else "—"
+        mn = runs.get(micronet_stem(m)) if m else None
+        peer = (f"{100 * mn['test_top1']:.2f} % | {mn['checkpoint_bytes']:,} B | {minutes(mn['training_seconds'])}"
+                if mn else ("(starting point)" if stem == "resnet20_budget" else "—") + " | — | —")
+        lines.append(f"| {label} | {bits} | {r['epochs']} | **{100 * r['test_top1']:.2f} %** | {100 * r['test_top5']:.2f} % "
+                     f"| {r['checkpoint_bytes']:,} B | {ratio} | {minutes(r['training_seconds'])}"
+                     f"{'*' if r['training_seconds_from_wall'] else ''} | {peer} |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("recipes", nargs="+")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--train", nargs="*", metavar="STEM", help="train what is not finished (optionally only these)")
+    p.add_argument("--collect", action="store_true")
+    p.add_argument("--html", metavar="FILE")
     p.add_argument("--build", default="build")
-    p.add_argument("--table-only", action="store_true", help="print the table of existing runs, train nothing")
     args = p.parse_args()
     os.chdir(ROOT)
-
-    rows, failed = [], []
-    for recipe in args.recipes:
-        if not os.path.isfile(recipe):
-            sys.exit(f"run_results.py: no recipe file {recipe}")
-        out = run_dir(recipe, args.epochs)
-        report_path = os.path.join(out, "report.json")
-        fresh = os.path.isfile(report_path) and json.load(open(report_path)).get("epochs") == args.epochs
-        if not fresh and not args.table_only:
-            cmd = [os.path.join(args.build, "whittle"), "run", recipe, "--set", f"training.epochs={args.epochs}",
-                   "--out", out, "--overwrite"]
-            print("+", " ".join(cmd), flush=True)
-            if subprocess.call(cmd, stdout=subprocess.DEVNULL) != 0:
-                failed.append(recipe)
-                continue
-        if not os.path.isfile(report_path):
-            print(f"(no run for {recipe} in {out})", file=sys.stderr)
-            continue
-        report = json.load(open(report_path))
-        shipped = yaml.safe_load(open(recipe))
-        rows.append((recipe, shipped, report))
-
-    baseline = {}  # model name -> FP32 checkpoint bytes
-    for recipe, shipped, report in rows:
-        if method_of(shipped) == "FP32":
-            baseline[report["model"]] = report["checkpoint_bytes"]
-
-    print()
-    print("| recipe | method | epochs run | test top-1 | top-5 | checkpoint | vs FP32 | wall time | train img/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for recipe, shipped, report in rows:
-        fp = baseline.get(report["model"])
-        ratio = f"{fp / report['checkpoint_bytes']:.1f}×" if fp else "—"
-        planned = shipped["training"]["epochs"]
-        print(f"| `{os.path.basename(recipe)}` | {method_of(shipped)} | {report['epochs']} of {planned} "
-              f"| {100 * report['test_top1']:.2f} % | {100 * report['test_top5']:.2f} % "
-              f"| {report['checkpoint_bytes']:,} B | {ratio} | {report['wall_seconds'] / 60:.1f} min "
-              f"| {report['train_images_per_second']:.0f} |")
-    if failed:
-        print("failed:", " ".join(failed), file=sys.stderr)
-        sys.exit(1)
+    build = os.path.abspath(args.build)
+    if args.train is not None:
+        train(build, args.train)
+        collect(build)
+    elif args.collect:
+        collect(build)
+    if args.html:
+        write_html(build, args.html)
+    if args.train is None and not args.collect and not args.html:
+        print(table(build))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,14 @@ if len(by) == 4:
     check(by["bnn_kd"]["training_seconds"] == 7.0 and by["bnn_kd"]["training_seconds_from_wall"],
           "no timed line: the last sitting's wall time, flagged")
 
+# Two runs with the same directory name are told apart by their parents.
+for parent in ("seedA", "seedB"):
+    src = os.path.join(work, "runs", "fp32")
+    shutil.copytree(src, os.path.join(work, "twins", parent, "fp32"))
+r = whittle("report", os.path.join(work, "twins", "seedA", "fp32"), os.path.join(work, "twins", "seedB", "fp32"), "--json")
+labels = [x["label"] for x in json.loads(r.stdout)] if r.returncode == 0 else []
+check(labels == ["seedA/fp32", "seedB/fp32"], f"same-named runs are labelled by the shortest distinct suffix: {labels}")
+
 # The text table names every run.
 r = whittle("report", a, b, c, d)
 check(r.returncode == 0 and all(n in r.stdout for n in ("fp32", "w2a2", "pruned_w4a4", "bnn_kd")), "the text table lists the runs")
@@ -192,6 +200,11 @@ notrun = make_run("wrongkind", 0.5, 1, [], [timed])
 json.dump({"hello": 1}, open(os.path.join(notrun, "report.json"), "w"))
 r = whittle("report", notrun)
 check(r.returncode != 0 and "not a whittle run report" in r.stderr, f"another JSON file: {r.stderr.strip()}")
+badyaml = make_run("badyaml", 0.5, 1, [], [timed])
+open(os.path.join(badyaml, "recipe.yaml"), "w").write("modifiers: [\n  {name: quantize\n")
+r = whittle("report", badyaml)
+check(r.returncode != 0 and os.path.join(badyaml, "recipe.yaml") in r.stderr and "not valid YAML" in r.stderr,
+      f"a recipe.yaml that is not YAML is named: {r.stderr.strip()}")
 r = whittle("report")
 check(r.returncode == 2 and "missing RUN_DIR" in r.stderr, "no run directory: usage error (exit 2)")
 r = whittle("report", a, "--html", work)

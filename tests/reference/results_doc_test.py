@@ -1,0 +1,71 @@
+"""The CIFAR-10 budget results kept honest (docs/results.md).
+
+- The budget FP32 recipe, trained on 2,000 of the training images (class-balanced: the packed JPEG
+  folders are sorted by class) for one epoch, learns: above 30 % top-1 on the 10,000 test images
+  (chance is 10 %; measured 36-40 %, docs/results.md).
+- docs/results.md holds the table `scripts/run_results.py` prints from the committed run summaries
+  (docs/results/cifar10_budget/), character for character.
+- The committed runs meet the issue's floors: FP32 ≥ 89.0 %, DoReFa W8A8 ≥ 88.5 %, W4A4 ≥ 88.0 %,
+  W2A2 ≥ 85.0 %, TWN ≥ 87.0 %; and each whittle checkpoint is smaller than the file micronet saves
+  for the same method. Runs not yet in the summaries are listed, not checked.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from cli_harness import BIN, SRC, check, finish, out_dir
+
+CIFAR = os.path.join(SRC, "..", "shared", "data", "cifar10-jpeg", "cifar10-jpeg.tar.gz")
+SUMMARIES = os.path.join(SRC, "docs", "results", "cifar10_budget")
+FLOORS = {"resnet20_budget": 89.0, "resnet20_budget_dorefa_w8a8": 88.5, "resnet20_budget_dorefa_w4a4": 88.0,
+          "resnet20_budget_dorefa_w2a2": 85.0, "resnet20_budget_twn": 87.0}
+
+if os.path.exists(CIFAR):
+    run = out_dir("budget_subset")
+    shutil.rmtree(run, ignore_errors=True)
+    r = subprocess.run([BIN, "run", os.path.join(SRC, "recipes", "cifar10", "resnet20_budget.yaml"),
+                        "--set", "data.train_limit=2000", "--set", "training.epochs=1", "--out", run],
+                       capture_output=True, text=True, cwd=SRC)
+    check(r.returncode == 0, f"the budget FP32 recipe runs on 2,000 images ({r.stderr.strip()[-300:]})")
+    if r.returncode == 0:
+        rep = json.load(open(os.path.join(run, "report.json")))
+        check(rep["test_images"] == 10000 and rep["test_top1"] > 0.30,
+              f"one epoch on 2,000 images learns: {100 * rep['test_top1']:.2f} % top-1 on {rep['test_images']} images (> 30 %)")
+else:
+    print(f"skipping the 2,000-image run: no CIFAR-10 archive at {CIFAR}")
+
+build = os.path.dirname(BIN)
+r = subprocess.run([sys.executable, os.path.join(SRC, "scripts", "run_results.py"), "--build", build],
+                   capture_output=True, text=True)
+check(r.returncode == 0, f"scripts/run_results.py prints the table ({r.stderr.strip()})")
+doc = open(os.path.join(SRC, "docs", "results.md")).read()
+table = r.stdout.strip()
+check(table.count("\n") >= 2 and table in doc,
+      "docs/results.md holds the table run_results.py prints from the committed summaries\n" + table)
+
+reports = {}
+for name in sorted(os.listdir(SUMMARIES)) if os.path.isdir(SUMMARIES) else []:
+    path = os.path.join(SUMMARIES, name, "report.json")
+    if os.path.isfile(path):
+        reports[name] = json.load(open(path))
+for stem, floor in FLOORS.items():
+    if stem in reports:
+        top1 = 100 * reports[stem]["test_top1"]
+        check(top1 >= floor, f"{stem}: {top1:.2f} % ≥ {floor} %")
+    else:
+        print(f"not yet in the summaries: {stem} (floor {floor} %)")
+for name, rep in reports.items():
+    if not name.startswith("micronet_"):
+        continue
+    method = name[len("micronet_"):]
+    peers = [f"resnet20_budget_{method}"]
+    if method == "bnn":
+        peers.append("resnet20_budget_xnor")
+    for stem in peers:
+        if stem in reports:
+            check(reports[stem]["checkpoint_bytes"] < rep["checkpoint_bytes"],
+                  f"{stem}: {reports[stem]['checkpoint_bytes']:,} B < micronet's {rep['checkpoint_bytes']:,} B")
+check(bool(reports), f"run summaries are committed in {SUMMARIES}")
+finish()
