@@ -243,9 +243,11 @@ std::vector<std::string> metrics_lines(const std::string& dir) {
   std::ifstream f(join_path(dir, "metrics.jsonl"));
   std::vector<std::string> out;
   for (std::string line; std::getline(f, line);) {
-    // Drop the images-per-second figure (wall-clock dependent); everything else must repeat.
-    const size_t a = line.find("\"train_images_per_second\"");
-    if (a != std::string::npos) line.erase(a, line.find(',', a) - a + 1);
+    // Drop the timings (wall-clock dependent); everything else must repeat.
+    for (const char* key : {"\"train_images_per_second\"", "\"train_seconds\"", "\"eval_seconds\""}) {
+      const size_t a = line.find(key);
+      if (a != std::string::npos) line.erase(a, line.find(',', a) - a + 1);
+    }
     out.push_back(line);
   }
   return out;
