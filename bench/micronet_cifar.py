@@ -156,18 +156,24 @@ def evaluate(model, x, y, mean, std):
     return correct1 / n, correct5 / n, loss / n
 
 
-def augment(xb, pad, gen):
-    """Random crop with `pad` zero pixels and random horizontal flip, per image (uint8 N×C×H×W)."""
+def augment(xb, pad, flip_images, gen):
+    """Random crop with `pad` zero pixels (when pad > 0) and, when `flip_images`, a random
+    horizontal flip with probability 1/2, per image (uint8 N×C×H×W), as whittle's loader does."""
     n, _, h, w = xb.shape
-    padded = F.pad(xb, (pad, pad, pad, pad))
+    padded = F.pad(xb, (pad, pad, pad, pad)) if pad else xb
     dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
     dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    flip = torch.rand(n, generator=gen) < 0.5
+    flip = (torch.rand(n, generator=gen) < 0.5) if flip_images else torch.zeros(n, dtype=torch.bool)
     out = torch.empty_like(xb)
     for i in range(n):
         img = padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w]
         out[i] = img.flip(2) if flip[i] else img
     return out
+
+
+def finite_or_none(v):
+    """NaN and infinities as JSON null (a diverged run stays readable by `whittle report`)."""
+    return v if math.isfinite(v) else None
 
 
 def main():
@@ -208,6 +214,8 @@ def main():
     top1, _, _ = evaluate(model, xte, yte, mean, std)
     print(f"FP32 checkpoint in PyTorch: top-1 {100 * top1:.2f} % (whittle: {100 * fp32_report['test_top1']:.2f} %)",
           flush=True)
+    if abs(top1 - fp32_report["test_top1"]) > 1.5 / xte.shape[0]:  # one image's worth of float noise
+        sys.exit("micronet_cifar.py: the FP32 checkpoint does not load into the PyTorch ResNet-20 as whittle runs it")
     model = prepare(model, args.method)
     if o["name"] == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o.get("momentum", 0.9),
@@ -232,8 +240,12 @@ def main():
     elif os.path.exists(os.path.join(out, "metrics.jsonl")):
         os.remove(os.path.join(out, "metrics.jsonl"))
 
+    for key in ("train_limit", "test_limit"):
+        if d.get(key):
+            sys.exit(f"micronet_cifar.py: data.{key} is not mirrored")
     batch, epochs, pad = d["batch_size"], t["epochs"], d.get("random_crop_padding", 0)
-    steps = xtr.shape[0] // batch  # whittle drops the last incomplete batch by default
+    # whittle drops the last incomplete batch unless data.drop_last is false
+    steps = xtr.shape[0] // batch if d.get("drop_last", True) else -(-xtr.shape[0] // batch)
     for epoch in range(start, epochs):
         model.train()
         t0 = time.perf_counter()
@@ -244,11 +256,8 @@ def main():
                 g["lr"] = learning_rate(t, o["lr"], epoch + i / steps)
             idx = perm[i * batch:(i + 1) * batch]
             xb = xtr[idx]
-            if pad:
-                xb = augment(xb, pad, gen)
-            if d.get("horizontal_flip") and not pad:
-                flip = torch.rand(xb.shape[0], generator=gen) < 0.5
-                xb[flip] = xb[flip].flip(3)
+            if pad or d.get("horizontal_flip"):
+                xb = augment(xb, pad, bool(d.get("horizontal_flip")), gen)
             logits = model((xb.float() / 255 - mean) / std)
             loss = F.cross_entropy(logits, ytr[idx])
             opt.zero_grad(set_to_none=True)
@@ -262,12 +271,12 @@ def main():
         top1, top5, test_loss = evaluate(model, xte, yte, mean, std)
         eval_seconds = time.perf_counter() - t1
         elapsed += train_seconds + eval_seconds
-        line = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_top1": correct / seen, "test_top1": top1,
-                "test_top5": top5, "test_loss": test_loss, "lr": learning_rate(t, o["lr"], epoch + 1 - 1e-9),
+        line = {"epoch": epoch + 1, "train_loss": finite_or_none(loss_sum / seen), "train_top1": correct / seen,
+                "test_top1": top1, "test_top5": top5, "test_loss": finite_or_none(test_loss), "lr": learning_rate(t, o["lr"], epoch + 1 - 1e-9),
                 "train_images_per_second": seen / train_seconds, "train_images": seen,
                 "train_seconds": train_seconds, "eval_seconds": eval_seconds}
         with open(os.path.join(out, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(json.dumps(line, allow_nan=False) + "\n")
         tmp = state_path + ".tmp"
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
                     "cpu_rng": torch.get_rng_state(), "epoch": epoch + 1, "elapsed": elapsed}, tmp)
@@ -281,7 +290,7 @@ def main():
     from importlib.metadata import version
     report = {
         "recipe": recipe_path, "model": "resnet20", "tool": f"micronet {version('micronet')}",
-        "test_top1": top1, "test_top5": top5, "test_loss": test_loss, "test_images": int(xte.shape[0]),
+        "test_top1": top1, "test_top5": top5, "test_loss": finite_or_none(test_loss), "test_images": int(xte.shape[0]),
         "epochs": epochs, "params": sum(p.numel() for p in model.parameters()),
         "macs_per_image": fp32_report["macs_per_image"], "checkpoint": ckpt,
         "checkpoint_bytes": os.path.getsize(ckpt), "wall_seconds": elapsed, "device": "cpu",
@@ -291,7 +300,7 @@ def main():
     with open(os.path.join(out, "recipe.yaml"), "w") as f:
         f.write(open(recipe_path).read())
     with open(os.path.join(out, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
+        json.dump(report, f, indent=2, allow_nan=False)
     os.remove(state_path)
     print(f"micronet {args.method}: top-1 {100 * top1:.2f} %, top-5 {100 * top5:.2f} %, "
           f"{elapsed / 60:.1f} min, {os.path.getsize(ckpt):,} B ({ckpt})")

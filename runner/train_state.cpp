@@ -48,6 +48,7 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
   a.write("step", int_tensor(state.step));
   a.write("seen", int_tensor(state.seen));
   a.write("correct", int_tensor(state.correct));
+  a.write("train_seconds", at::tensor(state.train_seconds, at::kDouble));
   a.write("loss_sum", at::tensor(state.loss_sum, at::kDouble));
   a.write("graph", c10::IValue(graph_to_json(model->graph())));
   torch::serialize::OutputArchive tensors;
@@ -127,6 +128,10 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
   s.state_.seen = read_tensor("seen").item<int64_t>();
   s.state_.correct = read_tensor("correct").item<int64_t>();
   s.state_.loss_sum = read_tensor("loss_sum").item<double>();
+  {
+    at::Tensor t;  // optional: states of earlier whittles lack it
+    s.state_.train_seconds = a.try_read("train_seconds", t) ? t.item<double>() : -1.0;
+  }
   s.graph_json_ = read_string("graph");
   try {
     for (const auto& f : json::parse(read_string("frozen"))) s.frozen_.push_back(f.get<std::string>());

@@ -6,6 +6,8 @@
 //   format       int64: kTrainStateFormat
 //   recipe       string: the effective recipe text of the run (a resume must run the same text)
 //   epoch, batch, step, seen, correct   int64: the TrainerState; loss_sum float64
+//   train_seconds  float64: the TrainerState's seconds of the epoch's training pass so far (absent
+//                in states of earlier whittles: read as −1, unknown)
 //   graph        string: graph_to_json of the model as it is at the save (after every change the
 //                modifiers made: quantizers, QAT-folded layers, removed channels)
 //   tensors      archive: every parameter and buffer under its state_dict name, on the CPU
@@ -47,6 +49,7 @@ struct TrainerState {
   double loss_sum = 0;  ///< sum of the training loss over the samples of `epoch` trained so far
   int64_t correct = 0;  ///< samples of `epoch` trained so far that were classified correctly
   int64_t seen = 0;     ///< samples of `epoch` trained so far
+  double train_seconds = 0;  ///< wall seconds of `epoch`'s training pass so far, over every sitting (−1: unknown)
 };
 
 /// Writes the training state (layout above) to `path` atomically (a temporary file, then rename).
@@ -63,7 +66,7 @@ class SavedTrainState {
   /// Reads `path`. Throws whittle::Error naming the path when it is missing ("nothing to resume"),
   /// unreadable or damaged, of another format (an older whittle's), or when its recipe differs
   /// from `recipe_text` (the run would not continue the same training). Recipes are compared as
-  /// YAML: comments and layout may differ.
+  /// parsed YAML: comments and spacing may differ.
   static SavedTrainState read(const std::string& path, const std::string& recipe_text);
 
   const TrainerState& state() const { return state_; }

@@ -576,6 +576,7 @@ bool Trainer::train_epoch() {
   progress_->end_line();
   epoch_train_seconds_ = seconds_since(t_epoch_);
   train_seconds_ += epoch_train_seconds_;
+  if (state_.train_seconds >= 0) state_.train_seconds += epoch_train_seconds_;
   images_trained_ += epoch_images_;
   return !stopped;
 }
@@ -614,10 +615,13 @@ EvalMetrics Trainer::end_epoch() {
   line["lr"] = learning_rate_at(t.lr_schedule, t.optimizer.lr, static_cast<double>(epoch + 1) - 1e-9,
                                 static_cast<double>(t.epochs));
   const double rate = static_cast<double>(epoch_images_) / std::max(epoch_train_seconds_, 1e-9);
-  line["train_images_per_second"] = rate;
+  line["train_images_per_second"] = rate;  // this sitting's part of the epoch
   line["train_images"] = state_.seen;
-  // The whole epoch's training pass: an epoch resumed part-way is extrapolated from this sitting's rate.
-  line["train_seconds"] = seen / std::max(rate, 1e-9);
+  // The whole epoch's training pass over every sitting. A state of an earlier whittle does not
+  // know the seconds before its save: then this sitting's rate stands for the epoch, when it
+  // trained any of it.
+  if (state_.train_seconds >= 0) line["train_seconds"] = state_.train_seconds;
+  else if (epoch_images_ > 0) line["train_seconds"] = seen / rate;
   line["eval_seconds"] = eval_seconds;
   {
     std::map<std::string, double> extra;

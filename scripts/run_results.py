@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """The CIFAR-10 CPU-budget results of docs/results.md: trains them, collects their summaries, prints the table.
 
-usage: .venv/bin/python scripts/run_results.py [--train [STEM...]] [--collect] [--html FILE]
-                                               [--summaries DIR] [--build DIR]
+usage: .venv/bin/python scripts/run_results.py [--train [STEM...]] [--collect] [--html FILE] [--build DIR]
 
 The budget family (recipes/cifar10/resnet20_budget*.yaml): the 40-epoch FP32 ResNet-20, then each
 method fine-tuned from its checkpoint, and micronet 1.12.0's quantizers fine-tuned the same way
@@ -15,7 +14,7 @@ method fine-tuned from its checkpoint, and micronet 1.12.0's quantizers fine-tun
                interrupted run: a run spans sittings), whittle's runs under runs/cifar10/ and
                micronet's under runs/micronet/; with STEMs only those (e.g. resnet20_budget_twn,
                micronet_twn). Then collects.
-  --collect    copies the finished runs' summaries into --summaries (adding report.json's
+  --collect    copies the finished runs' summaries into docs/results/cifar10_budget/ (adding report.json's
                model_summary from `whittle inspect --json` of the checkpoint where an earlier
                whittle wrote none) and writes docs/results.html (`whittle report --html`).
   --html FILE  writes the HTML report of the committed summaries to FILE.
@@ -159,6 +158,8 @@ def write_html(build, path):
 
 
 def minutes(s):
+    if s is None or s < 0:
+        return "—"
     return f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
@@ -177,7 +178,7 @@ def table(build):
         r = runs.get(stem)
         if r is None:
             continue
-        ratio = f"{fp32['checkpoint_bytes'] / r['checkpoint_bytes']:.1f}×" if fp32 else "—"
+        ratio = f"{fp32['checkpoint_bytes'] / r['checkpoint_bytes']:.1f}×" if fp32 and r["checkpoint_bytes"] else "—"
         mn = runs.get(micronet_stem(m)) if m else None
         peer = (f"{100 * mn['test_top1']:.2f} % | {mn['checkpoint_bytes']:,} B | {minutes(mn['training_seconds'])}"
                 if mn else ("(starting point)" if stem == "resnet20_budget" else "—") + " | — | —")

@@ -356,6 +356,7 @@ TEST(TrainState, RoundTripAndChecks) {
   st.loss_sum = 12.5;
   st.correct = 200;
   st.seen = 224;
+  st.train_seconds = 33.25;
   LossScaler scaler(true);
   scaler.restore(1024.0, 17);
   save_train_state(path, "recipe text\n", st, model, {}, opt, scaler);
@@ -366,6 +367,7 @@ TEST(TrainState, RoundTripAndChecks) {
   EXPECT_EQ(saved.state().step, 71);
   EXPECT_EQ(saved.state().loss_sum, 12.5);
   EXPECT_EQ(saved.state().correct, 200);
+  EXPECT_EQ(saved.state().train_seconds, 33.25);  // the epoch's seconds so far carry over a resume
   EXPECT_EQ(saved.state().seen, 224);
   EXPECT_EQ(saved.frozen_parameters(), std::vector<std::string>{"fc3.bias"});
   Graph g = saved.take_graph();

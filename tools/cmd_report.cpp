@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 
@@ -56,14 +57,17 @@ int run_report(const std::vector<std::string>& args) {
                      {"label", r.label},
                      {"model", r.model},
                      {"method", r.method},
+                     {"tool", r.tool},
                      {"epochs", r.epochs},
                      {"test_top1", r.test_top1},
                      {"test_top5", r.test_top5},
+                     {"test_loss", std::isnan(r.test_loss) ? nlohmann::ordered_json() : nlohmann::ordered_json(r.test_loss)},
                      {"test_images", r.test_images},
                      {"checkpoint_bytes", r.checkpoint_bytes},
                      {"params", r.params},
                      {"macs_per_image", r.macs},
-                     {"training_seconds", r.training_seconds},
+                     {"training_seconds", r.training_seconds >= 0 ? nlohmann::ordered_json(r.training_seconds)
+                                                                  : nlohmann::ordered_json()},
                      {"training_seconds_from_wall", r.training_seconds_from_wall},
                      {"pareto_front", std::find(front.begin(), front.end(), i) != front.end()}});
     }
@@ -74,13 +78,18 @@ int run_report(const std::vector<std::string>& args) {
     std::cout << std::left << std::setw(static_cast<int>(wl) + 2) << "run" << std::setw(static_cast<int>(wm) + 2) << "method"
               << std::right << std::setw(7) << "epochs" << std::setw(9) << "top-1" << std::setw(9) << "top-5" << std::setw(13)
               << "checkpoint" << std::setw(11) << "params" << std::setw(13) << "MACs" << std::setw(10) << "time" << "\n";
-    for (const auto& r : runs)
+    for (const auto& r : runs) {
       std::cout << std::left << std::setw(static_cast<int>(wl) + 2) << r.label << std::setw(static_cast<int>(wm) + 2)
                 << r.method << std::right << std::setw(7) << r.epochs << std::fixed << std::setprecision(2) << std::setw(7)
                 << 100 * r.test_top1 << " %" << std::setw(7) << 100 * r.test_top5 << " %" << std::setw(11)
-                << r.checkpoint_bytes << " B" << std::setw(11) << r.params << std::setw(13) << r.macs << std::setw(8)
-                << std::setprecision(1) << r.training_seconds / 60 << " m" << (r.training_seconds_from_wall ? "*" : "")
-                << "\n";
+                << r.checkpoint_bytes << " B" << std::setw(11) << r.params << std::setw(13) << r.macs;
+      if (r.training_seconds >= 0)
+        std::cout << std::setw(8) << std::setprecision(1) << r.training_seconds / 60 << " m"
+                  << (r.training_seconds_from_wall ? "*" : "");
+      else
+        std::cout << std::setw(10) << "—";
+      std::cout << "\n";
+    }
   }
   if (!html.empty()) {
     write_file_atomic(html, render_report_html(runs, title));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -36,10 +37,12 @@ std::string grouped(int64_t v) {
   return v < 0 ? "-" + out : out;
 }
 
+// Three significant digits: 1.11 MB, 64.4 kB, 250 kB, 12.5 B.
 std::string human_bytes(double b) {
-  if (b >= 1e6) return fixed(b / 1e6, 2) + " MB";
-  if (b >= 1e3) return fixed(b / 1e3, b >= 1e5 ? 0 : 1) + " kB";
-  return fixed(b, 0) + " B";
+  auto sig3 = [](double v) { return fixed(v, v >= 100 ? 0 : v >= 10 ? 1 : 2); };
+  if (b >= 1e6) return sig3(b / 1e6) + " MB";
+  if (b >= 1e3) return sig3(b / 1e3) + " kB";
+  return sig3(b) + " B";
 }
 
 std::string human_count(double v) {
@@ -93,6 +96,19 @@ T value_of(const json& j, const char* key, const std::string& file) {
   } catch (const json::exception& e) {
     throw Error(file + ": '" + key + "' has the wrong type (" + e.what() + ")");
   }
+}
+
+// A number that may be null (a diverged run's loss as JSON writes it): NaN then.
+double number_or_nan(const json& j, const char* key) {
+  const json& v = j.at(key);
+  return v.is_null() ? std::nan("") : v.get<double>();
+}
+
+// An optional key of report.json, `fallback` when absent; a value of the wrong type is an error
+// naming the file.
+template <typename T>
+T optional_value(const json& j, const char* key, const T& fallback, const std::string& file) {
+  return j.contains(key) && !j.at(key).is_null() ? value_of<T>(j, key, file) : fallback;
 }
 
 runner::ModelSummary summary_from_json(const json& j, const std::string& file) {
@@ -149,6 +165,7 @@ std::string method_of_recipe(const std::string& path) {
   }
   const YAML::Node mods = root["modifiers"];
   std::vector<std::string> parts;
+  try {
   if (mods && mods.IsSequence())
     for (const YAML::Node& m : mods) {
       if (!m.IsMap()) continue;
@@ -181,6 +198,9 @@ std::string method_of_recipe(const std::string& path) {
         parts.push_back(name);
       }
     }
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
   if (parts.empty()) return "FP32";
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : " + ") + p;
@@ -203,7 +223,7 @@ double nice_step(double lo, double hi, int count) {
 std::vector<double> enclosing_ticks(double lo, double hi, double step) {
   std::vector<double> ticks;
   const double first = std::floor(lo / step + 1e-9) * step, last = std::ceil(hi / step - 1e-9) * step;
-  for (double v = first; v <= last + step * 1e-6; v += step) ticks.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+  for (double v = first; v <= last + step * 1e-6 && ticks.size() < 200; v += step) ticks.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
   if (ticks.size() < 2) ticks.push_back(first + step);
   return ticks;
 }
@@ -399,16 +419,17 @@ RunSummary read_run(const std::string& dir) {
   r.model = value_of<std::string>(rep, "model", report_path);
   r.test_top1 = value_of<double>(rep, "test_top1", report_path);
   r.test_top5 = value_of<double>(rep, "test_top5", report_path);
-  r.test_loss = value_of<double>(rep, "test_loss", report_path);
-  r.test_images = rep.value("test_images", int64_t{0});
+  r.test_loss = rep.contains("test_loss") && rep.at("test_loss").is_null() ? std::nan("")
+                                                                          : value_of<double>(rep, "test_loss", report_path);
+  r.test_images = optional_value(rep, "test_images", int64_t{0}, report_path);
   r.epochs = value_of<int64_t>(rep, "epochs", report_path);
   r.params = value_of<int64_t>(rep, "params", report_path);
   r.macs = value_of<int64_t>(rep, "macs_per_image", report_path);
   r.checkpoint_bytes = value_of<int64_t>(rep, "checkpoint_bytes", report_path);
-  r.device = rep.value("device", std::string());
-  r.cpu_capability = rep.value("cpu_capability", std::string());
-  r.torch_version = rep.value("torch_version", std::string());
-  r.intra_op_threads = rep.value("intra_op_threads", int64_t{0});
+  r.device = optional_value(rep, "device", std::string(), report_path);
+  r.cpu_capability = optional_value(rep, "cpu_capability", std::string(), report_path);
+  r.torch_version = optional_value(rep, "torch_version", std::string(), report_path);
+  r.intra_op_threads = optional_value(rep, "intra_op_threads", int64_t{0}, report_path);
 
   const std::string metrics_path = join_path(dir, "metrics.jsonl");
   if (is_regular_file(metrics_path)) {
@@ -424,9 +445,9 @@ RunSummary read_run(const std::string& dir) {
         const json j = json::parse(line);
         EpochPoint p;
         p.epoch = j.at("epoch").get<int64_t>();
-        p.train_loss = j.at("train_loss").get<double>();
+        p.train_loss = number_or_nan(j, "train_loss");
         p.train_top1 = j.at("train_top1").get<double>();
-        p.test_loss = j.at("test_loss").get<double>();
+        p.test_loss = number_or_nan(j, "test_loss");
         p.test_top1 = j.at("test_top1").get<double>();
         p.test_top5 = j.value("test_top5", 0.0);
         if (j.contains("train_seconds") && j.contains("eval_seconds"))
@@ -438,6 +459,17 @@ RunSummary read_run(const std::string& dir) {
         throw Error(where + ": not a metrics line (" + std::string(e.what()) + ")");
       }
     }
+    // An epoch repeated after a kill between its metrics line and its saved state: its last line.
+    std::map<int64_t, size_t> last;
+    for (size_t i = 0; i < r.curve.size(); ++i) last[r.curve[i].epoch] = i;
+    if (last.size() != r.curve.size() || !std::is_sorted(r.curve.begin(), r.curve.end(),
+                                                         [](const EpochPoint& a, const EpochPoint& b) { return a.epoch < b.epoch; })) {
+      std::vector<EpochPoint> curve;
+      std::vector<double> kept_rates;
+      for (const auto& [epoch, i] : last) curve.push_back(r.curve[i]), kept_rates.push_back(rates[i]);
+      r.curve = std::move(curve);
+      rates = std::move(kept_rates);
+    }
     // Lines without seconds: images per epoch (from the lines that have it) over that line's rate.
     bool all = !r.curve.empty();
     for (size_t i = 0; i < r.curve.size(); ++i) {
@@ -448,26 +480,35 @@ RunSummary read_run(const std::string& dir) {
       for (const auto& p : r.curve) r.training_seconds += p.seconds;
   }
   if (r.training_seconds <= 0) {
-    r.training_seconds = rep.value("wall_seconds", -1.0);
+    r.training_seconds = optional_value(rep, "wall_seconds", -1.0, report_path);
     r.training_seconds_from_wall = true;
   }
-
-  const std::string recipe_path = join_path(dir, "recipe.yaml");
-  r.method = is_regular_file(recipe_path) ? method_of_recipe(recipe_path) : "?";
-  r.tool = rep.value("tool", std::string("whittle"));
-  if (r.tool != "whittle") r.method += " (" + r.tool + ")";
 
   if (rep.contains("model_summary")) {
     r.layers = summary_from_json(rep.at("model_summary"), report_path);
   } else {
     // Runs of earlier whittles: the checkpoint beside the report, when it is there.
-    std::string ckpt = rep.value("checkpoint", std::string());
+    std::string ckpt = optional_value(rep, "checkpoint", std::string(), report_path);
     const size_t slash = ckpt.find_last_of('/');
     ckpt = join_path(dir, slash == std::string::npos ? ckpt : ckpt.substr(slash + 1));
-    if (!ckpt.empty() && is_regular_file(ckpt)) {
-      r.layers = runner::summarize_model(runner::load_model(model_source(ckpt, std::nullopt, 10)));
+    // Only a whittle checkpoint (another tool's file, e.g. micronet's model.pth, has no graph);
+    // one that does not load leaves the run without a layer table rather than failing the report.
+    const bool h5 = ckpt.size() > 3 && (ckpt.compare(ckpt.size() - 3, 3, ".h5") == 0);
+    if (h5 && is_regular_file(ckpt)) {
+      try {
+        r.layers = runner::summarize_model(runner::load_model(model_source(ckpt, std::nullopt, 10)));
+      } catch (const Error& e) {
+        std::cerr << "whittle report: " << dir << ": no layer table: " << e.what() << "\n";
+      }
     }
   }
+  const std::string recipe_path = join_path(dir, "recipe.yaml");
+  r.method = is_regular_file(recipe_path) ? method_of_recipe(recipe_path) : "?";
+  r.tool = optional_value(rep, "tool", std::string("whittle"), report_path);
+  if (r.layers && r.layers->pruned && r.method.find("pruned") == std::string::npos)
+    r.method = "pruned + " + r.method;  // pruned by the run it started from
+  if (r.tool != "whittle") r.method += " (" + r.tool + ")";
+
   return r;
 }
 
@@ -572,7 +613,7 @@ std::string render_report_html(const std::vector<RunSummary>& in, const std::str
       << "</td></tr>\n";
   }
   o << "</tbody></table>\n<p class=\"note\">Bold: on the Pareto front of checkpoint size and test top-1 (no other run is "
-       "both smaller and more accurate). Training time: every epoch's training pass and evaluation over all sittings";
+       "at most as large and at least as accurate, and better in one). Training time: every epoch's training pass and evaluation over all sittings";
   bool any_wall = false;
   for (const auto& r : runs) any_wall |= r.training_seconds_from_wall;
   if (any_wall) o << "; * the last sitting's wall time (its metrics lines have no timings)";
@@ -608,7 +649,7 @@ std::string render_report_html(const std::vector<RunSummary>& in, const std::str
         << line_chart(r.label + ": loss", {tl, vl}, "epoch", "cross-entropy", false, 360, 240, "curves-run")
         << line_chart(r.label + ": top-1", {ta, va}, "epoch", "top-1", true, 360, 240, "curves-run") << "</div>\n";
     } else {
-      o << "<p class=\"note\">No metrics.jsonl: no curves.</p>\n";
+      o << "<p class=\"note\">No epochs recorded in metrics.jsonl: no curves.</p>\n";
     }
     if (r.layers) {
       o << "<details><summary>Layer table (" << r.layers->layers.size() << " nodes; layers with parameters or MACs shown)</summary>\n"

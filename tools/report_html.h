@@ -50,7 +50,10 @@ struct RunSummary {
 };
 
 /// Reads run directory `dir`. Throws whittle::Error naming the file (and line) when report.json
-/// is missing or not a run report, or metrics.jsonl or recipe.yaml is malformed.
+/// is missing or not a run report, or metrics.jsonl or recipe.yaml is malformed. An epoch with
+/// several metrics lines (repeated after a kill) counts once, by its last line. Without a
+/// model_summary in report.json, the layers come from the whittle checkpoint (.h5) beside it;
+/// one that does not load is reported on stderr and leaves `layers` empty.
 RunSummary read_run(const std::string& dir);
 
 /// Labels each run by the fewest trailing components of its directory that no other run shares
@@ -59,7 +62,7 @@ void assign_labels(std::vector<RunSummary>& runs);
 
 /// The HTML page of `runs` (labelled) (at least one), titled `title`: a summary table, test top-1 per epoch of
 /// every run, accuracy against checkpoint bytes (log scale) with the Pareto front (no other run is
-/// both smaller and more accurate) joined and marked, and per run its curves (loss, top-1; train and
+/// at most as large and at least as accurate, and better in one) joined and marked, and per run its curves (loss, top-1; train and
 /// test) and layer table (bits, channels kept, parameters, MACs).
 std::string render_report_html(const std::vector<RunSummary>& runs, const std::string& title);
 

@@ -84,6 +84,26 @@ if len(by) == 4:
     check(by["bnn_kd"]["training_seconds"] == 7.0 and by["bnn_kd"]["training_seconds_from_wall"],
           "no timed line: the last sitting's wall time, flagged")
 
+# Edge cases: no epochs recorded; an epoch repeated after a kill (its last line counts); another
+# tool's run with a model.pth and no model_summary, and a diverged (null) loss.
+empty = make_run("empty", 0.5, 1000, [], [])
+repeated = make_run("repeated", 0.6, 2000, [], [timed, timed])
+with open(os.path.join(repeated, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"epoch": 2, "train_loss": 0.25, "train_top1": 0.9, "test_top1": 0.6, "test_top5": 0.99,
+                        "test_loss": 0.3, "lr": 0.0, **timed}) + "\n")
+peer = make_run("peer", 0.4, 3000, [], [dict(timed, test_loss=None)], {"tool": "micronet 1.12.0", "checkpoint": "runs/peer/model.pth",
+                                                                    "test_loss": None})
+open(os.path.join(peer, "model.pth"), "wb").write(b"not a whittle checkpoint")
+r = whittle("report", empty, repeated, peer, "--json", "--html", os.path.join(work, "edge.html"))
+edge = {x["label"]: x for x in json.loads(r.stdout)} if r.returncode == 0 else {}
+check(r.returncode == 0, f"no epochs, a repeated epoch, another tool's model.pth and a null loss: reported ({r.stderr.strip()})")
+if edge:
+    check(edge["repeated"]["training_seconds"] == 24.0, f"a repeated epoch counts once: {edge['repeated']['training_seconds']} s (24)")
+    check(edge["peer"]["test_loss"] is None and edge["peer"]["method"] == "FP32 (micronet 1.12.0)", "a null loss stays null")
+    edge_page = open(os.path.join(work, "edge.html")).read()
+    check("No epochs recorded" in edge_page and edge_page.count('<table class="layers">') == 0,
+          "the empty run has no curves; no run has a layer table (none has a model summary or .h5 checkpoint)")
+
 # Two runs with the same directory name are told apart by their parents.
 for parent in ("seedA", "seedB"):
     src = os.path.join(work, "runs", "fp32")
@@ -110,8 +130,11 @@ lines = [json.loads(x) for x in open(os.path.join(real, "metrics.jsonl"))] if r.
 check(len(lines) == 2 and all(x["train_images"] == 1984 and x["train_seconds"] > 0 and x["eval_seconds"] > 0 for x in lines),
       "metrics lines carry train_images (2000 less the last partial batch of 64), train_seconds, eval_seconds")
 if lines:
-    rate = lines[0]["train_images"] / lines[0]["train_seconds"]
-    check(abs(rate - lines[0]["train_images_per_second"]) < 1e-6 * rate, "train_images_per_second = train_images / train_seconds")
+    spent = sum(x["train_seconds"] + x["eval_seconds"] for x in lines)
+    check(spent <= rep["wall_seconds"], f"the epochs' training and evaluation ({spent:.2f} s) fit in the run's wall time ({rep['wall_seconds']:.2f} s)")
+    # The rate is the training pass's alone: evaluation is not in it.
+    check(all(abs(x["train_images_per_second"] * x["train_seconds"] - x["train_images"]) < 1e-6 * x["train_images"] for x in lines),
+          "train_images_per_second = train_images / train_seconds, evaluation excluded")
 
 html = os.path.join(work, "report.html")
 r = whittle("report", a, b, c, d, real, "--html", html, "--title", "CIFAR & <friends>")
