@@ -436,7 +436,6 @@ RunSummary read_run(const std::string& dir) {
     std::istringstream in(read_file(metrics_path));
     std::string line;
     int64_t line_no = 0, images = -1;
-    std::vector<double> rates;  // lines of earlier whittles: images/s over the training pass and evaluation
     while (std::getline(in, line)) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -453,7 +452,7 @@ RunSummary read_run(const std::string& dir) {
         if (j.contains("train_seconds") && j.contains("eval_seconds"))
           p.seconds = j.at("train_seconds").get<double>() + j.at("eval_seconds").get<double>();
         if (j.contains("train_images")) images = j.at("train_images").get<int64_t>();
-        rates.push_back(j.value("train_images_per_second", 0.0));
+        p.images_per_second = j.value("train_images_per_second", 0.0);
         r.curve.push_back(p);
       } catch (const json::exception& e) {
         throw Error(where + ": not a metrics line (" + std::string(e.what()) + ")");
@@ -465,16 +464,15 @@ RunSummary read_run(const std::string& dir) {
     if (last.size() != r.curve.size() || !std::is_sorted(r.curve.begin(), r.curve.end(),
                                                          [](const EpochPoint& a, const EpochPoint& b) { return a.epoch < b.epoch; })) {
       std::vector<EpochPoint> curve;
-      std::vector<double> kept_rates;
-      for (const auto& [epoch, i] : last) curve.push_back(r.curve[i]), kept_rates.push_back(rates[i]);
+      for (const auto& [epoch, i] : last) curve.push_back(r.curve[i]);
       r.curve = std::move(curve);
-      rates = std::move(kept_rates);
     }
     // Lines without seconds: images per epoch (from the lines that have it) over that line's rate.
     bool all = !r.curve.empty();
     for (size_t i = 0; i < r.curve.size(); ++i) {
-      if (r.curve[i].seconds < 0 && images > 0 && rates[i] > 0) r.curve[i].seconds = static_cast<double>(images) / rates[i];
-      if (r.curve[i].seconds < 0) all = false;
+      EpochPoint& p = r.curve[i];
+      if (p.seconds < 0 && images > 0 && p.images_per_second > 0) p.seconds = static_cast<double>(images) / p.images_per_second;
+      if (p.seconds < 0) all = false;
     }
     if (all)
       for (const auto& p : r.curve) r.training_seconds += p.seconds;

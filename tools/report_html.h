@@ -21,6 +21,7 @@ struct EpochPoint {
   double test_top1 = 0;
   double test_top5 = 0;
   double seconds = -1;  ///< the epoch's training pass plus evaluation, s
+  double images_per_second = 0;  ///< the line's train_images_per_second (earlier whittles: evaluation included)
 };
 
 /// A finished run directory, as `whittle report` reads it (report.json, metrics.jsonl,
