@@ -29,8 +29,16 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   if (options_.prefetch_batches < 0 || options_.prefetch_batches > kMaxPrefetchBatches)
     throw Error("DataLoader: prefetch_batches must be 0.." + std::to_string(kMaxPrefetchBatches) + ", got " +
                 std::to_string(options_.prefetch_batches));
+  if (options_.num_replicas < 1 || options_.rank < 0 || options_.rank >= options_.num_replicas)
+    throw Error("DataLoader: rank " + std::to_string(options_.rank) + " of " + std::to_string(options_.num_replicas) +
+                " replicas: num_replicas must be ≥ 1 and rank in [0, num_replicas)");
   options_.transform.validate(dataset_->channels(), dataset_->height(), dataset_->width());
-  const int64_t n = dataset_->size();
+  const int64_t replicas = options_.num_replicas;
+  const int64_t all = dataset_->size();
+  shard_size_ = replicas == 1          ? all
+                : options_.even_shards ? (all + replicas - 1) / replicas
+                                       : (all - options_.rank + replicas - 1) / replicas;
+  const int64_t n = shard_size_;
   num_batches_ = n / options_.batch_size + (!options_.drop_last && n % options_.batch_size != 0 ? 1 : 0);
   num_samples_ = options_.drop_last ? num_batches_ * options_.batch_size : n;
   prefetch_ = options_.prefetch_batches > 0 ? options_.prefetch_batches : 2 * options_.num_workers;
@@ -79,12 +87,23 @@ std::vector<int64_t> DataLoader::permutation(int64_t epoch) const {
   return order;
 }
 
+std::vector<int64_t> DataLoader::shard(int64_t epoch) const {
+  std::vector<int64_t> order = permutation(epoch);
+  const int64_t replicas = options_.num_replicas;
+  if (replicas == 1 || order.empty()) return order;
+  // Position rank + j·R of the order, the order repeated from its start past its end (even shards).
+  std::vector<int64_t> mine(static_cast<size_t>(shard_size_));
+  const auto n = static_cast<int64_t>(order.size());
+  for (int64_t j = 0; j < shard_size_; ++j) mine[static_cast<size_t>(j)] = order[static_cast<size_t>((options_.rank + j * replicas) % n)];
+  return mine;
+}
+
 std::shared_ptr<const std::vector<int64_t>> DataLoader::order_for(int64_t epoch) const {
   {
     std::lock_guard<std::mutex> lock(order_cache_mutex_);
     if (cached_order_ && cached_epoch_ == epoch) return cached_order_;
   }
-  auto order = std::make_shared<const std::vector<int64_t>>(permutation(epoch));
+  auto order = std::make_shared<const std::vector<int64_t>>(shard(epoch));
   std::lock_guard<std::mutex> lock(order_cache_mutex_);
   cached_epoch_ = epoch;
   cached_order_ = order;
@@ -111,7 +130,8 @@ Batch DataLoader::make_batch(int64_t epoch, const std::vector<int64_t>& order, i
   const Transform& t = options_.transform;
   at::Tensor images = at::empty({b, d.channels(), t.out_height(d.height()), t.out_width(d.width())},
                                 at::TensorOptions().dtype(at::kFloat).pinned_memory(pin_));
-  Rng rng = Rng::stream(options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index));
+  Rng rng = Rng::stream(options_.seed, static_cast<uint64_t>(epoch),
+                        static_cast<uint64_t>(index * options_.num_replicas + options_.rank));
   out.images = transform_batch(d.images, out.indices, t, rng, images);
   return out;
 }

@@ -44,6 +44,16 @@ struct LoaderOptions {
   bool pin_memory = false;
   /// Crop, flip and normalization applied to each batch.
   Transform transform;
+  /// Data-parallel sharding (the distributed sampler of runner/distributed.h): the epoch's order
+  /// is split among `num_replicas` processes, this loader taking positions rank, rank + R,
+  /// rank + 2R, ... of it (as torch.utils.data.DistributedSampler). 1 = no sharding.
+  int64_t num_replicas = 1;
+  /// This process's shard, in [0, num_replicas).
+  int64_t rank = 0;
+  /// With num_replicas > 1: every shard gets ⌈N / R⌉ samples, the order's first ones repeated to
+  /// fill the last round, so that every process makes the same number of steps (training); false:
+  /// the exact stride, shards differing by at most one sample, each sample seen once (evaluation).
+  bool even_shards = true;
 };
 
 /// One batch of a DataLoader pass.
@@ -65,7 +75,8 @@ struct Batch {
 ///
 /// Determinism: epoch e's sample order is a Fisher–Yates shuffle driven by
 /// Rng::stream(seed, e, kShuffleStream); batch b of epoch e takes positions [b·B, (b+1)·B) of that
-/// order and is augmented with its own generator Rng::stream(seed, e, b). A batch's content thus
+/// order (of this process's shard of it, with num_replicas R > 1) and is augmented with its own
+/// generator Rng::stream(seed, e, b·R + rank). A batch's content thus
 /// depends only on (seed, epoch, batch index): the same seed gives the same batches in the same
 /// order whatever num_workers and thread timing, distinct batches of an epoch never share a
 /// generator, and epochs differ. If set_epoch is not called between two passes, the second pass
@@ -77,7 +88,8 @@ struct Batch {
 class DataLoader {
  public:
   /// Takes `dataset` (validated, see Dataset::validate) and checks the options against it.
-  /// Throws whittle::Error for an invalid dataset, batch_size ≤ 0, num_workers outside
+  /// Throws whittle::Error for an invalid dataset, batch_size ≤ 0, num_replicas < 1 or rank outside
+  /// [0, num_replicas), num_workers outside
   /// 0..kMaxWorkers, prefetch_batches outside 0..kMaxPrefetchBatches, a transform that does not
   /// fit the images, or a worker thread the system refuses to start (the ones started are stopped).
   DataLoader(Dataset dataset, LoaderOptions options);
@@ -90,15 +102,20 @@ class DataLoader {
   void set_epoch(int64_t epoch);
   /// The epoch of the current (or next) pass.
   int64_t epoch() const;
-  /// Batches per epoch: ⌈N / batch_size⌉, or ⌊N / batch_size⌋ with drop_last.
+  /// Batches per epoch: ⌈S / batch_size⌉, or ⌊S / batch_size⌋ with drop_last, S = shard_size().
   int64_t num_batches() const { return num_batches_; }
-  /// Samples per epoch: N, or num_batches() · batch_size with drop_last.
+  /// Samples per epoch: S, or num_batches() · batch_size with drop_last.
   int64_t num_samples() const { return num_samples_; }
+  /// Samples of this process's shard of an epoch: N without sharding.
+  int64_t shard_size() const { return shard_size_; }
   const Dataset& dataset() const { return *dataset_; }
   const LoaderOptions& options() const { return options_; }
 
-  /// Epoch `epoch`'s order of the dataset indices (length N).
+  /// Epoch `epoch`'s order of the dataset indices (length N), the same in every process.
   std::vector<int64_t> permutation(int64_t epoch) const;
+  /// This process's part of permutation(epoch) (length shard_size()), in the order it is visited;
+  /// permutation(epoch) itself without sharding.
+  std::vector<int64_t> shard(int64_t epoch) const;
   /// Builds batch `index` of `epoch` on the calling thread, exactly as a pass would return it.
   /// Thread-safe. Throws whittle::Error when index is outside [0, num_batches()).
   Batch batch(int64_t epoch, int64_t index) const;
@@ -155,6 +172,7 @@ class DataLoader {
   LoaderOptions options_;
   int64_t num_batches_ = 0;
   int64_t num_samples_ = 0;
+  int64_t shard_size_ = 0;
   int prefetch_ = 0;
   bool pin_ = false;
 

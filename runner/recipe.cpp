@@ -204,6 +204,19 @@ std::vector<KeySpec> build_schema() {
            "also write the final model as ONNX and/or TorchScript beside the checkpoint (model.onnx, model.pt; docs/export.md)",
            std::vector<std::string>{"onnx", "torchscript"}),
        key("onnx_opset", KeyType::kInt, "17", "ONNX opset of the export", Range::closed(13, 17))}));
+  s.push_back(section(
+      "distributed",
+      "Data-parallel training when a launcher (torchrun, a SLURM script) sets WORLD_SIZE, RANK and "
+      "MASTER_ADDR/MASTER_PORT; ignored by a single process (docs/distributed.md).",
+      {key("backend", KeyType::kString, "auto", "c10d backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl",
+           {"auto", "gloo", "nccl"}),
+       key("timeout_seconds", KeyType::kFloat, "1800", "a collective waiting longer fails the run (a rank hung or died)",
+           Range::above(0)),
+       key("bucket_cap_mb", KeyType::kFloat, "25", "gradient all-reduce bucket size, MiB", Range::above(0)),
+       key("find_unused_parameters", KeyType::kBool, "false", "allow trainable parameters that get no gradient in a step"),
+       key("broadcast_buffers", KeyType::kBool, "true", "rank 0's buffers (BN running statistics) to every rank before each forward"),
+       key("verify_every", KeyType::kInt, "0 (off)",
+           "every N optimizer steps check that all ranks hold bitwise-equal parameters", Range::at_least(0))}));
   return s;
 }
 
@@ -719,6 +732,17 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   const std::string& dev = r.training.device;
   if (!is_device_name(dev))
     usage_error(at_line(origin, t["device"]) + ": 'training.device' is '" + dev + "' (one of: cpu, cuda, cuda:N)");
+
+  // distributed
+  if (const YAML::Node d = root["distributed"]) {
+    auto& ds = r.distributed;
+    get(d, "backend", ds.backend);
+    get(d, "timeout_seconds", ds.timeout_seconds);
+    get(d, "bucket_cap_mb", ds.bucket_cap_mb);
+    get(d, "find_unused_parameters", ds.find_unused_parameters);
+    get(d, "broadcast_buffers", ds.broadcast_buffers);
+    get(d, "verify_every", ds.verify_every);
+  }
 
   // modifiers
   if (const YAML::Node mods = root["modifiers"]) {

@@ -84,6 +84,18 @@ struct TrainingSpec {
   int64_t log_every = 50;         ///< batches between plain progress lines (non-terminal output)
 };
 
+/// `distributed:` — data-parallel training across processes (runner/distributed.h,
+/// docs/distributed.md). It applies when the launcher sets WORLD_SIZE (torchrun, SLURM scripts);
+/// a single process ignores it.
+struct DistributedSpec {
+  std::string backend = "auto";         ///< auto (nccl on CUDA, gloo on CPU) | gloo | nccl
+  double timeout_seconds = 1800;        ///< a collective waiting longer than this fails (a peer hung or died)
+  double bucket_cap_mb = 25;            ///< gradient bucket size, MiB (as DDP's bucket_cap_mb)
+  bool find_unused_parameters = false;  ///< allow parameters that get no gradient in a step
+  bool broadcast_buffers = true;        ///< rank 0's buffers (BN running statistics) to every rank before each forward
+  int64_t verify_every = 0;             ///< every N optimizer steps check the ranks' parameters are bitwise equal (0 = off)
+};
+
 /// One value of a modifier setting, typed as the modifier's KeySpec says: a boolean, an integer,
 /// a number, a string, or a list of numbers, integers or strings (a section or free-form value is
 /// kept as its YAML text, a string).
@@ -180,6 +192,7 @@ struct Recipe {
   TrainingSpec training;
   std::vector<ModifierSpec> modifiers;
   OutputsSpec outputs;
+  DistributedSpec distributed;
 };
 
 /// The type of a recipe value, for validation and docs.
@@ -220,7 +233,7 @@ struct KeySpec {
   Range range;                       ///< numeric keys: the allowed values (checked before any work)
 };
 
-/// The schema of the recipe's sections (model, data, training, modifiers, outputs).
+/// The schema of the recipe's sections (model, data, training, modifiers, outputs, distributed).
 const std::vector<KeySpec>& recipe_schema();
 
 /// Reads, overrides and validates a recipe. `overrides` are "path.to.key=value" strings (values

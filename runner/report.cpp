@@ -175,6 +175,10 @@ void write_report(const std::string& path, const Recipe& r, const RunResult& res
   for (const auto& [format, path] : result.exports)
     report["exports"][format] = {{"path", path}, {"bytes", result.export_bytes.count(format) ? result.export_bytes.at(format) : 0}};
   report["device"] = device;
+  if (result.world_size > 1)
+    report["distributed"] = {{"world_size", result.world_size},
+                             {"backend", result.distributed_backend},
+                             {"global_batch_size", result.global_batch_size}};
   // Float results depend on these (docs/reproducibility.md).
   report["cpu_capability"] = cpu_capability();
   report["intra_op_threads"] = intra_op_threads();
@@ -199,7 +203,11 @@ void print_report(std::ostream& log, const Recipe& r, const RunResult& result, c
     log << "  " << std::left << std::setw(23) << (format + " export") << std::right << path << " ("
         << (result.export_bytes.count(format) ? result.export_bytes.at(format) : 0) << " bytes)\n";
   log << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n"
-      << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s\n";
+      << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s"
+      << (result.world_size > 1 ? " (all " + std::to_string(result.world_size) + " ranks)" : std::string()) << "\n";
+  if (result.world_size > 1)
+    log << "  data parallel          " << result.world_size << " ranks (" << result.distributed_backend << "), "
+        << result.global_batch_size << " images a step\n";
   for (const auto& [k, v] : result.loss_terms)
     log << "  " << std::left << std::setw(23) << k << std::right << std::setprecision(4) << v << " (last epoch's mean)\n";
   log

@@ -38,6 +38,11 @@ struct RunResult {
   /// Files written by outputs.export: format ("onnx", "torchscript") → path, with their sizes.
   std::map<std::string, std::string> exports;
   std::map<std::string, int64_t> export_bytes;
+  /// Data-parallel runs (runner/distributed.h): processes, their c10d backend, and the images of
+  /// one optimizer step over all of them (data.batch_size · grad_accumulation · world_size).
+  int64_t world_size = 1;
+  std::string distributed_backend;
+  int64_t global_batch_size = 0;
 };
 
 /// One node's costs and storage, as `whittle inspect` and report.json show them.

@@ -119,15 +119,19 @@ void request_stop() noexcept { g_stop.store(true); }
 
 void install_sigint_handler() {
   struct sigaction sa {};
-  sa.sa_handler = [](int) {
-    if (g_stop.load()) std::_Exit(130);  // second Ctrl-C: leave at once
+  sa.sa_handler = [](int sig) {
+    if (g_stop.load()) {
+      if (sig == SIGINT) std::_Exit(130);  // second Ctrl-C: leave at once
+      return;                              // SIGTERM after a stop request: the save is under way
+    }
     request_stop();
   };
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
-EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device) {
+EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device, ProcessGroup* group) {
   model->eval();
   at::NoGradGuard no_grad;
   EvalMetrics m;
@@ -144,6 +148,16 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
     c1 += hit.select(1, 0).sum().item<int64_t>();
     c5 += hit.any(1).sum().item<int64_t>();
     m.samples += y.size(0);
+  }
+  if (group) {
+    std::vector<at::Tensor> sums{at::tensor({loss_sum, static_cast<double>(c1), static_cast<double>(c5),
+                                             static_cast<double>(m.samples)}, at::kDouble).to(group->device())};
+    group->all_reduce_sum(sums);
+    const at::Tensor all = sums[0].to(at::kCPU);
+    loss_sum = all[0].item<double>();
+    c1 = static_cast<int64_t>(all[1].item<double>());
+    c5 = static_cast<int64_t>(all[2].item<double>());
+    m.samples = static_cast<int64_t>(all[3].item<double>());
   }
   if (m.samples > 0) {
     m.top1 = static_cast<double>(c1) / static_cast<double>(m.samples);
@@ -194,7 +208,13 @@ at::Device open_device(const std::string& name) {
 // ---------------------------------------------------------------- Trainer
 
 Trainer::Trainer(const Recipe& r, const RunOptions& options)
-    : recipe_(r), options_(options), log_(options.log ? options.log : &std::cout), t_start_(Clock::now()) {
+    : recipe_(r),
+      options_(options),
+      log_(options.log ? options.log : &std::cout),
+      group_(options.group),
+      writer_(!options.group || options.group->rank() == 0),
+      t_start_(Clock::now()) {
+  if (!writer_) log_ = &null_log_;
   std::ostream& log = *log_;
   // A Ctrl-C that came before the Trainer (while the recipe was read) counts: checked below
   // before the run directory is created.
@@ -206,15 +226,17 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     throw Error("--resume continues the run in " + dir + " and --overwrite replaces it: give one", ErrorKind::kUsage);
 
   // The run directory must be usable before any work starts, but nothing is created until the
-  // recipe has been checked against the data and the model.
-  try {
-    check_directory_creatable(dir);
-  } catch (const Error& e) {
-    throw Error("output directory " + dir + " cannot be written: " + e.what());
-  }
-  if (is_directory(dir)) {
-    run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
-    check_previous_run();
+  // recipe has been checked against the data and the model. Only rank 0 writes it.
+  if (writer_) {
+    try {
+      check_directory_creatable(dir);
+    } catch (const Error& e) {
+      throw Error("output directory " + dir + " cannot be written: " + e.what());
+    }
+    if (is_directory(dir)) {
+      run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
+      check_previous_run();
+    }
   }
 
   const TrainingSpec& t = r.training;
@@ -228,9 +250,12 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     ctx.setDeterministicCuDNN(t.deterministic);
   }
 
-  // Data.
+  // Data. Image folders are packed to HDF5 on first use: rank 0 packs, the others then read its copy.
+  const bool pack_first = group_ && !r.data.pack_to.empty();
+  if (pack_first && !writer_) group_->barrier();
   data::Dataset train = load_limited(r.data, "train", r.data.train, r.data.train_split, r.data.train_limit, log);
   data::Dataset test = load_limited(r.data, "test", r.data.test, r.data.test_split, r.data.test_limit, log);
+  if (pack_first && writer_) group_->barrier();
   data::LoaderOptions train_opts;
   train_opts.batch_size = r.data.batch_size;
   train_opts.shuffle = true;
@@ -245,13 +270,21 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   test_opts.shuffle = false;
   test_opts.drop_last = false;
   test_opts.transform = make_transform(r.data, false);
+  if (group_) {  // the distributed sampler: each rank its shard of every epoch
+    train_opts.num_replicas = test_opts.num_replicas = group_->world_size();
+    train_opts.rank = test_opts.rank = group_->rank();
+    test_opts.even_shards = false;  // every test image once
+  }
   const int64_t train_images = train.size();
   train_loader_ = std::make_unique<data::DataLoader>(std::move(train), train_opts);
   test_loader_ = std::make_unique<data::DataLoader>(std::move(test), test_opts);
   if (train_loader_->num_batches() == 0)
     throw Error(r.path + ": 'data.batch_size' " + std::to_string(r.data.batch_size) + " is more than the " +
-                    std::to_string(train_images) +
-                    " training images and data.drop_last is true: an epoch would make no optimizer step",
+                    std::to_string(train_loader_->shard_size()) + " training images" +
+                    (group_ ? " of this rank's shard (" + std::to_string(train_images) + " over " +
+                                  std::to_string(group_->world_size()) + " ranks)"
+                            : std::string()) +
+                    " and data.drop_last is true: an epoch would make no optimizer step",
                 ErrorKind::kUsage);
   check_modifier_windows();
   if (t.grad_accumulation > train_loader_->num_batches())
@@ -272,7 +305,15 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
 
   // Model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
   std::optional<SavedTrainState> saved;
-  if (options.resume) saved.emplace(SavedTrainState::read(state_path_, r.text));
+  if (options.resume) {
+    try {
+      saved.emplace(SavedTrainState::read(state_path_, r.text));
+    } catch (const Error& e) {
+      if (writer_) throw;
+      throw Error(std::string(e.what()) + " (on resume every rank reads the training state: the run directory must be on a "
+                  "file system every rank sees)");
+    }
+  }
   model_ = GraphModule(saved ? saved->take_graph() : load_model(model_source(r, train_loader_->dataset())));
   model_->to(device_);
 
@@ -284,7 +325,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
 
   // Everything is checked: from here on the run directory is written.
   if (g_stop.load()) throw Interrupted("interrupted before training started; nothing was written");
-  if (!run_dir_.lock) {
+  if (writer_ && !run_dir_.lock) {
     make_directories(dir);
     run_dir_.path = dir;
     run_dir_.created = true;
@@ -317,18 +358,43 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     result_.epochs_done = state_.epoch;
     saved->restore_rng();
     log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
+    if (!writer_) {  // the saved running sums are all ranks' so far: rank 0 carries them
+      state_.loss_sum = 0;
+      state_.correct = 0;
+      state_.seen = 0;
+    }
   }
+  if (group_) {
+    DataParallelOptions dp;
+    dp.bucket_cap_mb = r.distributed.bucket_cap_mb;
+    dp.find_unused_parameters = r.distributed.find_unused_parameters;
+    dp.broadcast_buffers = r.distributed.broadcast_buffers;
+    // Broadcasts rank 0's parameters and buffers: every rank starts from one model.
+    ddp_ = std::make_unique<DistributedDataParallel>(group_, optimized_parameters(), model_buffers(), dp);
+    // Each rank its own random stream (dropout) from here on, fixed by the seed, the rank and the step.
+    if (group_->rank() > 0)
+      at::manual_seed(static_cast<uint64_t>(t.seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(group_->rank()) * 1000003ull +
+                      static_cast<uint64_t>(state_.step));
+    result_.world_size = group_->world_size();
+    result_.distributed_backend = group_->backend();
+  }
+  result_.global_batch_size = r.data.batch_size * t.grad_accumulation * result_.world_size;
   if (options.resume) run_dir_.written = true;  // the run's files are there already
 
   const NodeCost cost = per_image_cost(model_->graph());
   result_.params = cost.params;
   result_.macs = cost.macs;
   log << "model " << (r.model.name.empty() ? r.model.file : r.model.name) << ": " << cost.params << " parameters, "
-      << cost.macs << " MACs/image; data: " << train_loader_->num_samples() << " train / "
-      << test_loader_->num_samples() << " test images; device " << device_.str() << "\n"
-      << std::flush;
+      << cost.macs << " MACs/image; data: "
+      << (group_ ? train_loader_->dataset().size() : train_loader_->num_samples()) << " train / "
+      << test_loader_->dataset().size() << " test images; device " << device_.str() << "\n";
+  if (group_)
+    log << "data parallel: " << group_->world_size() << " ranks (" << group_->backend() << "), each training "
+        << train_loader_->num_samples() << " images an epoch in batches of " << r.data.batch_size << " and testing "
+        << test_loader_->num_samples() << "; " << result_.global_batch_size << " images a step\n";
+  log << std::flush;
 
-  const bool tty = log_ == &std::cout && ::isatty(STDOUT_FILENO);
+  const bool tty = log_ == &std::cout && ::isatty(STDOUT_FILENO);  // false for ranks other than 0
   progress_ = std::make_unique<ProgressBar>(log, tty, t.log_every);
 }
 
@@ -471,6 +537,12 @@ std::vector<at::Tensor> Trainer::optimized_parameters() {
   return params;
 }
 
+std::vector<at::Tensor> Trainer::model_buffers() {
+  std::vector<at::Tensor> out;
+  for (const auto& b : model_->buffers()) out.push_back(b);
+  return out;
+}
+
 void Trainer::apply_parameter_changes() {
   if (!tc_.parameters_changed) return;
   model_->to(device_);
@@ -478,7 +550,24 @@ void Trainer::apply_parameter_changes() {
     optimizer_ = rebuild_optimizer(*optimizer_, optimized_parameters());
     tc_.optimizer = optimizer_.get();
   }
+  // Every rank made the same change (the modifiers see the same parameters and step).
+  if (ddp_) ddp_->set_parameters(optimized_parameters(), model_buffers());
   tc_.parameters_changed = false;
+}
+
+void Trainer::sum_epoch_over_ranks() {
+  if (!group_) return;
+  std::vector<at::Tensor> sums{at::tensor({state_.loss_sum, static_cast<double>(state_.correct),
+                                           static_cast<double>(state_.seen), static_cast<double>(epoch_images_)},
+                                          at::kDouble)
+                                   .to(group_->device())};
+  group_->all_reduce_sum(sums);
+  const at::Tensor all = sums[0].to(at::kCPU);
+  const bool root = group_->rank() == 0;  // after the sum, rank 0 holds the totals, the others nothing
+  state_.loss_sum = root ? all[0].item<double>() : 0.0;
+  state_.correct = root ? static_cast<int64_t>(all[1].item<double>()) : 0;
+  state_.seen = root ? static_cast<int64_t>(all[2].item<double>()) : 0;
+  epoch_images_ = static_cast<int64_t>(all[3].item<double>());
 }
 
 void Trainer::step(const data::Batch& batch) {
@@ -493,6 +582,8 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor x = batch.images.to(device_, true);
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const bool step_now = (index + 1) % t.grad_accumulation == 0 || index + 1 == batches;
+  if (ddp_) ddp_->before_forward(/*sync_gradients=*/step_now);
   std::vector<std::string> captures;
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch))
@@ -525,8 +616,9 @@ void Trainer::step(const data::Batch& batch) {
                 ". A learning rate too high for the model (training.optimizer.lr) is the usual cause");
   }
   at::Tensor scaled = scaler_.scale_loss(loss / static_cast<double>(t.grad_accumulation));
-  scaled.backward();
-  if ((index + 1) % t.grad_accumulation == 0 || index + 1 == batches) {
+  if (ddp_) ddp_->backward(scaled);  // gradients averaged over the ranks
+  else scaled.backward();
+  if (step_now) {
     const std::vector<at::Tensor> params = optimized_parameters();
     if (scaler_.unscale_and_check(params)) {
       if (t.grad_clip_norm > 0) clip_gradient_norm(params, t.grad_clip_norm);
@@ -534,6 +626,8 @@ void Trainer::step(const data::Batch& batch) {
     }
     optimizer_->zero_grad(/*set_to_none=*/true);
     tc_.step = ++state_.step;
+    if (ddp_ && recipe_.distributed.verify_every > 0 && state_.step % recipe_.distributed.verify_every == 0)
+      ddp_->verify_parameters_equal("after optimizer step " + std::to_string(state_.step));
     for (auto& m : modifiers_)
       if (m->active_at(tc_.epoch)) m->on_step_end(tc_);
   }
@@ -565,10 +659,13 @@ bool Trainer::train_epoch() {
     const int64_t index = state_.batch;
     step(*batch);
     epoch_images_ += batch->labels.size(0);
-    const double rate = static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
-    progress_->update(epoch, t.epochs, index, batches, state_.loss_sum / static_cast<double>(state_.seen), rate,
-                      static_cast<double>((batches - index - 1) * recipe_.data.batch_size) / std::max(rate, 1e-9));
-    if (g_stop.load()) {
+    // Rank 0's progress stands for all ranks (they train equal shards in step).
+    const double ranks = static_cast<double>(result_.world_size);
+    const double rate = ranks * static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
+    progress_->update(epoch, t.epochs, index, batches, state_.loss_sum / static_cast<double>(std::max<int64_t>(state_.seen, 1)),
+                      rate, ranks * static_cast<double>((batches - index - 1) * recipe_.data.batch_size) / std::max(rate, 1e-9));
+    // Every rank stops at the same step: a stop request on any of them stops all.
+    if (group_ ? group_->any(g_stop.load()) : g_stop.load()) {
       stopped = true;
       break;
     }
@@ -581,9 +678,13 @@ bool Trainer::train_epoch() {
   return !stopped;
 }
 
-EvalMetrics Trainer::evaluate() { return runner::evaluate(model_, *test_loader_, device_); }
+EvalMetrics Trainer::evaluate() {
+  if (ddp_) ddp_->broadcast_buffers();  // every rank evaluates rank 0's model, the one saved
+  return runner::evaluate(model_, *test_loader_, device_, group_.get());
+}
 
 void Trainer::save_state() {
+  if (!writer_) return;
   start_writing();
   save_train_state(state_path_, recipe_.text, state_, model_, modifiers_, *optimizer_, scaler_);
 }
@@ -593,6 +694,7 @@ EvalMetrics Trainer::end_epoch() {
   const int64_t epoch = state_.epoch;
   for (auto& m : modifiers_) m->on_epoch_end(tc_);
   apply_parameter_changes();
+  sum_epoch_over_ranks();
   const Clock::time_point t_eval = Clock::now();
   const EvalMetrics ev = evaluate();
   const double eval_seconds = seconds_since(t_eval);
@@ -629,8 +731,8 @@ EvalMetrics Trainer::end_epoch() {
     for (const auto& [k, v] : extra) line[k] = v;
     result_.loss_terms = extra;
   }
-  start_writing();
-  {
+  if (writer_) {
+    start_writing();
     std::ofstream f(join_path(result_.run_dir, "metrics.jsonl"), std::ios::app);
     f << line.dump() << "\n";
   }
@@ -642,7 +744,7 @@ EvalMetrics Trainer::end_epoch() {
   next.epoch = epoch + 1;
   next.step = state_.step;
   state_ = next;
-  if (recipe_.outputs.save_every_epoch || epoch + 1 == t.epochs) {
+  if (writer_ && (recipe_.outputs.save_every_epoch || epoch + 1 == t.epochs)) {
     save_checkpoint(result_.checkpoint, model_->graph(), recipe_.text, line.dump());
     save_state();
   }
@@ -652,8 +754,11 @@ EvalMetrics Trainer::end_epoch() {
 RunResult Trainer::run() {
   while (state_.epoch < recipe_.training.epochs) {
     if (!train_epoch()) {
-      // Save where we are: the next batch of this epoch.
+      // Save where we are: the next batch of this epoch (the running sums over every rank).
+      sum_epoch_over_ranks();
+      if (ddp_) ddp_->broadcast_buffers();
       save_state();
+      if (group_) group_->barrier();  // the others leave once the state is on disk
       *log_ << "interrupted: training state saved to " << state_path_ << " (continue with --resume)\n";
       result_.interrupted = true;
       g_stop.store(false);
@@ -678,6 +783,11 @@ RunResult Trainer::finish() {
   metrics["test_top5"] = result_.test.top5;
   metrics["test_loss"] = result_.test.loss;
   metrics["epochs"] = result_.epochs_done;
+  if (ddp_) ddp_->broadcast_buffers();
+  if (!writer_) {
+    group_->barrier();  // rank 0 writes the checkpoint, the exports and the report meanwhile
+    return result_;
+  }
   save_checkpoint(result_.checkpoint, model_->graph(), recipe_.text, metrics.dump());
   result_.checkpoint_bytes = file_size(result_.checkpoint);
   std::string export_error;
@@ -687,11 +797,13 @@ RunResult Trainer::finish() {
     export_error = e.what();  // the run is complete: its report is written first
   }
   result_.wall_seconds = seconds_since(t_start_);
-  result_.train_images_per_second = static_cast<double>(images_trained_) / std::max(train_seconds_, 1e-9);
+  // All ranks' images (they train equal shards) over rank 0's training time.
+  result_.train_images_per_second = static_cast<double>(images_trained_ * result_.world_size) / std::max(train_seconds_, 1e-9);
   const std::string report_path = join_path(result_.run_dir, "report.json");
   write_report(report_path, recipe_, result_, device_.str(), model_->graph());
   print_report(*log_, recipe_, result_, report_path);
   if (!export_error.empty()) throw Error(export_error);
+  if (group_) group_->barrier();
   return result_;
 }
 

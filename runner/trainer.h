@@ -26,6 +26,7 @@
 #include "core/file_util.h"
 #include "graph/graph_module.h"
 #include "runner/amp.h"
+#include "runner/distributed.h"
 #include "runner/modifier.h"
 #include "runner/recipe.h"
 #include "runner/report.h"
@@ -51,6 +52,12 @@ struct RunOptions {
                                 ///< its files stay as they are until this run writes its own (its
                                 ///< first epoch's end, or a Ctrl-C), then each is replaced
   std::ostream* log = nullptr;  ///< progress and report (nullptr = std::cout)
+  /// Data-parallel training over this process group (runner/distributed.h; nullptr = one
+  /// process). Every rank trains its shard of each epoch with gradients averaged over the ranks and
+  /// evaluates its shard of the test set (the metrics summed); rank 0 alone prints, and writes the
+  /// run directory. On resume every rank reads the training state, so the run directory must be
+  /// where every rank can read it (one machine, or a shared file system).
+  std::shared_ptr<ProcessGroup> group;
 };
 
 /// Loads split `split` of the dataset at `path` (any format data::load_dataset reads). Image
@@ -65,8 +72,11 @@ data::Dataset load_split(const std::string& path, const std::string& split, cons
 at::Device open_device(const std::string& name);
 
 /// Evaluates `model` (switched to eval mode, no gradients) on every batch of `loader` on `device`:
-/// images [N, C, H, W], labels [N] int64, logits [N, classes].
-EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device);
+/// images [N, C, H, W], labels [N] int64, logits [N, classes]. With `group`, each rank's loader
+/// holds its shard of the test set and the counts are summed over the ranks (every rank gets the
+/// whole set's metrics); throws whittle::Error from the collective.
+EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device,
+                     ProcessGroup* group = nullptr);
 
 /// One run of a recipe, step by step. The constructor does everything before the first batch, in
 /// this order (which fixes the use of LibTorch's global generator, so that a run is reproducible):
@@ -128,7 +138,8 @@ class Trainer {
   /// The model on the test set (evaluate()).
   EvalMetrics evaluate();
 
-  /// Writes the training state (runner/train_state.h) to <dir>/train_state.pt.
+  /// Writes the training state (runner/train_state.h) to <dir>/train_state.pt (rank 0 of a
+  /// data-parallel run; the others write nothing).
   void save_state();
 
   /// Where the run stands (saved with the training state).
@@ -146,6 +157,8 @@ class Trainer {
   data::DataLoader& train_loader() { return *train_loader_; }
   const at::Device& device() const { return device_; }
   const std::string& run_dir() const { return result_.run_dir; }
+  /// The data-parallel wrapper (nullptr in a single process).
+  DistributedDataParallel* data_parallel() { return ddp_.get(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -160,6 +173,8 @@ class Trainer {
   void check_modifier_targets() const;         // every pattern matches a node of the model
   void check_export_forms() const;             // outputs.export: a dry run of each export
   void check_input_shapes() const;             // both data sets' images fit the model's input
+  void sum_epoch_over_ranks();                 // state_'s running sums of this rank → the sums over all ranks (rank 0)
+  std::vector<at::Tensor> model_buffers();
 
   Recipe recipe_;
   RunOptions options_;
@@ -174,6 +189,10 @@ class Trainer {
   } run_dir_;
   void start_writing();           // writes them, at the first save or metrics line
   std::ostream* log_;
+  std::ostream null_log_{nullptr};   // ranks other than 0 print nothing
+  std::shared_ptr<ProcessGroup> group_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  bool writer_ = true;               // this process prints and writes the run directory (rank 0)
   Clock::time_point t_start_;
   Clock::time_point t_epoch_;
   std::string state_path_;
@@ -209,7 +228,10 @@ class Interrupted : public Error {
 
 /// Asks a running Trainer to stop after the current batch and save its state (async-signal-safe).
 void request_stop() noexcept;
-/// Installs a SIGINT handler that calls request_stop() (a second SIGINT kills the process).
+/// Installs SIGINT and SIGTERM handlers that call request_stop(): the run stops after the batch in
+/// progress and saves its state (every rank of a data-parallel run stops at the same step). A second
+/// SIGINT kills the process; a second SIGTERM is ignored (torchrun sends SIGTERM to the workers of
+/// a job whose terminal got Ctrl-C, and SIGKILL after its grace period).
 void install_sigint_handler();
 
 }  // namespace whittle::runner

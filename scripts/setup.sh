@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libeigen3-dev libboost-program-options-dev libhdf5-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libturbojpeg0-dev libpng-dev zlib1g-dev libarchive-dev
   libonnx-dev libprotobuf-dev
+  libgloo-dev
   chromium
   clang-format clang-tidy
 )

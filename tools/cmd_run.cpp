@@ -3,8 +3,10 @@
 #include <boost/program_options.hpp>
 
 #include <iostream>
+#include <optional>
 
 #include "core/error.h"
+#include "runner/distributed.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"
 #include "tools/command.h"
@@ -44,12 +46,32 @@ int run_run(const std::vector<std::string>& args) {
   ro.resume = vm.count("resume") > 0;
   ro.overwrite = vm.count("overwrite") > 0;
   runner::install_sigint_handler();
+  // Data-parallel when a launcher (torchrun, srun) says so: join the job's process group.
+  std::shared_ptr<runner::ProcessGroup> group;
+  if (const std::optional<runner::LaunchInfo> launch = runner::launch_from_environment()) {
+    std::string dev = device.empty() ? recipe.training.device : device;
+    if (dev == "cuda") dev = "cuda:" + std::to_string(launch->local_rank);  // one GPU a local rank
+    ro.device = dev;
+    runner::ProcessGroupOptions po;
+    po.backend = recipe.distributed.backend;
+    po.device = at::Device(dev);
+    po.timeout_seconds = recipe.distributed.timeout_seconds;
+    group = runner::ProcessGroup::connect(*launch, po);
+    ro.group = group;
+  }
   try {
     runner::RunResult res = runner::run_recipe(recipe, ro);
     return res.interrupted ? 130 : 0;
   } catch (const runner::Interrupted& e) {
     std::cerr << "whittle run: " << e.what() << "\n";
     return 130;
+  } catch (const std::exception& e) {
+    if (!group || group->broken()) throw;  // alone, or the failure came from another rank
+    // This rank's own failure: the others learn it from the store and stop too.
+    const std::string msg = message_of(e);
+    group->report_failure(msg);
+    const auto* err = dynamic_cast<const Error*>(&e);
+    throw Error("rank " + std::to_string(group->rank()) + ": " + msg, err ? err->kind() : ErrorKind::kRuntime);
   }
 }
 
