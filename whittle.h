@@ -44,6 +44,7 @@
 #include "runner/progress.h"
 #include "runner/schedule.h"
 #include "runner/trainer.h"
+#include "runner/distributed.h"
 #include "runner/train_state.h"
 #include "runner/report.h"
 #include "runner/amp.h"

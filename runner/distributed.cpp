@@ -430,6 +430,18 @@ void DistributedDataParallel::broadcast_buffers() {
 
 void DistributedDataParallel::before_forward(bool sync_gradients) {
   state_->sync = sync_gradients;
+  sync_bn_.reset();
+  if (options_.sync_batchnorm) {
+    std::weak_ptr<ProcessGroup> weak = group_;
+    sync_bn_ = std::make_unique<CrossReplicaBatchNorm>([weak](at::Tensor& values) {
+      const std::shared_ptr<ProcessGroup> g = weak.lock();
+      if (!g) throw Error("synchronized batch norm: the process group is gone");
+      at::Tensor on_device = values.to(g->device());
+      std::vector<at::Tensor> one{on_device};
+      g->all_reduce_sum(one);
+      if (!on_device.is_same(values)) values.copy_(on_device);
+    });
+  }
   if (state_->reducer && sync_gradients) {
     try {
       state_->reducer->prepare_for_forward();
@@ -450,6 +462,7 @@ void DistributedDataParallel::before_forward(bool sync_gradients) {
 }
 
 void DistributedDataParallel::backward(const at::Tensor& loss) {
+  sync_bn_.reset();  // the forward is done; its batch norms keep the sum for their backward
   if (state_->reducer && state_->sync) {
     try {
       state_->reducer->prepare_for_backward(options_.find_unused_parameters ? std::vector<at::Tensor>{loss}

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/functional.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -111,6 +113,10 @@ struct DataParallelOptions {
   double bucket_cap_mb = 25;            ///< gradients all-reduced in buckets of about this size (the first 1 MiB)
   bool find_unused_parameters = false;  ///< allow parameters that get no gradient in a backward pass
   bool broadcast_buffers = true;        ///< before each forward, rank 0's buffers are copied to every rank
+  /// Batch norms of the training forward passes between before_forward() and backward()
+  /// normalize with the statistics of the global batch (torch.nn.SyncBatchNorm;
+  /// graph/functional.h CrossReplicaBatchNorm).
+  bool sync_batchnorm = false;
 };
 
 /// Data parallelism with PyTorch DDP's semantics, on c10d's own Reducer. At construction the
@@ -142,7 +148,8 @@ class DistributedDataParallel {
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   /// Before a training forward pass: with broadcast_buffers, rank 0's buffers to every rank; when
-  /// `sync_gradients`, the next backward() averages the gradients (else they only accumulate).
+  /// `sync_gradients`, the next backward() averages the gradients (else they only accumulate); with
+  /// sync_batchnorm, batch norms on this thread use global batch statistics until backward().
   void before_forward(bool sync_gradients = true);
   /// loss.backward(); when before_forward asked for it, every gradient is the average over ranks
   /// on return.
@@ -163,6 +170,7 @@ class DistributedDataParallel {
   [[noreturn]] void collective_failed(std::exception_ptr error);  // throws whittle::Error naming the failed rank
   std::shared_ptr<ProcessGroup> group_;
   DataParallelOptions options_;
+  std::unique_ptr<CrossReplicaBatchNorm> sync_bn_;  // from before_forward to backward
   std::unique_ptr<State> state_;
 };
 

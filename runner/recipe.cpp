@@ -215,6 +215,8 @@ std::vector<KeySpec> build_schema() {
        key("bucket_cap_mb", KeyType::kFloat, "25", "gradient all-reduce bucket size, MiB", Range::above(0)),
        key("find_unused_parameters", KeyType::kBool, "false", "allow trainable parameters that get no gradient in a step"),
        key("broadcast_buffers", KeyType::kBool, "true", "rank 0's buffers (BN running statistics) to every rank before each forward"),
+       key("sync_batchnorm", KeyType::kBool, "false",
+           "training batch norms normalize with the statistics of all ranks' batches (as torch.nn.SyncBatchNorm)"),
        key("verify_every", KeyType::kInt, "0 (off)",
            "every N optimizer steps check that all ranks hold bitwise-equal parameters", Range::at_least(0))}));
   return s;
@@ -741,6 +743,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     get(d, "bucket_cap_mb", ds.bucket_cap_mb);
     get(d, "find_unused_parameters", ds.find_unused_parameters);
     get(d, "broadcast_buffers", ds.broadcast_buffers);
+    get(d, "sync_batchnorm", ds.sync_batchnorm);
     get(d, "verify_every", ds.verify_every);
   }
 

@@ -93,6 +93,7 @@ struct DistributedSpec {
   double bucket_cap_mb = 25;            ///< gradient bucket size, MiB (as DDP's bucket_cap_mb)
   bool find_unused_parameters = false;  ///< allow parameters that get no gradient in a step
   bool broadcast_buffers = true;        ///< rank 0's buffers (BN running statistics) to every rank before each forward
+  bool sync_batchnorm = false;          ///< batch norms use the statistics of the global batch (SyncBatchNorm)
   int64_t verify_every = 0;             ///< every N optimizer steps check the ranks' parameters are bitwise equal (0 = off)
 };
 

@@ -369,6 +369,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     dp.bucket_cap_mb = r.distributed.bucket_cap_mb;
     dp.find_unused_parameters = r.distributed.find_unused_parameters;
     dp.broadcast_buffers = r.distributed.broadcast_buffers;
+    dp.sync_batchnorm = r.distributed.sync_batchnorm;
     // Broadcasts rank 0's parameters and buffers: every rank starts from one model.
     ddp_ = std::make_unique<DistributedDataParallel>(group_, optimized_parameters(), model_buffers(), dp);
     // Each rank its own random stream (dropout) from here on, fixed by the seed, the rank and the step.

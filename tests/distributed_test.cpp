@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -28,6 +30,7 @@
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
+#include "graph/functional.h"
 #include "graph/graph_module.h"
 #include "recipe_support.h"
 #include "runner/distributed.h"
@@ -180,6 +183,82 @@ TEST(DistributedSampler, RanksShareOutEachEpochAndTheShardsChange) {
   EXPECT_THROW(data::DataLoader(ds, o), Error);
 }
 
+// ---------------------------------------------------------------- synchronized batch norm
+
+// An in-memory sum over `replicas` threads: each call waits for the others' and returns the total.
+class ThreadSum {
+ public:
+  explicit ThreadSum(int replicas) : replicas_(replicas) {}
+  void operator()(at::Tensor& values) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t round = round_;
+    total_ = arrived_ == 0 ? values.clone() : total_ + values;
+    if (++arrived_ == replicas_) {
+      result_ = total_;
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return round_ != round; });
+    }
+    values.copy_(result_);
+  }
+
+ private:
+  int replicas_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t round_ = 0;
+  at::Tensor total_, result_;
+};
+
+TEST(CrossReplicaBatchNorm, TwoReplicasComputeTheBatchNormOfTheirUnion) {
+  // A batch [8, 3, 4, 4] split in two halves, each on its own thread in a CrossReplicaBatchNorm
+  // scope: outputs, input gradients, running statistics equal at::batch_norm of the whole batch;
+  // the weight and bias gradients of the halves add up to the whole batch's.
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({8, 3, 4, 4}, at::kDouble) * 2 + 1;
+  const at::Tensor w0 = at::randn({3}, at::kDouble), b0 = at::randn({3}, at::kDouble);
+  const at::Tensor dy = at::randn({8, 3, 4, 4}, at::kDouble);
+  at::Tensor xw = x.clone().requires_grad_(true), ww = w0.clone().requires_grad_(true), bw = b0.clone().requires_grad_(true);
+  at::Tensor rm = at::zeros({3}, at::kDouble), rv = at::ones({3}, at::kDouble);
+  at::Tensor yw = batch_norm_forward(xw, ww, bw, rm, rv, nullptr, true, 0.1, 1e-5);
+  (yw * dy).sum().backward();
+
+  auto sum = std::make_shared<ThreadSum>(2);
+  std::vector<at::Tensor> y(2), dx(2), dw(2), db(2), rms(2), rvs(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      at::Tensor xr = x.slice(0, 4 * r, 4 * r + 4).clone().requires_grad_(true);
+      at::Tensor wr = w0.clone().requires_grad_(true), br = b0.clone().requires_grad_(true);
+      rms[r] = at::zeros({3}, at::kDouble);
+      rvs[r] = at::ones({3}, at::kDouble);
+      {
+        CrossReplicaBatchNorm scope([sum](at::Tensor& v) { (*sum)(v); });
+        y[r] = batch_norm_forward(xr, wr, br, rms[r], rvs[r], nullptr, true, 0.1, 1e-5);
+      }
+      (y[r] * dy.slice(0, 4 * r, 4 * r + 4)).sum().backward();
+      dx[r] = xr.grad();
+      dw[r] = wr.grad();
+      db[r] = br.grad();
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(all_close(at::cat({y[0], y[1]}), yw, 1e-12, 1e-10));
+  EXPECT_TRUE(all_close(at::cat({dx[0], dx[1]}), xw.grad(), 1e-12, 1e-10));
+  EXPECT_TRUE(all_close(dw[0] + dw[1], ww.grad(), 1e-12, 1e-10));
+  EXPECT_TRUE(all_close(db[0] + db[1], bw.grad(), 1e-12, 1e-10));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(all_close(rms[r], rm, 1e-12, 1e-10));
+    EXPECT_TRUE(all_close(rvs[r], rv, 1e-12, 1e-10));
+  }
+  // Outside a scope a half is normalized alone.
+  at::Tensor alone = batch_norm_forward(x.slice(0, 0, 4), w0, b0, at::zeros({3}, at::kDouble),
+                                        at::ones({3}, at::kDouble), nullptr, true, 0.1, 1e-5);
+  EXPECT_FALSE(all_close(alone, yw.slice(0, 0, 4), 1e-3, 0));
+}
+
 // ---------------------------------------------------------------- whole runs
 
 int free_port() {
@@ -246,17 +325,17 @@ std::string mnist() { return join_path(source_dir(), "data/mnist10k"); }
 
 // LeNet-5 on the 8,000 training digits in batches of 200 a rank (20 steps an epoch with 2
 // ranks), constant learning rate, SGD with Nesterov momentum and weight decay, one thread a rank.
-std::string write_recipe(const std::string& dir, int epochs, const std::string& extra = "") {
+std::string write_recipe(const std::string& dir, int epochs, const std::string& extra = "", int batch = 200,
+                         const std::string& name = "recipe.yaml", const std::string& data_extra = "") {
   make_directories(dir);
-  const std::string path = join_path(dir, "recipe.yaml");
+  const std::string path = join_path(dir, name);
   std::ofstream f(path);
   f << "model: {name: lenet5}\n"
     << "data: {train: " << mnist() << ", test: " << mnist() << ", test_split: t10k, mean: [0.1307], std: [0.3081], "
-    << "batch_size: 200, test_limit: 500, num_workers: 0}\n"
+    << "batch_size: " << batch << ", test_limit: 500, num_workers: 0" << data_extra << "}\n"
     << "training: {epochs: " << epochs << ", optimizer: {name: sgd, lr: 0.05, momentum: 0.9, nesterov: true, "
     << "weight_decay: 0.0005}, threads: 1, log_every: 2}\n"
-    << "distributed: {timeout_seconds: 30, verify_every: 1}\n"
-    << extra;
+    << "distributed: {timeout_seconds: 30, verify_every: 1" << extra << "}\n";
   return path;
 }
 
@@ -280,10 +359,12 @@ std::array<Child, 2> start_ranks(const std::string& recipe, const std::string& d
   return c;
 }
 
-std::map<std::string, at::Tensor> checkpoint_parameters(const std::string& path) {
+std::map<std::string, at::Tensor> checkpoint_parameters(const std::string& path, bool with_buffers = false) {
   GraphModule m(load_checkpoint(path).graph);
   std::map<std::string, at::Tensor> out;
   for (const auto& p : m->named_parameters()) out[p.key()] = p.value().detach().clone();
+  if (with_buffers)
+    for (const auto& b : m->named_buffers()) out[b.key()] = b.value().detach().clone();
   return out;
 }
 
@@ -377,6 +458,40 @@ TEST(DataParallelRun, TwoRanksEqualOneProcessAccumulatingTheirHalfBatches) {
   ASSERT_EQ(wait_for(t, 180), 0) << read_text(t.log);
   const auto via_torchrun = checkpoint_parameters(join_path(tdir, "run/model.h5"));
   for (const auto& [name, g] : got) EXPECT_TRUE(at::equal(via_torchrun.at(name), g)) << name;
+}
+
+TEST(DataParallelRun, SyncBatchNormTrainsAsOneProcessOnTheGlobalBatch) {
+  // 2 ranks × 100 images with synchronized batch norm against one process with a batch of 200: the
+  // same images (rank r's batch is positions r, r + 2, ... of the single batch), the same batch
+  // statistics, so after one step the same parameters and running statistics, up to float rounding
+  // (measured 9.4e-6 at most, with AVX2 and with ATEN_CPU_CAPABILITY=default; the bound is 3e-5).
+  // Without the synchronization LeNet-5's batch norms see 100 images: measured 8.0e-3. One step only: the two sides run different
+  // batch-norm code (ATen's against CrossReplicaBatchNorm's sums), and training multiplies a
+  // rounding difference about 20-fold a step; the math itself is checked to 1e-10 above.
+  const std::string dir = fresh_dir("distributed/sync_bn");
+  const std::string one_step = ", train_limit: 200";
+  const std::string single_recipe = write_recipe(dir, 1, "", 200, "single.yaml", one_step);
+  const Child single = spawn({whittle_bin(), "run", single_recipe, "--out", join_path(dir, "single")},
+                             {{"OMP_NUM_THREADS", "1"}}, join_path(dir, "single.log"));
+  ASSERT_EQ(wait_for(single, 120), 0) << read_text(single.log);
+  const auto want = checkpoint_parameters(join_path(dir, "single/model.h5"), true);
+  for (const bool sync : {true, false}) {
+    const std::string sub = join_path(dir, sync ? "synced" : "local");
+    const std::string recipe = write_recipe(sub, 1, sync ? ", sync_batchnorm: true" : "", 100, "recipe.yaml", one_step);
+    auto ranks = start_ranks(recipe, sub);
+    ASSERT_EQ(wait_for(ranks[0], 120), 0) << read_text(ranks[0].log);
+    ASSERT_EQ(wait_for(ranks[1], 30), 0) << read_text(ranks[1].log);
+    const auto got = checkpoint_parameters(join_path(sub, "run/model.h5"), true);
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (const auto& [name, w] : want) {
+      if (w.scalar_type() != at::kFloat) continue;  // num_batches_tracked
+      worst = std::max(worst, (got.at(name) - w).abs().max().item<double>());
+      if (sync) EXPECT_TRUE(all_close(got.at(name), w, 3e-5, 0)) << name;
+    }
+    std::cout << (sync ? "synchronized" : "local") << " batch norm: largest difference " << worst << "\n";
+    if (!sync) EXPECT_GT(worst, 1e-3) << "local batch statistics should give another model";
+  }
 }
 
 TEST(DataParallelRun, CtrlCStopsEveryRankAndResumeEndsAsTheUninterruptedRun) {

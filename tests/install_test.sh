@@ -17,3 +17,8 @@ cmake --build "$build/examples-test" -j 2
 "$build/examples-test/distill_model" 5
 "$build/examples-test/train_qat" "$src/data/mnist10k" 60 dorefa "$build/examples-test/lenet5_qat.h5"
 "$build/examples-test/export_model" "$build/examples-test/lenet5_qat.h5" "$build/examples-test/lenet5_qat.onnx" "$build/examples-test/lenet5_qat.pt"
+# Data parallel from a user's loop: 2 ranks through the .venv's torchrun on Gloo.
+port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+OMP_NUM_THREADS=1 "$(dirname "$python")/torchrun" --no-python --nproc-per-node=2 --master-port="$port" \
+  "$build/examples-test/train_ddp" "$src/data/mnist10k" 1 "$build/examples-test/lenet5_ddp.h5"
+test -s "$build/examples-test/lenet5_ddp.h5"
