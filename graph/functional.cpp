@@ -44,7 +44,8 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     at::Tensor& running_var = holder->running_var;
     const std::vector<int64_t> dims = reduced_dims(x);
     const int64_t c = x.size(1);
-    at::Tensor stats = at::cat({at::sum(x, dims, false, at::kDouble), at::sum(x * x, dims, false, at::kDouble),
+    const at::Tensor xs = x.is_floating_point() && x.element_size() < 4 ? x.to(at::kFloat) : x;  // x² of fp16 overflows
+    at::Tensor stats = at::cat({at::sum(xs, dims, false, at::kDouble), at::sum(xs * xs, dims, false, at::kDouble),
                                 at::full({1}, static_cast<double>(x.numel() / c), x.options().dtype(at::kDouble))});
     (*holder->sum)(stats);
     const double count = stats[2 * c].item<double>();

@@ -15,6 +15,7 @@
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1
 #endif
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -25,6 +26,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -72,6 +74,13 @@ std::string first_line(std::string s) {
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
+// "30", "0.5": seconds for messages.
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
 }  // namespace
 
 std::optional<LaunchInfo> launch_from_environment() {
@@ -103,6 +112,7 @@ std::optional<LaunchInfo> launch_from_environment() {
   l.port = static_cast<int>(*port);
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   l.agent_store = agent && std::string(agent) == "True";
+  l.restart_count = env_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
   return l;
 }
 
@@ -128,7 +138,9 @@ struct ProcessGroup::Impl {
 
   // Waits for `work`, every second looking for a failure another rank reported. Throws
   // whittle::Error naming `what` when the collective fails, times out, or a rank reported failure.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, ProcessGroup& self) {
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, ProcessGroup& self,
+            std::chrono::milliseconds limit = std::chrono::milliseconds(0)) {
+    if (limit.count() <= 0) limit = timeout;
     const auto start = Clock::now();
     auto next_look = start + std::chrono::seconds(1);
     try {
@@ -146,15 +158,15 @@ struct ProcessGroup::Impl {
               throw Error("rank " + std::to_string(launch.rank) + ": stopped during " + what + " because " + f);
             }
           }
-          if (now - start > timeout + std::chrono::seconds(5)) {
+          if (now - start > limit + std::chrono::seconds(5)) {
             poisoned = true;
-            throw Error("rank " + std::to_string(launch.rank) + ": " + what + " waited more than distributed.timeout_seconds (" +
-                        std::to_string(timeout.count() / 1000) + " s): a rank is hung or gone");
+            throw Error("rank " + std::to_string(launch.rank) + ": " + what + " waited more than " +
+                        std::to_string(limit.count() / 1000) + " s (distributed.timeout_seconds): a rank is hung or gone");
           }
         }
         if (!work->isSuccess()) std::rethrow_exception(work->exception());
       } else {
-        work->wait(timeout);
+        work->wait(limit);
       }
     } catch (const Error&) {
       throw;
@@ -210,10 +222,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchInfo& launch, co
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(launch.rank) + ": cannot " +
                 (!launch.agent_store && launch.rank == 0 ? "host" : "reach") + " the rendezvous store at " + where +
-                " (MASTER_ADDR:MASTER_PORT) within " + std::to_string(options.timeout_seconds) +
-                " s: " + first_line(e.what()));
+                " (MASTER_ADDR:MASTER_PORT) within " + seconds_text(options.timeout_seconds) + " s: " +
+                first_line(e.what()));
   }
-  auto store = c10::make_intrusive<c10d::PrefixStore>("whittle", base);
+  // A restarted torchrun job reuses its agent's store: each attempt its own keys.
+  auto store = c10::make_intrusive<c10d::PrefixStore>("whittle/attempt_" + std::to_string(launch.restart_count), base);
   impl->store = c10::make_intrusive<c10d::PrefixStore>("status", store);
   try {
     auto group_store = c10::make_intrusive<c10d::PrefixStore>("default_pg", store);
@@ -238,6 +251,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchInfo& launch, co
       impl->pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     } else {
 #if defined(WHITTLE_WITH_CUDA) && defined(WHITTLE_WITH_NCCL)
+      // NCCL binds a communicator to the current device: this rank's (cuda:LOCAL_RANK).
+      if (options.device.has_index()) c10::cuda::set_device(options.device.index());
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = impl->timeout;
       auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("cuda/", group_store),
@@ -310,13 +325,24 @@ bool ProcessGroup::any(bool flag) {
   return t[0].item<int>() > 0;
 }
 
-void ProcessGroup::barrier() { any(false); }
+void ProcessGroup::barrier(double timeout_seconds) {
+  std::vector<at::Tensor> t{at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(impl_->device))};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = timeout_seconds > 0 ? std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0)) : impl_->timeout;
+  impl_->wait(impl_->pg->allreduce(t, o), "a barrier", *this, o.timeout);
+}
+
+void ProcessGroup::mark_failed_together() noexcept { impl_->poisoned = true; }
 
 void ProcessGroup::report_failure(const std::string& message) noexcept {
   try {
     impl_->store->set("failure/" + std::to_string(rank()), bytes_of(message));
-    // The store may be hosted by this process: give the others a moment to read the message.
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    impl_->store->add("failures", 1);
+    // The store may be hosted by this process (rank 0 without torchrun): give the others time to
+    // reach a collective and read the message; elsewhere a moment.
+    const bool hosting = rank() == 0 && !impl_->launch.agent_store;
+    const auto deadline = Clock::now() + std::chrono::seconds(hosting ? 30 : 10);
     const std::string acks = "acks/" + std::to_string(rank());
     while (Clock::now() < deadline && impl_->store->add(acks, 0) < world_size() - 1)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -328,6 +354,8 @@ void ProcessGroup::report_failure(const std::string& message) noexcept {
 std::string ProcessGroup::failures() noexcept {
   std::string out;
   try {
+    // One request while nothing failed (every waiting rank asks each second).
+    if (impl_->store->add("failures", 0) == 0) return out;
     for (int64_t r = 0; r < world_size(); ++r) {
       if (r == rank()) continue;
       const std::string key = "failure/" + std::to_string(r);
@@ -428,7 +456,7 @@ void DistributedDataParallel::broadcast_buffers() {
   if (!state_->buffers.empty()) group_->broadcast(state_->buffers, 0);
 }
 
-void DistributedDataParallel::before_forward(bool sync_gradients) {
+void DistributedDataParallel::before_forward(bool sync_gradients, bool with_buffers) {
   state_->sync = sync_gradients;
   sync_bn_.reset();
   if (options_.sync_batchnorm) {
@@ -451,6 +479,12 @@ void DistributedDataParallel::before_forward(bool sync_gradients) {
     }
     try {
       state_->reducer->rebuild_buckets();  // once, after the first backward: a broadcast of rank 0's buckets
+    } catch (const c10::DistBackendError&) {
+      collective_failed(std::current_exception());
+    } catch (const c10::Error& e) {
+      // "Expected to have finished reduction in the prior iteration": a parameter got no gradient.
+      throw Error("rank " + std::to_string(group_->rank()) + ": " + first_line(e.what_without_backtrace()) +
+                  (options_.find_unused_parameters ? "" : " (distributed.find_unused_parameters: true allows parameters without a gradient)"));
     } catch (const std::exception& e) {
       group_->impl().poisoned = true;
       const std::string f = group_->failures();
@@ -458,7 +492,7 @@ void DistributedDataParallel::before_forward(bool sync_gradients) {
                   (f.empty() ? " (" + first_line(e.what()) + "); a rank probably died" : " because " + f));
     }
   }
-  if (options_.broadcast_buffers) broadcast_buffers();
+  if (options_.broadcast_buffers && with_buffers) broadcast_buffers();
 }
 
 void DistributedDataParallel::backward(const at::Tensor& loss) {
@@ -477,6 +511,10 @@ void DistributedDataParallel::backward(const at::Tensor& loss) {
     collective_failed(std::current_exception());
   } catch (const c10::Error&) {
     throw;  // this rank's own error in the backward pass (cmd_run reports it to the others)
+  } catch (const Error&) {
+    throw;  // whittle's own (a synchronized batch norm's all-reduce names itself)
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const std::exception&) {
     collective_failed(std::current_exception());  // Gloo's transport errors
   }
@@ -497,6 +535,13 @@ void DistributedDataParallel::collective_failed(std::exception_ptr error) {
 
 void DistributedDataParallel::verify_parameters_equal(const std::string& when) {
   const auto n = static_cast<int64_t>(state_->parameters.size());
+  // The counts first: an all-gather of unequal shapes would fail without saying why.
+  const std::vector<at::Tensor> counts = group_->all_gather(at::full({1}, n, at::kLong).to(group_->device()));
+  for (size_t r = 0; r < counts.size(); ++r)
+    if (counts[r].item<int64_t>() != n)
+      throw Error(when + ": rank " + std::to_string(r) + " trains " + std::to_string(counts[r].item<int64_t>()) +
+                  " parameters, rank " + std::to_string(group_->rank()) + " " + std::to_string(n) +
+                  ": the ranks no longer train one model");
   at::Tensor mine = at::empty({n + 1}, at::kLong);
   auto* h = mine.data_ptr<int64_t>();
   h[0] = n;

@@ -36,6 +36,9 @@ struct LaunchInfo {
   /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the store and every rank is a client
   /// (else rank 0 hosts it).
   bool agent_store = false;
+  /// TORCHELASTIC_RESTART_COUNT: torchrun's attempt (its store outlives a restart; whittle's keys
+  /// are prefixed by it). 0 without torchrun.
+  int64_t restart_count = 0;
 };
 
 /// The launch the environment describes, or nothing when WORLD_SIZE is unset or 1 (one process,
@@ -51,7 +54,7 @@ struct ProcessGroupOptions {
   double timeout_seconds = 1800; ///< rendezvous and every collective fail after this long
 };
 
-/// A c10d process group: a TCPStore at MASTER_ADDR:MASTER_PORT (prefixed per torchrun restart),
+/// A c10d process group: a TCPStore at MASTER_ADDR:MASTER_PORT (its keys prefixed per torchrun restart),
 /// and ProcessGroupGloo (CPU) or ProcessGroupNCCL (CUDA) over it. Every rank must call the
 /// collectives in the same order with tensors of the same shapes and dtypes, on the group's device.
 ///
@@ -87,15 +90,18 @@ class ProcessGroup {
   std::vector<at::Tensor> all_gather(const at::Tensor& value);
   /// True on every rank when `flag` is true on any of them (a one-element all-reduce).
   bool any(bool flag);
-  /// Returns once every rank has called it.
-  void barrier();
+  /// Returns once every rank has called it; waits at most `timeout_seconds` (≤ 0: the group's).
+  void barrier(double timeout_seconds = 0);
 
   /// Leaves `message` in the store for the other ranks, then waits up to a few seconds for each of
   /// them to read it (the store may live in this process). Never throws.
   void report_failure(const std::string& message) noexcept;
-  /// True once a collective failed or was abandoned, or this rank reported a failure: the group
-  /// is not usable any more.
+  /// True once a collective failed or was abandoned, this rank reported a failure, or
+  /// mark_failed_together() was called: the group is not usable any more.
   bool broken() const;
+  /// For a failure every rank found together (a non-finite loss decided with any()): each throws,
+  /// and none needs to tell the others (report_failure).
+  void mark_failed_together() noexcept;
   /// "rank R: message" of every rank that reported a failure ("" when none did, or when the store
   /// is out of reach). Never throws.
   std::string failures() noexcept;
@@ -150,7 +156,8 @@ class DistributedDataParallel {
   /// Before a training forward pass: with broadcast_buffers, rank 0's buffers to every rank; when
   /// `sync_gradients`, the next backward() averages the gradients (else they only accumulate); with
   /// sync_batchnorm, batch norms on this thread use global batch statistics until backward().
-  void before_forward(bool sync_gradients = true);
+  /// `with_buffers` false leaves out the buffers' broadcast (the caller did it already).
+  void before_forward(bool sync_gradients = true, bool with_buffers = true);
   /// loss.backward(); when before_forward asked for it, every gradient is the average over ranks
   /// on return.
   void backward(const at::Tensor& loss);

@@ -49,7 +49,7 @@ class FuseBatchNormModifier : public Modifier {
     tc.model->eval();
     fuse::Report r = fuse::fuse_for_inference(tc.model, options_);
     tc.parameters_changed = true;
-    std::cout << r.summary() << std::flush;
+    *tc.log << r.summary() << std::flush;
   }
 
   std::string state() const override {
@@ -94,7 +94,7 @@ class FuseBatchNormModifier : public Modifier {
       const int64_t n = fuse::freeze_qat_batchnorm(tc.model->graph());
       tc.model->sync();  // the parameters stay the same tensors, so the optimizer keeps its state
       frozen_ = true;
-      std::cout << "fuse_batchnorm: BN statistics frozen in " << n << " layers at epoch " << tc.epoch << "\n" << std::flush;
+      *tc.log << "fuse_batchnorm: BN statistics frozen in " << n << " layers at epoch " << tc.epoch << "\n" << std::flush;
     }
   }
 
@@ -105,7 +105,7 @@ class FuseBatchNormModifier : public Modifier {
     fuse::Report r = fuse::prepare_qat_batchnorm(tc.model, q);
     prepared_ = true;
     tc.parameters_changed = true;
-    std::cout << r.summary() << std::flush;
+    *tc.log << r.summary() << std::flush;
   }
 
   std::string mode_;

@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,6 +36,12 @@ struct TrainContext {
   /// In on_loss: the student's values the active modifiers asked for (captures()), by name, from
   /// this batch's forward pass; nullptr when none asked.
   const std::map<std::string, at::Tensor>* features = nullptr;
+  /// Where modifiers print what they did (std::cout; nothing on data-parallel ranks other than 0).
+  std::ostream* log = &std::cout;
+  /// Data-parallel runs: sums a tensor in place over the ranks (every rank calls it with the same
+  /// shapes in the same order). A modifier whose decision depends on the batches it saw (Taylor
+  /// scores) sums its evidence with it, so every rank makes the same change. Empty in one process.
+  std::function<void(at::Tensor&)> replica_sum;
 };
 
 /// Base class of modifiers. Hooks default to doing nothing.

@@ -108,6 +108,13 @@ class PruneModifier : public Modifier {
     if (c.scoring.criterion == prune::Criterion::kTaylor && taylor_.sums().empty())
       fail("criterion 'taylor' needs gradients from training before its first step: start_epoch must be after the "
            "first batch");
+    // Data parallel: each rank summed |w·g| over its own batches (the gradients before averaging);
+    // the sums over all ranks make every rank remove the same channels.
+    if (tc.replica_sum && c.scoring.criterion == prune::Criterion::kTaylor)
+      for (const auto& [node, sum] : taylor_.sums()) {
+        at::Tensor shared = sum;  // the same storage: summed in place
+        tc.replica_sum(shared);
+      }
     const NodeCost now = graph_cost(tc.model->graph());
     std::string goal;
     if (o_.target_macs || o_.target_params) {
@@ -147,7 +154,7 @@ class PruneModifier : public Modifier {
       taylor_.reset();
       taylor_.attach(tc.model);
     }
-    std::cout << "prune step " << k << "/" << steps_ << " at epoch " << tc.epoch << " (" << goal << "): " << r.summary()
+    *tc.log << "prune step " << k << "/" << steps_ << " at epoch " << tc.epoch << " (" << goal << "): " << r.summary()
               << std::flush;
     finish_step(tc, "");
   }
@@ -200,8 +207,8 @@ class PruneModifier : public Modifier {
     return out;
   }
 
-  void finish_step(TrainContext&, const std::string& note) {
-    if (!note.empty()) std::cout << "prune step " << done_ + 1 << "/" << steps_ << ": " << note << "\n" << std::flush;
+  void finish_step(TrainContext& tc, const std::string& note) {
+    if (!note.empty()) *tc.log << "prune step " << done_ + 1 << "/" << steps_ << ": " << note << "\n" << std::flush;
     ++done_;
   }
 

@@ -85,9 +85,9 @@ class QuantizeModifier : public Modifier {
                   ErrorKind::kUsage);
     applied_ = true;
     tc.parameters_changed = true;
-    std::cout << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
-    if (config_.activation_clip != 1.0) std::cout << ", activation_clip " << config_.activation_clip;
-    std::cout << "): " << r.summary() << std::flush;
+    *tc.log << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
+    if (config_.activation_clip != 1.0) *tc.log << ", activation_clip " << config_.activation_clip;
+    *tc.log << "): " << r.summary() << std::flush;
   }
 
   quantize::Config config_;

@@ -49,6 +49,7 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
   a.write("seen", int_tensor(state.seen));
   a.write("correct", int_tensor(state.correct));
   a.write("train_seconds", at::tensor(state.train_seconds, at::kDouble));
+  a.write("world_size", at::tensor(state.world_size, at::kLong));
   a.write("loss_sum", at::tensor(state.loss_sum, at::kDouble));
   a.write("graph", c10::IValue(graph_to_json(model->graph())));
   torch::serialize::OutputArchive tensors;
@@ -131,6 +132,8 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
   {
     at::Tensor t;  // optional: states of earlier whittles lack it
     s.state_.train_seconds = a.try_read("train_seconds", t) ? t.item<double>() : -1.0;
+    at::Tensor w;  // its own tensor: try_read into a defined one copies into it
+    s.state_.world_size = a.try_read("world_size", w) ? w.item<int64_t>() : 1;
   }
   s.graph_json_ = read_string("graph");
   try {

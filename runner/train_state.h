@@ -50,6 +50,7 @@ struct TrainerState {
   int64_t correct = 0;  ///< samples of `epoch` trained so far that were classified correctly
   int64_t seen = 0;     ///< samples of `epoch` trained so far
   double train_seconds = 0;  ///< wall seconds of `epoch`'s training pass so far, over every sitting (−1: unknown)
+  int64_t world_size = 1;    ///< data-parallel ranks that trained it (`batch` counts each rank's batches)
 };
 
 /// Writes the training state (layout above) to `path` atomically (a temporary file, then rename).

@@ -215,6 +215,8 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
       writer_(!options.group || options.group->rank() == 0),
       t_start_(Clock::now()) {
   if (!writer_) log_ = &null_log_;
+  result_.world_size = group_ ? group_->world_size() : 1;
+  state_.world_size = result_.world_size;
   std::ostream& log = *log_;
   // A Ctrl-C that came before the Trainer (while the recipe was read) counts: checked below
   // before the run directory is created.
@@ -252,10 +254,12 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
 
   // Data. Image folders are packed to HDF5 on first use: rank 0 packs, the others then read its copy.
   const bool pack_first = group_ && !r.data.pack_to.empty();
-  if (pack_first && !writer_) group_->barrier();
+  // Packing a large image folder may outlast distributed.timeout_seconds: the others wait a day.
+  constexpr double kPackWaitSeconds = 86400;
+  if (pack_first && !writer_) group_->barrier(kPackWaitSeconds);
   data::Dataset train = load_limited(r.data, "train", r.data.train, r.data.train_split, r.data.train_limit, log);
   data::Dataset test = load_limited(r.data, "test", r.data.test, r.data.test_split, r.data.test_limit, log);
-  if (pack_first && writer_) group_->barrier();
+  if (pack_first && writer_) group_->barrier(kPackWaitSeconds);
   data::LoaderOptions train_opts;
   train_opts.batch_size = r.data.batch_size;
   train_opts.shuffle = true;
@@ -324,7 +328,9 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   check_export_forms();
 
   // Everything is checked: from here on the run directory is written.
-  if (g_stop.load()) throw Interrupted("interrupted before training started; nothing was written");
+  // Every rank gets here: they agree whether a Ctrl-C (or torchrun's SIGTERM) came in time.
+  if (group_ ? group_->any(g_stop.load()) : g_stop.load())
+    throw Interrupted("interrupted before training started; nothing was written");
   if (writer_ && !run_dir_.lock) {
     make_directories(dir);
     run_dir_.path = dir;
@@ -336,6 +342,14 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   tc_.model = model_;
   tc_.recipe = &recipe_;
   tc_.device = device_;
+  tc_.log = log_;
+  if (group_)
+    tc_.replica_sum = [g = group_](at::Tensor& t) {
+      at::Tensor on_device = t.to(g->device());
+      std::vector<at::Tensor> one{on_device};
+      g->all_reduce_sum(one);
+      if (!on_device.is_same(t)) t.copy_(on_device);
+    };
   if (saved) saved->restore_modifiers(modifiers_);
   for (auto& m : modifiers_) m->on_start(tc_);
   if (saved) saved->restore_modifier_tensors(modifiers_);
@@ -354,6 +368,16 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     saved->restore_optimizer(*optimizer_);
     saved->restore_loss_scaler(scaler_);
     state_ = saved->state();
+    // Inside an epoch `batch` counts each rank's batches: it means another position with another
+    // number of ranks. At an epoch boundary any number of ranks may continue.
+    if (state_.batch > 0 && state_.world_size != result_.world_size) {
+      if (group_) group_->mark_failed_together();  // every rank read the same state
+      throw Error("--resume: " + state_path_ + " stopped inside epoch " + std::to_string(state_.epoch + 1) + " with " +
+                      std::to_string(state_.world_size) + " rank(s); this run has " + std::to_string(result_.world_size) +
+                      ": resume it with " + std::to_string(state_.world_size) + " (or from an epoch's end)",
+                  ErrorKind::kUsage);
+    }
+    state_.world_size = result_.world_size;
     tc_.step = state_.step;
     result_.epochs_done = state_.epoch;
     saved->restore_rng();
@@ -371,12 +395,14 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     dp.broadcast_buffers = r.distributed.broadcast_buffers;
     dp.sync_batchnorm = r.distributed.sync_batchnorm;
     // Broadcasts rank 0's parameters and buffers: every rank starts from one model.
-    ddp_ = std::make_unique<DistributedDataParallel>(group_, optimized_parameters(), model_buffers(), dp);
-    // Each rank its own random stream (dropout) from here on, fixed by the seed, the rank and the step.
-    if (group_->rank() > 0)
-      at::manual_seed(static_cast<uint64_t>(t.seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(group_->rank()) * 1000003ull +
-                      static_cast<uint64_t>(state_.step));
-    result_.world_size = group_->world_size();
+    // A modifier's parameters that only get gradients inside its epoch window (distill hint
+    // adapters) would stall the gradient buckets outside it: the reducer is told to expect that.
+    for (auto& m : modifiers_)
+      if (!m->parameters().empty() && (m->spec().start_epoch > 0 || m->spec().end_epoch >= 0)) dp.find_unused_parameters = true;
+    std::vector<at::Tensor> all = model_->parameters();  // frozen ones too: one model everywhere
+    for (auto& m : modifiers_)
+      for (auto& p : m->parameters()) all.push_back(p);
+    ddp_ = std::make_unique<DistributedDataParallel>(group_, all, model_buffers(), dp);
     result_.distributed_backend = group_->backend();
   }
   result_.global_batch_size = r.data.batch_size * t.grad_accumulation * result_.world_size;
@@ -576,6 +602,10 @@ void Trainer::step(const data::Batch& batch) {
   const int64_t index = state_.batch;
   const int64_t batches = train_loader_->num_batches();
   tc_.epoch = static_cast<double>(state_.epoch) + static_cast<double>(index) / static_cast<double>(batches);
+  // One model on every rank before the modifiers look at it: each rank's last forward moved its
+  // own running statistics, which pruning's folds and BN freezing read.
+  // With modifiers this holds whatever distributed.broadcast_buffers says.
+  if (ddp_ && (recipe_.distributed.broadcast_buffers || !modifiers_.empty())) ddp_->broadcast_buffers();
   for (auto& m : modifiers_) m->on_step_begin(tc_);
   apply_parameter_changes();
   set_learning_rate(*optimizer_,
@@ -584,7 +614,15 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   const bool step_now = (index + 1) % t.grad_accumulation == 0 || index + 1 == batches;
-  if (ddp_) ddp_->before_forward(/*sync_gradients=*/step_now);
+  if (ddp_) {
+    // Ranks other than 0 draw from their own stream (dropout), fixed by the seed, the rank and the
+    // batch, so that a resumed run draws what the uninterrupted one did.
+    if (group_->rank() > 0)
+      at::manual_seed(static_cast<uint64_t>(t.seed) * 0x9E3779B97F4A7C15ull +
+                      static_cast<uint64_t>(group_->rank()) * 0xBF58476D1CE4E5B9ull +
+                      static_cast<uint64_t>(state_.epoch * batches + index));
+    ddp_->before_forward(/*sync_gradients=*/step_now, /*with_buffers=*/false);  // broadcast above
+  }
   std::vector<std::string> captures;
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch))
@@ -606,12 +644,15 @@ void Trainer::step(const data::Batch& batch) {
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch)) loss = m->on_loss(tc_, loss, x, y, logits);
   const double loss_value = loss.item<double>();
-  if (!std::isfinite(loss_value)) {
+  // Every rank stops on a non-finite loss on any of them, with the same message.
+  if (group_ ? group_->any(!std::isfinite(loss_value)) : !std::isfinite(loss_value)) {
     const std::string kept =
         state_.epoch == 0 ? "nothing was saved (no epoch finished)"
                           : "the checkpoint and training state in " + result_.run_dir + " are from the end of epoch " +
                                 std::to_string(state_.epoch);
-    throw Error("training stopped: the loss is " + std::string(std::isnan(loss_value) ? "NaN" : "infinite") +
+    if (group_) group_->mark_failed_together();
+    const std::string which = !group_ ? "" : std::isfinite(loss_value) ? " on another rank" : " on rank " + std::to_string(group_->rank());
+    throw Error("training stopped: the loss is " + std::string(std::isfinite(loss_value) ? "not finite" : std::isnan(loss_value) ? "NaN" : "infinite") + which +
                 " at step " + std::to_string(state_.step + 1) + " (epoch " + std::to_string(state_.epoch + 1) +
                 ", batch " + std::to_string(index + 1) + " of " + std::to_string(batches) + "); " + kept +
                 ". A learning rate too high for the model (training.optimizer.lr) is the usual cause");
@@ -693,12 +734,14 @@ void Trainer::save_state() {
 EvalMetrics Trainer::end_epoch() {
   const TrainingSpec& t = recipe_.training;
   const int64_t epoch = state_.epoch;
+  if (ddp_) ddp_->broadcast_buffers();  // rank 0's running statistics for the hooks, the evaluation and the save
   for (auto& m : modifiers_) m->on_epoch_end(tc_);
   apply_parameter_changes();
   sum_epoch_over_ranks();
   const Clock::time_point t_eval = Clock::now();
   const EvalMetrics ev = evaluate();
   const double eval_seconds = seconds_since(t_eval);
+  if (!std::isfinite(ev.loss) && group_) group_->mark_failed_together();  // summed: every rank sees it
   if (!std::isfinite(ev.loss))
     throw Error("training stopped: after epoch " + std::to_string(epoch + 1) + " the test loss is " +
                 (std::isnan(ev.loss) ? "NaN" : "infinite") + " (the model's weights are no longer finite); " +
@@ -744,6 +787,7 @@ EvalMetrics Trainer::end_epoch() {
   TrainerState next;
   next.epoch = epoch + 1;
   next.step = state_.step;
+  next.world_size = state_.world_size;
   state_ = next;
   if (writer_ && (recipe_.outputs.save_every_epoch || epoch + 1 == t.epochs)) {
     save_checkpoint(result_.checkpoint, model_->graph(), recipe_.text, line.dump());
@@ -803,8 +847,8 @@ RunResult Trainer::finish() {
   const std::string report_path = join_path(result_.run_dir, "report.json");
   write_report(report_path, recipe_, result_, device_.str(), model_->graph());
   print_report(*log_, recipe_, result_, report_path);
+  if (group_) group_->barrier();  // the run is complete on every rank, also when an export failed
   if (!export_error.empty()) throw Error(export_error);
-  if (group_) group_->barrier();
   return result_;
 }
 

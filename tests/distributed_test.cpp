@@ -494,6 +494,26 @@ TEST(DataParallelRun, SyncBatchNormTrainsAsOneProcessOnTheGlobalBatch) {
   }
 }
 
+TEST(DataParallelRun, TaylorPruningRemovesTheSameChannelsOnEveryRank) {
+  // Taylor scores sum |w·g| over the batches a rank saw, before the gradients are averaged: summed
+  // over the ranks before the plan, every rank removes the same channels (verify_every: 1 would
+  // stop the run at the first step after a different choice).
+  const std::string dir = fresh_dir("distributed/taylor");
+  const std::string recipe = write_recipe(dir, 1);
+  {
+    std::ofstream f(recipe, std::ios::app);
+    f << "modifiers:\n  - {name: prune, criterion: taylor, sparsity: 0.5, start_epoch: 0.5, schedule: one_shot}\n";
+  }
+  auto ranks = start_ranks(recipe, dir);
+  EXPECT_EQ(wait_for(ranks[0], 120), 0) << read_text(ranks[0].log);
+  EXPECT_EQ(wait_for(ranks[1], 30), 0) << read_text(ranks[1].log);
+  const std::string log0 = read_text(ranks[0].log);
+  EXPECT_NE(log0.find("prune step 1/1"), std::string::npos) << log0;
+  EXPECT_EQ(read_text(ranks[1].log), "") << "modifiers print on rank 0 only";
+  const auto pruned = checkpoint_parameters(join_path(dir, "run/model.h5"));
+  EXPECT_EQ(pruned.at("conv1.weight").size(0), 3) << "half of conv1's 6 channels removed";
+}
+
 TEST(DataParallelRun, CtrlCStopsEveryRankAndResumeEndsAsTheUninterruptedRun) {
   const std::string dir = fresh_dir("distributed/resume");
   const std::string recipe = write_recipe(dir, 3);
@@ -514,6 +534,12 @@ TEST(DataParallelRun, CtrlCStopsEveryRankAndResumeEndsAsTheUninterruptedRun) {
   EXPECT_EQ(wait_for(ranks[0], 60), 130) << read_text(ranks[0].log);
   EXPECT_EQ(wait_for(ranks[1], 60), 130) << read_text(ranks[1].log);
   ASSERT_NE(read_text(ranks[0].log).find("interrupted: training state saved"), std::string::npos) << read_text(ranks[0].log);
+  // Inside an epoch the position counts each rank's batches: one process may not take it over.
+  const Child alone = spawn({whittle_bin(), "run", recipe, "--out", join_path(part, "run"), "--resume"}, {},
+                            join_path(part, "alone.log"));
+  EXPECT_EQ(wait_for(alone, 60), 2);
+  EXPECT_NE(read_text(alone.log).find("stopped inside epoch 2 with 2 rank(s); this run has 1"), std::string::npos)
+      << read_text(alone.log);
   auto resumed = start_ranks(recipe, part, "", {std::vector<std::string>{"--resume"}, std::vector<std::string>{"--resume"}});
   EXPECT_EQ(wait_for(resumed[0], 180), 0) << read_text(resumed[0].log);
   EXPECT_EQ(wait_for(resumed[1], 30), 0) << read_text(resumed[1].log);
