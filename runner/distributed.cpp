@@ -319,18 +319,20 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& value) {
   return out[0];
 }
 
-bool ProcessGroup::any(bool flag) {
-  std::vector<at::Tensor> t{at::full({1}, flag ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(impl_->device))};
-  all_reduce_sum(t);
-  return t[0].item<int>() > 0;
-}
+bool ProcessGroup::any(bool flag) { return sum({flag ? 1.0 : 0.0})[0] > 0; }
 
 void ProcessGroup::barrier(double timeout_seconds) {
   std::vector<at::Tensor> t{at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(impl_->device))};
   c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::SUM;
   o.timeout = timeout_seconds > 0 ? std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0)) : impl_->timeout;
   impl_->wait(impl_->pg->allreduce(t, o), "a barrier", *this, o.timeout);
+}
+
+std::vector<double> ProcessGroup::sum(const std::vector<double>& values) {
+  std::vector<at::Tensor> t{at::tensor(values, at::kDouble).to(impl_->device)};
+  all_reduce_sum(t);
+  const at::Tensor cpu = t[0].to(at::kCPU).contiguous();
+  return std::vector<double>(cpu.data_ptr<double>(), cpu.data_ptr<double>() + cpu.numel());
 }
 
 void ProcessGroup::mark_failed_together() noexcept { impl_->poisoned = true; }
@@ -372,6 +374,18 @@ std::string ProcessGroup::failures() noexcept {
   return out;
 }
 
+ReplicaSum replica_sum(const std::shared_ptr<ProcessGroup>& group) {
+  std::weak_ptr<ProcessGroup> weak = group;
+  return [weak](at::Tensor& values) {
+    const std::shared_ptr<ProcessGroup> g = weak.lock();
+    if (!g) throw Error("a sum over the ranks after the process group is gone");
+    at::Tensor on_device = values.to(g->device());
+    std::vector<at::Tensor> one{on_device};
+    g->all_reduce_sum(one);
+    if (!on_device.is_same(values)) values.copy_(on_device);
+  };
+}
+
 // ---------------------------------------------------------------- DistributedDataParallel
 
 struct DistributedDataParallel::State {
@@ -382,12 +396,6 @@ struct DistributedDataParallel::State {
 };
 
 namespace {
-
-std::vector<at::Tensor> module_buffers(torch::nn::Module& m) {
-  std::vector<at::Tensor> out;
-  for (const auto& b : m.buffers()) out.push_back(b);
-  return out;
-}
 
 // A 64-bit FNV-1a hash of a tensor's bytes (CPU copy, contiguous).
 int64_t hash_bytes(const at::Tensor& t) {
@@ -416,7 +424,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ProcessGroup> g
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<ProcessGroup> group, torch::nn::Module& module,
                                                  DataParallelOptions options)
-    : DistributedDataParallel(std::move(group), module.parameters(), module_buffers(module), options) {}
+    : DistributedDataParallel(std::move(group), module.parameters(), module.buffers(), options) {}
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
@@ -459,17 +467,7 @@ void DistributedDataParallel::broadcast_buffers() {
 void DistributedDataParallel::before_forward(bool sync_gradients, bool with_buffers) {
   state_->sync = sync_gradients;
   sync_bn_.reset();
-  if (options_.sync_batchnorm) {
-    std::weak_ptr<ProcessGroup> weak = group_;
-    sync_bn_ = std::make_unique<CrossReplicaBatchNorm>([weak](at::Tensor& values) {
-      const std::shared_ptr<ProcessGroup> g = weak.lock();
-      if (!g) throw Error("synchronized batch norm: the process group is gone");
-      at::Tensor on_device = values.to(g->device());
-      std::vector<at::Tensor> one{on_device};
-      g->all_reduce_sum(one);
-      if (!on_device.is_same(values)) values.copy_(on_device);
-    });
-  }
+  if (options_.sync_batchnorm) sync_bn_ = std::make_unique<CrossReplicaBatchNorm>(replica_sum(group_));
   if (state_->reducer && sync_gradients) {
     try {
       state_->reducer->prepare_for_forward();

@@ -83,6 +83,8 @@ class ProcessGroup {
 
   /// Replaces each tensor by its sum over the ranks, in place.
   void all_reduce_sum(std::vector<at::Tensor>& tensors);
+  /// The element-wise sum of `values` over the ranks (float64, the same length on every rank).
+  std::vector<double> sum(const std::vector<double>& values);
   /// Copies rank `root`'s values into every rank's `tensors`, in place, flattened into one message
   /// per dtype (coalesced).
   void broadcast(std::vector<at::Tensor>& tensors, int64_t root = 0);
@@ -141,6 +143,11 @@ struct DataParallelOptions {
 /// backward then averages the accumulated sums (DDP's no_sync()). The parameters are fixed at
 /// construction: after the model's parameter set changes (pruning), call set_parameters.
 /// Throws whittle::Error from a failed collective (see ProcessGroup).
+/// A ReplicaSum (graph/functional.h) over `group`'s ranks: sums a tensor in place (copied to the
+/// group's device and back when it lives elsewhere). Holds the group weakly; throws whittle::Error
+/// once it is gone.
+ReplicaSum replica_sum(const std::shared_ptr<ProcessGroup>& group);
+
 class DistributedDataParallel {
  public:
   /// Data parallelism over `parameters` (those requiring gradients take part) and `buffers`.

@@ -150,14 +150,12 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
     m.samples += y.size(0);
   }
   if (group) {
-    std::vector<at::Tensor> sums{at::tensor({loss_sum, static_cast<double>(c1), static_cast<double>(c5),
-                                             static_cast<double>(m.samples)}, at::kDouble).to(group->device())};
-    group->all_reduce_sum(sums);
-    const at::Tensor all = sums[0].to(at::kCPU);
-    loss_sum = all[0].item<double>();
-    c1 = static_cast<int64_t>(all[1].item<double>());
-    c5 = static_cast<int64_t>(all[2].item<double>());
-    m.samples = static_cast<int64_t>(all[3].item<double>());
+    const std::vector<double> all =
+        group->sum({loss_sum, static_cast<double>(c1), static_cast<double>(c5), static_cast<double>(m.samples)});
+    loss_sum = all[0];
+    c1 = static_cast<int64_t>(all[1]);
+    c5 = static_cast<int64_t>(all[2]);
+    m.samples = static_cast<int64_t>(all[3]);
   }
   if (m.samples > 0) {
     m.top1 = static_cast<double>(c1) / static_cast<double>(m.samples);
@@ -343,13 +341,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   tc_.recipe = &recipe_;
   tc_.device = device_;
   tc_.log = log_;
-  if (group_)
-    tc_.replica_sum = [g = group_](at::Tensor& t) {
-      at::Tensor on_device = t.to(g->device());
-      std::vector<at::Tensor> one{on_device};
-      g->all_reduce_sum(one);
-      if (!on_device.is_same(t)) t.copy_(on_device);
-    };
+  if (group_) tc_.replica_sum = replica_sum(group_);
   if (saved) saved->restore_modifiers(modifiers_);
   for (auto& m : modifiers_) m->on_start(tc_);
   if (saved) saved->restore_modifier_tensors(modifiers_);
@@ -402,7 +394,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     std::vector<at::Tensor> all = model_->parameters();  // frozen ones too: one model everywhere
     for (auto& m : modifiers_)
       for (auto& p : m->parameters()) all.push_back(p);
-    ddp_ = std::make_unique<DistributedDataParallel>(group_, all, model_buffers(), dp);
+    ddp_ = std::make_unique<DistributedDataParallel>(group_, all, model_->buffers(), dp);
     result_.distributed_backend = group_->backend();
   }
   result_.global_batch_size = r.data.batch_size * t.grad_accumulation * result_.world_size;
@@ -564,12 +556,6 @@ std::vector<at::Tensor> Trainer::optimized_parameters() {
   return params;
 }
 
-std::vector<at::Tensor> Trainer::model_buffers() {
-  std::vector<at::Tensor> out;
-  for (const auto& b : model_->buffers()) out.push_back(b);
-  return out;
-}
-
 void Trainer::apply_parameter_changes() {
   if (!tc_.parameters_changed) return;
   model_->to(device_);
@@ -578,23 +564,19 @@ void Trainer::apply_parameter_changes() {
     tc_.optimizer = optimizer_.get();
   }
   // Every rank made the same change (the modifiers see the same parameters and step).
-  if (ddp_) ddp_->set_parameters(optimized_parameters(), model_buffers());
+  if (ddp_) ddp_->set_parameters(optimized_parameters(), model_->buffers());
   tc_.parameters_changed = false;
 }
 
 void Trainer::sum_epoch_over_ranks() {
   if (!group_) return;
-  std::vector<at::Tensor> sums{at::tensor({state_.loss_sum, static_cast<double>(state_.correct),
-                                           static_cast<double>(state_.seen), static_cast<double>(epoch_images_)},
-                                          at::kDouble)
-                                   .to(group_->device())};
-  group_->all_reduce_sum(sums);
-  const at::Tensor all = sums[0].to(at::kCPU);
+  const std::vector<double> all = group_->sum({state_.loss_sum, static_cast<double>(state_.correct),
+                                               static_cast<double>(state_.seen), static_cast<double>(epoch_images_)});
   const bool root = group_->rank() == 0;  // after the sum, rank 0 holds the totals, the others nothing
-  state_.loss_sum = root ? all[0].item<double>() : 0.0;
-  state_.correct = root ? static_cast<int64_t>(all[1].item<double>()) : 0;
-  state_.seen = root ? static_cast<int64_t>(all[2].item<double>()) : 0;
-  epoch_images_ = static_cast<int64_t>(all[3].item<double>());
+  state_.loss_sum = root ? all[0] : 0.0;
+  state_.correct = root ? static_cast<int64_t>(all[1]) : 0;
+  state_.seen = root ? static_cast<int64_t>(all[2]) : 0;
+  epoch_images_ = static_cast<int64_t>(all[3]);
 }
 
 void Trainer::step(const data::Batch& batch) {
@@ -644,8 +626,15 @@ void Trainer::step(const data::Batch& batch) {
   for (auto& m : modifiers_)
     if (m->active_at(tc_.epoch)) loss = m->on_loss(tc_, loss, x, y, logits);
   const double loss_value = loss.item<double>();
-  // Every rank stops on a non-finite loss on any of them, with the same message.
-  if (group_ ? group_->any(!std::isfinite(loss_value)) : !std::isfinite(loss_value)) {
+  // One collective a step tells every rank both whether any rank's loss is not finite (then every
+  // rank stops here, with the same message) and whether any was asked to stop (after this batch).
+  bool any_not_finite = !std::isfinite(loss_value);
+  if (group_) {
+    const std::vector<double> flags = group_->sum({any_not_finite ? 1.0 : 0.0, g_stop.load() ? 1.0 : 0.0});
+    any_not_finite = flags[0] > 0;
+    stop_agreed_ = flags[1] > 0;
+  }
+  if (any_not_finite) {
     const std::string kept =
         state_.epoch == 0 ? "nothing was saved (no epoch finished)"
                           : "the checkpoint and training state in " + result_.run_dir + " are from the end of epoch " +
@@ -706,8 +695,8 @@ bool Trainer::train_epoch() {
     const double rate = ranks * static_cast<double>(epoch_images_) / std::max(seconds_since(t_epoch_), 1e-9);
     progress_->update(epoch, t.epochs, index, batches, state_.loss_sum / static_cast<double>(std::max<int64_t>(state_.seen, 1)),
                       rate, ranks * static_cast<double>((batches - index - 1) * recipe_.data.batch_size) / std::max(rate, 1e-9));
-    // Every rank stops at the same step: a stop request on any of them stops all.
-    if (group_ ? group_->any(g_stop.load()) : g_stop.load()) {
+    // Every rank stops at the same step: a stop request on any of them (agreed in step()) stops all.
+    if (group_ ? stop_agreed_ : g_stop.load()) {
       stopped = true;
       break;
     }
@@ -739,7 +728,7 @@ EvalMetrics Trainer::end_epoch() {
   apply_parameter_changes();
   sum_epoch_over_ranks();
   const Clock::time_point t_eval = Clock::now();
-  const EvalMetrics ev = evaluate();
+  const EvalMetrics ev = runner::evaluate(model_, *test_loader_, device_, group_.get());  // buffers broadcast above
   const double eval_seconds = seconds_since(t_eval);
   if (!std::isfinite(ev.loss) && group_) group_->mark_failed_together();  // summed: every rank sees it
   if (!std::isfinite(ev.loss))
@@ -807,6 +796,7 @@ RunResult Trainer::run() {
       *log_ << "interrupted: training state saved to " << state_path_ << " (continue with --resume)\n";
       result_.interrupted = true;
       g_stop.store(false);
+      stop_agreed_ = false;
       result_.epochs_done = state_.epoch;
       result_.wall_seconds = seconds_since(t_start_);
       return result_;

@@ -174,7 +174,6 @@ class Trainer {
   void check_export_forms() const;             // outputs.export: a dry run of each export
   void check_input_shapes() const;             // both data sets' images fit the model's input
   void sum_epoch_over_ranks();                 // state_'s running sums of this rank → the sums over all ranks (rank 0)
-  std::vector<at::Tensor> model_buffers();
 
   Recipe recipe_;
   RunOptions options_;
@@ -193,6 +192,7 @@ class Trainer {
   std::shared_ptr<ProcessGroup> group_;
   std::unique_ptr<DistributedDataParallel> ddp_;
   bool writer_ = true;               // this process prints and writes the run directory (rank 0)
+  bool stop_agreed_ = false;         // some rank was asked to stop (agreed in step())
   Clock::time_point t_start_;
   Clock::time_point t_epoch_;
   std::string state_path_;

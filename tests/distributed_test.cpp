@@ -433,10 +433,15 @@ TEST(DataParallelRun, TwoRanksEqualOneProcessAccumulatingTheirHalfBatches) {
   const auto got = checkpoint_parameters(join_path(dir, "run/model.h5"));
   const auto want = accumulated_reference(recipe, 20);
   ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
   for (const auto& [name, w] : want) {
     ASSERT_TRUE(got.count(name)) << name;
     EXPECT_TRUE(all_close(got.at(name), w, 1e-5, 0)) << name;
+    worst = std::max(worst, (got.at(name) - w).abs().max().item<double>());
   }
+  std::cout << "2 ranks against one process accumulating: largest difference " << worst << "\n";
+  // Measured: bitwise equal (largest difference 0) with AVX2 and with ATEN_CPU_CAPABILITY=default,
+  // one thread a process as here; the 1e-5 bound leaves room for another summation order.
   // The comparison means something: 20 steps moved the weights far more than the tolerance.
   ModelSource src;
   src.name = "lenet5";
