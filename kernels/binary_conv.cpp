@@ -1,0 +1,289 @@
+#include "kernels/binary_conv.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/bitpack.h"
+#include "kernels/popcount_gemm.h"
+
+namespace whittle::kernels {
+namespace {
+
+std::string sizes_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+const uint64_t* words_of(const at::Tensor& t) { return reinterpret_cast<const uint64_t*>(t.data_ptr<int64_t>()); }
+
+// The epilogue's tensors as float pointers (null where undefined), checked against O.
+struct Epilogue {
+  enum Kind { kDot, kFloat, kSign } kind = kDot;
+  at::Tensor scale_t, bias_t, threshold_t, direction_t;
+  const float *scale = nullptr, *bias = nullptr, *threshold = nullptr, *direction = nullptr;
+
+  static at::Tensor vector_of(const at::Tensor& t, int64_t out_channels, const char* name) {
+    if (!t.defined()) return t;
+    if (t.dim() != 1 || t.size(0) != out_channels)
+      throw Error(std::string("binary layer epilogue: ") + name + " has shape " + sizes_of(t) + ", expected [" +
+                  std::to_string(out_channels) + "]");
+    return t.to(at::kCPU, at::kFloat).contiguous();
+  }
+
+  Epilogue(Kind k, const BinaryEpilogue& e, int64_t out_channels) : kind(k) {
+    if (k == kDot) return;
+    scale_t = vector_of(e.scale, out_channels, "scale");
+    bias_t = vector_of(e.bias, out_channels, "bias");
+    threshold_t = vector_of(e.threshold, out_channels, "threshold");
+    direction_t = vector_of(e.direction, out_channels, "direction");
+    if (threshold_t.defined() != direction_t.defined())
+      throw Error("binary layer epilogue: threshold and direction go together (one of them is missing)");
+    if (threshold_t.defined()) kind = kSign;
+    scale = scale_t.defined() ? scale_t.data_ptr<float>() : nullptr;
+    bias = bias_t.defined() ? bias_t.data_ptr<float>() : nullptr;
+    threshold = threshold_t.defined() ? threshold_t.data_ptr<float>() : nullptr;
+    direction = direction_t.defined() ? direction_t.data_ptr<float>() : nullptr;
+  }
+
+  float value(int32_t dot, int64_t o) const {
+    float y = static_cast<float>(dot);
+    if (scale) y *= scale[o];
+    if (bias) y += bias[o];
+    return y;
+  }
+
+  // Packs the threshold_sign of y for O channels from dots[o·stride] into ⌈O/64⌉ words at out.
+  void pack(const int32_t* dots, int64_t stride, int64_t out_channels, uint64_t* out) const {
+    for (int64_t k = 0; k < words_for(out_channels); ++k) {
+      uint64_t bits = 0;
+      const int64_t o0 = k * 64, n = std::min<int64_t>(64, out_channels - o0);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t o = o0 + b;
+        const bool positive = (value(dots[o * stride], o) - threshold[o]) * direction[o] >= 0.0f;
+        bits |= static_cast<uint64_t>(!positive) << b;
+      }
+      out[k] = bits;
+    }
+  }
+};
+
+void check_packed_input(const at::Tensor& x, int64_t rank, const PackedBinaryWeight& w, const char* what) {
+  if (!w.words.defined()) throw Error(std::string(what) + ": the weight is not packed (pack_binary_weight)");
+  if (!x.defined() || !x.is_cpu() || x.scalar_type() != at::kLong || x.dim() != rank ||
+      x.size(-1) != words_for(w.in_channels))
+    throw Error(std::string(what) + ": expected packed input int64 " +
+                (rank == 4 ? "[N, H, W, " : "[N, ") + std::to_string(words_for(w.in_channels)) + "] on the CPU for " +
+                std::to_string(w.in_channels) + " input channels, got " +
+                (x.defined() ? std::string(c10::toString(x.scalar_type())) + " " + sizes_of(x) + " on " + x.device().str()
+                             : "undefined"));
+}
+
+at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, const BinaryConv2dOptions& opt,
+                const Epilogue& e) {
+  check_packed_input(packed_input, 4, w, "binary_conv2d");
+  if (opt.stride_h < 1 || opt.stride_w < 1 || opt.pad_h < 0 || opt.pad_w < 0)
+    throw Error("binary_conv2d: stride must be ≥ 1 and padding ≥ 0, got stride (" + std::to_string(opt.stride_h) + ", " +
+                std::to_string(opt.stride_w) + "), padding (" + std::to_string(opt.pad_h) + ", " +
+                std::to_string(opt.pad_w) + ")");
+  const at::Tensor x = packed_input.contiguous();
+  const int64_t N = x.size(0), H = x.size(1), W = x.size(2), Cw = x.size(3);
+  const int64_t O = w.out_channels, C = w.in_channels, KH = w.kernel_h, KW = w.kernel_w, T = KH * KW, K = T * Cw;
+  const int64_t Ho = conv_output_size(H, KH, opt.stride_h, opt.pad_h);
+  const int64_t Wo = conv_output_size(W, KW, opt.stride_w, opt.pad_w);
+  at::Tensor out;
+  if (e.kind == Epilogue::kSign) out = at::empty({N, Ho, Wo, words_for(O)}, at::kLong);
+  else out = at::empty({N, O, Ho, Wo}, e.kind == Epilogue::kDot ? at::kInt : at::kFloat);
+  const uint64_t* xin = words_of(x);
+  const uint64_t* wts = words_of(w.words);
+  const int32_t* tap_pop = w.tap_popcount.data_ptr<int32_t>();
+  const detail::PopcountGemmFn gemm = detail::popcount_gemm();
+  const bool direct = T == 1 && opt.stride_h == 1 && opt.stride_w == 1 && opt.pad_h == 0 && opt.pad_w == 0;
+
+  at::parallel_for(0, N * Ho, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint64_t> cols(direct ? 0 : static_cast<size_t>(Wo * K));
+    std::vector<int32_t> pop(static_cast<size_t>(Wo * O));
+    std::vector<int32_t> dot(static_cast<size_t>(O));
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / Ho, oh = r % Ho;
+      const int64_t ih0 = oh * opt.stride_h - opt.pad_h;
+      const uint64_t* a = nullptr;
+      if (direct) {
+        a = xin + (n * H + oh) * W * Cw;
+      } else {
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
+          uint64_t* dst = cols.data() + ow * K;
+          for (int64_t i = 0; i < KH; ++i) {
+            const int64_t ih = ih0 + i;
+            for (int64_t j = 0; j < KW; ++j, dst += Cw) {
+              const int64_t iw = iw0 + j;
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) std::memset(dst, 0, sizeof(uint64_t) * Cw);
+              else std::memcpy(dst, xin + ((n * H + ih) * W + iw) * Cw, sizeof(uint64_t) * Cw);
+            }
+          }
+        }
+        a = cols.data();
+      }
+      gemm(detail::BitOp::kXor, a, K, wts, K, Wo, O, K, pop.data(), O);
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
+        const int32_t* p = pop.data() + ow * O;
+        int64_t valid = 0;
+        for (int64_t i = 0; i < KH; ++i)
+          for (int64_t j = 0; j < KW; ++j)
+            valid += (ih0 + i >= 0 && ih0 + i < H && iw0 + j >= 0 && iw0 + j < W);
+        if (valid == T) {
+          for (int64_t o = 0; o < O; ++o) dot[o] = static_cast<int32_t>(C * T - 2 * p[o]);
+        } else {
+          for (int64_t o = 0; o < O; ++o) {
+            int64_t padded_pop = 0;
+            for (int64_t i = 0; i < KH; ++i)
+              for (int64_t j = 0; j < KW; ++j)
+                if (ih0 + i < 0 || ih0 + i >= H || iw0 + j < 0 || iw0 + j >= W) padded_pop += tap_pop[o * T + i * KW + j];
+            dot[o] = static_cast<int32_t>(C * valid - 2 * (p[o] - padded_pop));
+          }
+        }
+        const int64_t plane = Ho * Wo, pos = oh * Wo + ow;
+        switch (e.kind) {
+          case Epilogue::kDot: {
+            int32_t* o_ptr = out.data_ptr<int32_t>() + n * O * plane + pos;
+            for (int64_t o = 0; o < O; ++o) o_ptr[o * plane] = dot[o];
+            break;
+          }
+          case Epilogue::kFloat: {
+            float* o_ptr = out.data_ptr<float>() + n * O * plane + pos;
+            for (int64_t o = 0; o < O; ++o) o_ptr[o * plane] = e.value(dot[o], o);
+            break;
+          }
+          case Epilogue::kSign:
+            e.pack(dot.data(), 1, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + (n * plane + pos) * words_for(O));
+            break;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, const Epilogue& e) {
+  check_packed_input(packed_input, 2, w, "binary_linear");
+  if (w.kernel_h != 1 || w.kernel_w != 1)
+    throw Error("binary_linear: the weight is a " + std::to_string(w.kernel_h) + "×" + std::to_string(w.kernel_w) +
+                " convolution's, expected a linear layer's [O, C]");
+  const at::Tensor x = packed_input.contiguous();
+  const int64_t N = x.size(0), Cw = x.size(1), O = w.out_channels, C = w.in_channels;
+  at::Tensor pop = at::empty({N, O}, at::kInt);
+  const detail::PopcountGemmFn gemm = detail::popcount_gemm();
+  const uint64_t* xin = words_of(x);
+  const uint64_t* wts = words_of(w.words);
+  int32_t* p = pop.data_ptr<int32_t>();
+  // Blocks of output channels, so that batch 1 also spreads over the threads.
+  at::parallel_for(0, O, 16, [&](int64_t o0, int64_t o1) {
+    gemm(detail::BitOp::kXor, xin, Cw, wts + o0 * Cw, Cw, N, o1 - o0, Cw, p + o0, O);
+  });
+  at::Tensor dot = C - 2 * pop;  // int32 [N, O]
+  if (e.kind == Epilogue::kDot) return dot;
+  const int32_t* d = dot.data_ptr<int32_t>();
+  if (e.kind == Epilogue::kSign) {
+    at::Tensor out = at::empty({N, words_for(O)}, at::kLong);
+    for (int64_t n = 0; n < N; ++n)
+      e.pack(d + n * O, 1, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + n * words_for(O));
+    return out;
+  }
+  at::Tensor out = at::empty({N, O}, at::kFloat);
+  float* y = out.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) y[n * O + o] = e.value(d[n * O + o], o);
+  return out;
+}
+
+}  // namespace
+
+int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
+  const int64_t out = (in + 2 * pad - kernel) / stride + 1;
+  if (in + 2 * pad < kernel || out < 1)
+    throw Error("binary_conv2d: input size " + std::to_string(in) + " with padding " + std::to_string(pad) +
+                " is smaller than the kernel " + std::to_string(kernel));
+  return out;
+}
+
+PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
+  if (!weight.defined() || (weight.dim() != 2 && weight.dim() != 4))
+    throw Error("pack_binary_weight: expected a weight [O, C] or [O, C, kh, kw], got " +
+                (weight.defined() ? sizes_of(weight) : std::string("undefined")));
+  PackedBinaryWeight p;
+  p.out_channels = weight.size(0);
+  p.in_channels = weight.size(1);
+  p.kernel_h = weight.dim() == 4 ? weight.size(2) : 1;
+  p.kernel_w = weight.dim() == 4 ? weight.size(3) : 1;
+  const int64_t T = p.kernel_h * p.kernel_w, Cw = words_for(p.in_channels);
+  // [O, C, kh, kw] → [O·kh·kw, C] rows, packed per row: [O, T·Cw].
+  at::Tensor rows = weight.dim() == 4 ? weight.permute({0, 2, 3, 1}).reshape({p.out_channels * T, p.in_channels}) : weight;
+  p.words = pack_signs(rows).reshape({p.out_channels, T * Cw}).contiguous();
+  p.tap_popcount = at::empty({p.out_channels, T}, at::kInt);
+  const uint64_t* w = words_of(p.words);
+  int32_t* tp = p.tap_popcount.data_ptr<int32_t>();
+  for (int64_t r = 0; r < p.out_channels * T; ++r) {
+    int32_t c = 0;
+    for (int64_t k = 0; k < Cw; ++k) c += __builtin_popcountll(w[r * Cw + k]);
+    tp[r] = c;
+  }
+  return p;
+}
+
+at::Tensor binary_conv2d_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
+                             const BinaryConv2dOptions& options) {
+  return conv(packed_input, weight, options, Epilogue(Epilogue::kDot, {}, weight.out_channels));
+}
+
+at::Tensor binary_conv2d(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
+                         const BinaryConv2dOptions& options, const BinaryEpilogue& epilogue) {
+  return conv(packed_input, weight, options, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels));
+}
+
+at::Tensor binary_linear_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight) {
+  return linear(packed_input, weight, Epilogue(Epilogue::kDot, {}, weight.out_channels));
+}
+
+at::Tensor binary_linear(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
+                         const BinaryEpilogue& epilogue) {
+  return linear(packed_input, weight, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels));
+}
+
+at::Tensor binary_conv2d_reference(const at::Tensor& x, const at::Tensor& w, const BinaryConv2dOptions& opt) {
+  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1))
+    throw Error("binary_conv2d_reference: expected x [N, C, H, W] and w [O, C, kh, kw], got " + sizes_of(x) + " and " +
+                sizes_of(w));
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t O = w.size(0), KH = w.size(2), KW = w.size(3);
+  const int64_t Ho = conv_output_size(H, KH, opt.stride_h, opt.pad_h), Wo = conv_output_size(W, KW, opt.stride_w, opt.pad_w);
+  auto xa = x.to(at::kFloat).contiguous();
+  auto wa = w.to(at::kFloat).contiguous();
+  auto xv = xa.accessor<float, 4>();
+  auto wv = wa.accessor<float, 4>();
+  at::Tensor out = at::zeros({N, O, Ho, Wo}, at::kInt);
+  auto ov = out.accessor<int32_t, 4>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t oh = 0; oh < Ho; ++oh)
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          int32_t s = 0;
+          for (int64_t c = 0; c < C; ++c)
+            for (int64_t i = 0; i < KH; ++i)
+              for (int64_t j = 0; j < KW; ++j) {
+                const int64_t ih = oh * opt.stride_h - opt.pad_h + i, iw = ow * opt.stride_w - opt.pad_w + j;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;  // zero padding: contributes 0
+                const int32_t a = xv[n][c][ih][iw] < 0 ? -1 : 1, b = wv[o][c][i][j] < 0 ? -1 : 1;
+                s += a * b;
+              }
+          ov[n][o][oh][ow] = s;
+        }
+  return out;
+}
+
+}  // namespace whittle::kernels

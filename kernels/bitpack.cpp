@@ -1,0 +1,87 @@
+#include "kernels/bitpack.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "core/error.h"
+
+namespace whittle::kernels {
+namespace {
+
+std::string sizes_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// x as a contiguous float [rows, C] in channel-last order, and the packed output's shape.
+struct ChannelLast {
+  at::Tensor rows;  // float [R, C]
+  std::vector<int64_t> packed_shape;
+};
+
+ChannelLast channel_last(const at::Tensor& x, const char* what) {
+  if (!x.defined()) throw Error(std::string(what) + ": undefined tensor");
+  if (!x.is_cpu()) throw Error(std::string(what) + ": a CPU tensor is needed, got one on " + x.device().str());
+  if (!at::isFloatingType(x.scalar_type()))
+    throw Error(std::string(what) + ": a floating-point tensor is needed, got " + std::string(c10::toString(x.scalar_type())));
+  if (x.dim() == 2) return {x.to(at::kFloat).contiguous(), {x.size(0), words_for(x.size(1))}};
+  if (x.dim() == 4)
+    return {x.to(at::kFloat).permute({0, 2, 3, 1}).contiguous().reshape({-1, x.size(1)}),
+            {x.size(0), x.size(2), x.size(3), words_for(x.size(1))}};
+  throw Error(std::string(what) + ": expected [N, C] or [N, C, H, W], got " + sizes_of(x));
+}
+
+}  // namespace
+
+at::Tensor pack_signs(const at::Tensor& x) {
+  ChannelLast cl = channel_last(x, "pack_signs");
+  const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
+  at::Tensor out = at::empty(cl.packed_shape, at::kLong);
+  const float* src = cl.rows.data_ptr<float>();
+  auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* v = src + r * channels;
+      uint64_t* w = dst + r * words;
+      for (int64_t k = 0; k < words; ++k) {
+        const int64_t c0 = k * 64, n = std::min<int64_t>(64, channels - c0);
+        uint64_t bits = 0;
+        for (int64_t b = 0; b < n; ++b) bits |= static_cast<uint64_t>(v[c0 + b] < 0.0f) << b;
+        w[k] = bits;
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor pack_signs_reference(const at::Tensor& x) {
+  ChannelLast cl = channel_last(x, "pack_signs_reference");
+  const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
+  at::Tensor out = at::zeros(cl.packed_shape, at::kLong);
+  auto v = cl.rows.accessor<float, 2>();
+  auto* w = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < channels; ++c)
+      if (v[r][c] < 0.0f) w[r * words + c / 64] |= uint64_t{1} << (c % 64);
+  return out;
+}
+
+at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels) {
+  if (!packed.defined() || packed.scalar_type() != at::kLong || (packed.dim() != 2 && packed.dim() != 4) ||
+      packed.size(-1) != words_for(channels))
+    throw Error("unpack_signs: expected int64 [N, " + std::to_string(words_for(channels)) + "] or [N, H, W, " +
+                std::to_string(words_for(channels)) + "] words for " + std::to_string(channels) + " channels, got " +
+                (packed.defined() ? std::string(c10::toString(packed.scalar_type())) + " " + sizes_of(packed) : "undefined"));
+  at::Tensor p = packed.contiguous();
+  const int64_t rows = p.numel() / p.size(-1), words = p.size(-1);
+  at::Tensor out = at::empty({rows, channels}, at::kFloat);
+  const auto* w = reinterpret_cast<const uint64_t*>(p.data_ptr<int64_t>());
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < channels; ++c) o[r * channels + c] = (w[r * words + c / 64] >> (c % 64)) & 1 ? -1.0f : 1.0f;
+  if (p.dim() == 2) return out;
+  return out.reshape({p.size(0), p.size(1), p.size(2), channels}).permute({0, 3, 1, 2}).contiguous();
+}
+
+}  // namespace whittle::kernels

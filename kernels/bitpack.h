@@ -1,0 +1,34 @@
+#pragma once
+// Bit packing of signs along channels, the input layout of the binary kernels (binary_conv.h).
+//
+// Layout: channel-last words. For a feature map [N, C, H, W] the packed tensor is int64
+// [N, H, W, ⌈C/64⌉] (NHWC of 64-bit words); for a matrix [N, C] it is [N, ⌈C/64⌉]. Channel c sits in
+// word c / 64 at bit c mod 64 (least significant bit first). A bit is 1 where the value is
+// negative, 0 where it is ≥ 0: sign(0) = +1, as the BNN binarizer (Hubara et al., 2016). Bits past
+// C in the last word are 0. int64 holds the words because ATen has no general uint64 dtype; the
+// kernels read them as uint64.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+namespace whittle::kernels {
+
+/// 64-bit words needed for `channels` bits: ⌈channels / 64⌉.
+inline int64_t words_for(int64_t channels) { return (channels + 63) / 64; }
+
+/// Packs the signs of `x` (floating point, CPU; [N, C] or [N, C, H, W], any strides) into int64
+/// [N, ⌈C/64⌉] or [N, H, W, ⌈C/64⌉] words, layout above. NaN packs as +1 (it is not < 0).
+/// Multi-threaded over N·H·W. Throws whittle::Error for another rank, a non-floating dtype or a
+/// CUDA tensor.
+at::Tensor pack_signs(const at::Tensor& x);
+
+/// Plain-loop reference of pack_signs (one bit at a time); same layout and errors.
+at::Tensor pack_signs_reference(const at::Tensor& x);
+
+/// The ±1 float tensor [N, C] or [N, C, H, W] that `packed` (pack_signs's layout) encodes, for
+/// `channels` channels. Throws whittle::Error when `packed` is not int64 of rank 2 or 4 or its last
+/// dimension is not ⌈channels/64⌉.
+at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels);
+
+}  // namespace whittle::kernels

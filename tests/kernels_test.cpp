@@ -1,0 +1,234 @@
+// Bitpacked kernels (kernels/): each optimized variant against its plain reference, exactly.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "fuse/fold_math.h"
+#include "kernels/binary_conv.h"
+#include "kernels/bitpack.h"
+#include "kernels/isa.h"
+#include "kernels/popcount_gemm.h"
+#include "support.h"
+
+namespace whittle {
+namespace {
+
+using kernels::Isa;
+
+// Restores the instruction set a test changed.
+class IsaScope {
+ public:
+  explicit IsaScope(Isa isa) : saved_(kernels::active_isa()) { kernels::set_isa(isa); }
+  ~IsaScope() { kernels::set_isa(saved_); }
+
+ private:
+  Isa saved_;
+};
+
+// ±1-valued float tensor with some exact zeros (sign(0) = +1 must hold through every path).
+at::Tensor signs_with_zeros(at::IntArrayRef shape) {
+  at::Tensor x = at::randn(shape);
+  return at::where(at::rand(shape) < 0.1, at::zeros_like(x), x);
+}
+
+TEST(KernelsIsa, NamesParseAndScalarIsAlwaysSupported) {
+  EXPECT_EQ(kernels::parse_isa("avx2"), Isa::kAvx2);
+  EXPECT_EQ(kernels::isa_name(Isa::kAvx512), "avx512");
+  EXPECT_TRUE(kernels::isa_supported(Isa::kScalar));
+  EXPECT_THROW(kernels::parse_isa("neon"), Error);
+  EXPECT_FALSE(kernels::supported_isas().empty());
+}
+
+TEST(BitPack, MatchesReferenceAndRoundTrips) {
+  at::manual_seed(0);
+  for (int64_t c : {1, 63, 64, 65, 127, 128, 129}) {
+    SCOPED_TRACE("C = " + std::to_string(c));
+    at::Tensor x = signs_with_zeros({3, c, 4, 5});
+    at::Tensor packed = kernels::pack_signs(x);
+    ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{3, 4, 5, kernels::words_for(c)}));
+    EXPECT_TRUE(at::equal(packed, kernels::pack_signs_reference(x)));
+    EXPECT_TRUE(at::equal(kernels::unpack_signs(packed, c), at::where(x >= 0, 1.0, -1.0).to(at::kFloat)));
+    at::Tensor m = signs_with_zeros({2, c});
+    EXPECT_TRUE(at::equal(kernels::pack_signs(m), kernels::pack_signs_reference(m)));
+  }
+}
+
+TEST(BitPack, HandWorkedWords) {
+  // Channels 0..69 of one pixel: negative at 0, 2, 63 and 64; zero at 1 (sign(0) = +1, bit 0); −0.0 at 3.
+  at::Tensor x = at::ones({1, 70});
+  x[0][0] = -1.0;
+  x[0][1] = 0.0;
+  x[0][2] = -0.5;
+  x[0][3] = -0.0;
+  x[0][63] = -2.0;
+  x[0][64] = -3.0;
+  at::Tensor p = kernels::pack_signs(x);
+  ASSERT_EQ(p.sizes(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(static_cast<uint64_t>(p[0][0].item<int64_t>()), (uint64_t{1} << 0) | (uint64_t{1} << 2) | (uint64_t{1} << 63));
+  EXPECT_EQ(p[0][1].item<int64_t>(), 1);  // channel 64; padding bits 65..127 stay 0
+}
+
+TEST(BitPack, RefusesWhatItCannotPack) {
+  EXPECT_THROW(kernels::pack_signs(at::ones({2, 3, 4})), Error);
+  EXPECT_THROW(kernels::pack_signs(at::ones({2, 3}, at::kInt)), Error);
+  EXPECT_THROW(kernels::unpack_signs(at::zeros({2, 3}, at::kLong), 64), Error);
+}
+
+// The popcount GEMM of every supported variant equals the scalar one, for XOR and AND, across the
+// vector widths' edges (K words 1..9, 31·4 ± 1 for the AVX2 byte-counter flush, and 300).
+TEST(PopcountGemm, EveryVariantEqualsScalar) {
+  at::manual_seed(0);
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    for (int64_t k : {1, 2, 3, 4, 5, 7, 8, 9, 123, 124, 125, 300})
+      for (auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 5}, {4, 4}, {7, 9}}) {
+        SCOPED_TRACE(kernels::isa_name(isa) + " K=" + std::to_string(k) + " M=" + std::to_string(m) + " N=" + std::to_string(n));
+        at::Tensor a = at::randint(INT64_MIN, INT64_MAX, {m, k + 1}, at::kLong);
+        at::Tensor b = at::randint(INT64_MIN, INT64_MAX, {n, k + 2}, at::kLong);
+        for (auto op : {kernels::detail::BitOp::kXor, kernels::detail::BitOp::kAnd}) {
+          at::Tensor got = at::full({m, n + 3}, -7, at::kInt), want = at::full({m, n + 3}, -7, at::kInt);
+          auto* A = reinterpret_cast<const uint64_t*>(a.data_ptr<int64_t>());
+          auto* B = reinterpret_cast<const uint64_t*>(b.data_ptr<int64_t>());
+          kernels::detail::popcount_gemm()(op, A, k + 1, B, k + 2, m, n, k, got.data_ptr<int32_t>(), n + 3);
+          kernels::detail::popcount_gemm_scalar(op, A, k + 1, B, k + 2, m, n, k, want.data_ptr<int32_t>(), n + 3);
+          EXPECT_TRUE(at::equal(got, want));
+        }
+      }
+  }
+}
+
+TEST(PopcountGemm, HandWorked) {
+  const uint64_t a[2] = {0xFFull, 0x1ull};   // 9 ones
+  const uint64_t b[2] = {0x0Full, 0x3ull};   // 6 ones
+  int32_t c = 0;
+  kernels::detail::popcount_gemm_scalar(kernels::detail::BitOp::kXor, a, 2, b, 2, 1, 1, 2, &c, 1);
+  EXPECT_EQ(c, 4 + 1);  // 0xF0 and 0x2
+  kernels::detail::popcount_gemm_scalar(kernels::detail::BitOp::kAnd, a, 2, b, 2, 1, 1, 2, &c, 1);
+  EXPECT_EQ(c, 4 + 1);  // 0x0F and 0x1
+}
+
+// Binary convolution: the optimized kernel (every supported variant) equals the plain reference
+// exactly, over input channels K, output channels, strides, padding and batch.
+class BinaryConvEdges : public ::testing::TestWithParam<std::tuple<Isa, int64_t>> {};
+
+TEST_P(BinaryConvEdges, OptimizedEqualsReference) {
+  const auto [isa, in_channels] = GetParam();
+  IsaScope scope(isa);
+  at::manual_seed(in_channels);
+  for (int64_t out_channels : {1, 7, 8, 9})
+    for (int64_t stride : {1, 2})
+      for (int64_t pad : {0, 1})
+        for (int64_t batch : {1, 3}) {
+          SCOPED_TRACE("O=" + std::to_string(out_channels) + " stride=" + std::to_string(stride) + " pad=" +
+                       std::to_string(pad) + " N=" + std::to_string(batch));
+          at::Tensor x = signs_with_zeros({batch, in_channels, 6, 5});
+          at::Tensor w = signs_with_zeros({out_channels, in_channels, 3, 3});
+          kernels::BinaryConv2dOptions opt{stride, stride, pad, pad};
+          at::Tensor want = kernels::binary_conv2d_reference(x, w, opt);
+          at::Tensor got = kernels::binary_conv2d_dot(kernels::pack_signs(x), kernels::pack_binary_weight(w), opt);
+          ASSERT_TRUE(at::equal(got, want)) << (got - want).abs().max().item<int>();
+          // 1×1 (the direct path at stride 1, no padding).
+          at::Tensor w1 = signs_with_zeros({out_channels, in_channels, 1, 1});
+          kernels::BinaryConv2dOptions opt1{stride, stride, 0, 0};
+          EXPECT_TRUE(at::equal(kernels::binary_conv2d_dot(kernels::pack_signs(x), kernels::pack_binary_weight(w1), opt1),
+                                kernels::binary_conv2d_reference(x, w1, opt1)));
+        }
+}
+
+std::vector<std::tuple<Isa, int64_t>> conv_edges() {
+  std::vector<std::tuple<Isa, int64_t>> out;
+  for (Isa isa : kernels::supported_isas())
+    for (int64_t k : {1, 63, 64, 65, 127, 128, 129}) out.emplace_back(isa, k);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, BinaryConvEdges, ::testing::ValuesIn(conv_edges()),
+                         [](const ::testing::TestParamInfo<std::tuple<Isa, int64_t>>& info) {
+                           return kernels::isa_name(std::get<0>(info.param)) + "_K" + std::to_string(std::get<1>(info.param));
+                         });
+
+// The reference itself against ATen's float convolution of the binarized tensors (zero padding).
+TEST(BinaryConv, ReferenceEqualsFloatConvolutionOfSigns) {
+  at::manual_seed(1);
+  at::Tensor x = signs_with_zeros({2, 5, 7, 6}), w = signs_with_zeros({4, 5, 3, 3});
+  at::Tensor xs = at::where(x >= 0, 1.0, -1.0).to(at::kFloat), ws = at::where(w >= 0, 1.0, -1.0).to(at::kFloat);
+  at::Tensor want = at::conv2d(xs, ws, {}, {2, 1}, {1, 1});
+  at::Tensor got = kernels::binary_conv2d_reference(x, w, {2, 1, 1, 1});
+  EXPECT_TRUE(at::equal(got.to(at::kFloat), want));
+}
+
+TEST(BinaryConv, HandWorkedPadding) {
+  // 1 channel 2×2 input of +1, one 3×3 kernel of +1, padding 1: each output sees 4 inputs.
+  at::Tensor x = at::ones({1, 1, 2, 2}), w = at::ones({1, 1, 3, 3});
+  at::Tensor got = kernels::binary_conv2d_dot(kernels::pack_signs(x), kernels::pack_binary_weight(w), {1, 1, 1, 1});
+  EXPECT_TRUE(at::equal(got, at::full({1, 1, 2, 2}, 4, at::kInt)));
+  // Kernel of −1 except the centre: output (0, 0) sees the centre (+1) and three −1 taps: 1 − 3 = −2.
+  at::Tensor w2 = -at::ones({1, 1, 3, 3});
+  w2[0][0][1][1] = 1.0;
+  got = kernels::binary_conv2d_dot(kernels::pack_signs(x), kernels::pack_binary_weight(w2), {1, 1, 1, 1});
+  EXPECT_EQ(got[0][0][0][0].item<int>(), -2);
+}
+
+TEST(BinaryConv, EpiloguesScaleBiasAndThreshold) {
+  at::manual_seed(2);
+  const int64_t C = 70, O = 67;
+  at::Tensor x = signs_with_zeros({2, C, 5, 5}), w = signs_with_zeros({O, C, 3, 3});
+  kernels::PackedBinaryWeight pw = kernels::pack_binary_weight(w);
+  kernels::BinaryConv2dOptions opt{1, 1, 1, 1};
+  at::Tensor dot = kernels::binary_conv2d_dot(kernels::pack_signs(x), pw, opt).to(at::kFloat);
+  at::Tensor scale = at::rand({O}) + 0.5, bias = at::randn({O});
+  at::Tensor y = kernels::binary_conv2d(kernels::pack_signs(x), pw, opt, {scale, bias, {}, {}});
+  at::Tensor want = dot * scale.view({1, O, 1, 1}) + bias.view({1, O, 1, 1});
+  EXPECT_TRUE(test::all_close(y, want, 0, 0));
+  // Threshold: +1 where (y − τ)·d ≥ 0 (fuse's apply_sign_threshold), packed for the next layer.
+  at::Tensor threshold = at::randn({O}) * 10, direction = at::where(at::rand({O}) < 0.3, -1.0, 1.0).to(at::kFloat);
+  threshold[0] = -std::numeric_limits<float>::infinity();  // γ = 0, β ≥ 0: always +1
+  threshold[1] = std::numeric_limits<float>::infinity();   // γ = 0, β < 0: always −1
+  direction[0] = direction[1] = 1.0;
+  at::Tensor packed = kernels::binary_conv2d(kernels::pack_signs(x), pw, opt, {scale, bias, threshold, direction});
+  at::Tensor signs = fuse::apply_sign_threshold(want, threshold, direction);
+  EXPECT_TRUE(at::equal(packed, kernels::pack_signs(signs)));
+  EXPECT_TRUE(at::equal(kernels::unpack_signs(packed, O).select(1, 0), at::ones({2, 5, 5})));
+  EXPECT_TRUE(at::equal(kernels::unpack_signs(packed, O).select(1, 1), -at::ones({2, 5, 5})));
+}
+
+TEST(BinaryLinear, EqualsMatmulOfSignsForEveryVariant) {
+  at::manual_seed(3);
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    for (int64_t c : {1, 63, 64, 65, 129, 800})
+      for (int64_t o : {1, 9, 33}) {
+        SCOPED_TRACE(kernels::isa_name(isa) + " C=" + std::to_string(c) + " O=" + std::to_string(o));
+        at::Tensor x = signs_with_zeros({3, c}), w = signs_with_zeros({o, c});
+        at::Tensor want = at::matmul(at::where(x >= 0, 1.0, -1.0), at::where(w >= 0, 1.0, -1.0).t()).to(at::kInt);
+        kernels::PackedBinaryWeight pw = kernels::pack_binary_weight(w);
+        EXPECT_TRUE(at::equal(kernels::binary_linear_dot(kernels::pack_signs(x), pw), want));
+        at::Tensor scale = at::rand({o});
+        EXPECT_TRUE(test::all_close(kernels::binary_linear(kernels::pack_signs(x), pw, {scale, {}, {}, {}}),
+                                    want.to(at::kFloat) * scale, 0, 0));
+      }
+  }
+}
+
+TEST(BinaryConv, BadInputIsNamed) {
+  at::Tensor w = at::ones({4, 70, 3, 3});
+  kernels::PackedBinaryWeight pw = kernels::pack_binary_weight(w);
+  try {
+    kernels::binary_conv2d_dot(kernels::pack_signs(at::ones({1, 64, 5, 5})), pw);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("70 input channels"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kernels::binary_conv2d_dot(kernels::pack_signs(at::ones({1, 70, 2, 2})), pw), Error);  // 2×2 < 3×3
+  EXPECT_THROW(kernels::binary_conv2d(kernels::pack_signs(at::ones({1, 70, 5, 5})), pw, {}, {at::ones({3}), {}, {}, {}}),
+               Error);
+  EXPECT_THROW(kernels::binary_linear_dot(kernels::pack_signs(at::ones({1, 70})), pw), Error);  // a conv weight
+}
+
+}  // namespace
+}  // namespace whittle
