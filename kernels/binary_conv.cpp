@@ -1,12 +1,12 @@
 #include "kernels/binary_conv.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/parallel.h"
 #include "kernels/bitpack.h"
 #include "kernels/popcount_gemm.h"
 
@@ -18,6 +18,9 @@ std::string sizes_of(const at::Tensor& t) {
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
 }
+
+// Work below which a range is not split further across threads (about 10 µs of popcounts).
+constexpr int64_t kMinWordsPerTask = 1 << 16;
 
 const uint64_t* words_of(const at::Tensor& t) { return reinterpret_cast<const uint64_t*>(t.data_ptr<int64_t>()); }
 
@@ -104,7 +107,9 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
   const detail::PopcountGemmFn gemm = detail::popcount_gemm();
   const bool direct = T == 1 && opt.stride_h == 1 && opt.stride_w == 1 && opt.pad_h == 0 && opt.pad_w == 0;
 
-  at::parallel_for(0, N * Ho, 1, [&](int64_t begin, int64_t end) {
+  // A thread gets at least kMinWordsPerTask popcount words (small layers run on one thread).
+  const int64_t row_words = std::max<int64_t>(1, Wo * O * K);
+  detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> cols(direct ? 0 : static_cast<size_t>(Wo * K));
     std::vector<int32_t> pop(static_cast<size_t>(Wo * O));
     std::vector<int32_t> dot(static_cast<size_t>(O));
@@ -129,7 +134,7 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
         }
         a = cols.data();
       }
-      gemm(detail::BitOp::kXor, a, K, wts, K, Wo, O, K, pop.data(), O);
+      gemm(detail::BitOp::kXor, a, K, wts, O, Wo, O, K, pop.data(), O);
       for (int64_t ow = 0; ow < Wo; ++ow) {
         const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
         const int32_t* p = pop.data() + ow * O;
@@ -183,8 +188,8 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
   const uint64_t* wts = words_of(w.words);
   int32_t* p = pop.data_ptr<int32_t>();
   // Blocks of output channels, so that batch 1 also spreads over the threads.
-  at::parallel_for(0, O, 16, [&](int64_t o0, int64_t o1) {
-    gemm(detail::BitOp::kXor, xin, Cw, wts + o0 * Cw, Cw, N, o1 - o0, Cw, p + o0, O);
+  detail::parallel_for(0, O, std::max<int64_t>(16, kMinWordsPerTask / std::max<int64_t>(1, N * Cw)), [&](int64_t o0, int64_t o1) {
+    gemm(detail::BitOp::kXor, xin, Cw, wts + o0, O, N, o1 - o0, Cw, p + o0, O);
   });
   at::Tensor dot = C - 2 * pop;  // int32 [N, O]
   if (e.kind == Epilogue::kDot) return dot;
@@ -224,9 +229,10 @@ PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
   const int64_t T = p.kernel_h * p.kernel_w, Cw = words_for(p.in_channels);
   // [O, C, kh, kw] → [O·kh·kw, C] rows, packed per row: [O, T·Cw].
   at::Tensor rows = weight.dim() == 4 ? weight.permute({0, 2, 3, 1}).reshape({p.out_channels * T, p.in_channels}) : weight;
-  p.words = pack_signs(rows).reshape({p.out_channels, T * Cw}).contiguous();
+  at::Tensor per_channel = pack_signs(rows).reshape({p.out_channels, T * Cw}).contiguous();
+  p.words = per_channel.t().contiguous();  // K-major for the microkernels
   p.tap_popcount = at::empty({p.out_channels, T}, at::kInt);
-  const uint64_t* w = words_of(p.words);
+  const uint64_t* w = words_of(per_channel);
   int32_t* tp = p.tap_popcount.data_ptr<int32_t>();
   for (int64_t r = 0; r < p.out_channels * T; ++r) {
     int32_t c = 0;

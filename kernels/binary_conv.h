@@ -18,8 +18,9 @@ namespace whittle::kernels {
 
 /// Binary weights packed for the kernels.
 struct PackedBinaryWeight {
-  /// int64 [O, kernel_h·kernel_w·⌈C/64⌉]: per output channel, taps in (kh, kw) order, each tap's C
-  /// channels in ⌈C/64⌉ words (pack_signs's bit rule).
+  /// int64 [kernel_h·kernel_w·⌈C/64⌉, O] (K-major, the microkernels' layout): row k holds word k
+  /// of every output channel's packed weight, whose words are its taps in (kh, kw) order, each
+  /// tap's C channels in ⌈C/64⌉ words (pack_signs's bit rule).
   at::Tensor words;
   /// int32 [O, kernel_h·kernel_w]: popcount of each tap's words (the padding correction).
   at::Tensor tap_popcount;

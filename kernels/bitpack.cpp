@@ -1,9 +1,9 @@
 #include "kernels/bitpack.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include "core/error.h"
+#include "kernels/parallel.h"
 
 namespace whittle::kernels {
 namespace {
@@ -40,7 +40,7 @@ at::Tensor pack_signs(const at::Tensor& x) {
   at::Tensor out = at::empty(cl.packed_shape, at::kLong);
   const float* src = cl.rows.data_ptr<float>();
   auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+  detail::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, channels)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* v = src + r * channels;
       uint64_t* w = dst + r * words;

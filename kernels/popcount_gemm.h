@@ -13,20 +13,23 @@ enum class BitOp {
   kAnd,  ///< bit-plane × bit-plane: popcount(a ∧ b) counts the positions where both bits are 1
 };
 
-/// C[i·ldc + j] = Σ_{k<K} popcount(op(A[i·lda + k], B[j·ldb + k])) for i < M, j < N.
-/// A: M rows of K 64-bit words (row stride lda words); B: N rows of K words (stride ldb);
-/// C: int32, row stride ldc. Overwrites C. M, N, K ≥ 0; K·64 < 2^31.
+/// C[i·ldc + j] = Σ_{k<K} popcount(op(A[i·lda + k], B[k·ldb + j])) for i < M, j < N.
+/// A: M rows of K 64-bit words (row stride lda words: the packed inputs, one row a position);
+/// B: K-major, K rows of N words (row stride ldb: the packed weights transposed, one column an
+/// output channel), so that a vector holds one word of consecutive output channels and no
+/// horizontal sums are needed; C: int32, row stride ldc. Overwrites C. M, N, K ≥ 0; K·64 < 2^31.
 using PopcountGemmFn = void (*)(BitOp op, const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M,
                                 int64_t N, int64_t K, int32_t* C, int64_t ldc);
 
 /// Portable variant (std::popcount-style bit counting, any x86-64 or other CPU).
 void popcount_gemm_scalar(BitOp op, const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M,
                           int64_t N, int64_t K, int32_t* C, int64_t ldc);
-/// AVX2 variant: byte popcounts by nibble table lookup (vpshufb), summed with vpsadbw; 2×4 blocks.
+/// AVX2 variant: byte popcounts by nibble table lookup (vpshufb), summed per 64-bit lane with
+/// vpsadbw; blocks of 4 rows × 8 columns.
 /// Needs AVX2 and POPCNT.
 void popcount_gemm_avx2(BitOp op, const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M,
                         int64_t N, int64_t K, int32_t* C, int64_t ldc);
-/// AVX-512 variant: vpopcntq on 8 words at a time; 4×4 blocks. Needs AVX512F and AVX512_VPOPCNTDQ.
+/// AVX-512 variant: vpopcntq on 8 words (8 output channels) at a time; blocks of 4 rows × 32 columns. Needs AVX512F and AVX512_VPOPCNTDQ.
 void popcount_gemm_avx512(BitOp op, const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M,
                           int64_t N, int64_t K, int32_t* C, int64_t ldc);
 

@@ -1,8 +1,10 @@
 // AVX-512 popcount GEMM (kernels/popcount_gemm.h): compiled with -mavx512f -mavx512vpopcntdq.
 //
-// A 4×4 block of C keeps 16 accumulators of 8 × 64-bit counts; each step loads 8 words of 4 rows
-// of A and of 4 rows of B (masked loads for the last K mod 8 words, zeros beyond), combines them
-// and adds vpopcntq. The 16 accumulators are summed across lanes at the end of the K loop.
+// Outer-product form: a block of MR ≤ 4 rows × NV ≤ 4 vectors of 8 output channels keeps MR·NV
+// accumulators of 8 × 64-bit counts, one lane per output channel. Each step k broadcasts word k of
+// each row of A, loads word k of 8·NV consecutive columns of B, combines and adds vpopcntq. No
+// horizontal sums: the lanes are the outputs, narrowed to int32 on the store. The last columns
+// (N mod 8) use masked loads and stores.
 
 #include <immintrin.h>
 
@@ -17,44 +19,41 @@ inline __m512i combine(__m512i a, __m512i b) {
   else return _mm512_and_si512(a, b);
 }
 
-// C block [mr × nr] (mr, nr ≤ 4) at rows i, columns j.
-template <BitOp Op, int MR, int NR>
-void block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t K, int32_t* C, int64_t ldc) {
-  __m512i acc[MR][NR];
+// Block of MR rows × NV vectors; the last vector keeps only the lanes in `last` (mask).
+template <BitOp Op, int MR, int NV>
+void block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t K, int32_t* C, int64_t ldc,
+           __mmask8 last) {
+  __m512i acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m512i b[NR];
-    for (int c = 0; c < NR; ++c) b[c] = _mm512_loadu_si512(B + c * ldb + k);
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v)
+      b[v] = v + 1 < NV ? _mm512_loadu_si512(B + k * ldb + 8 * v) : _mm512_maskz_loadu_epi64(last, B + k * ldb + 8 * v);
     for (int r = 0; r < MR; ++r) {
-      const __m512i a = _mm512_loadu_si512(A + r * lda + k);
-      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_add_epi64(acc[r][c], _mm512_popcnt_epi64(combine<Op>(a, b[c])));
-    }
-  }
-  if (k < K) {
-    const __mmask8 m = static_cast<__mmask8>((1u << (K - k)) - 1u);
-    __m512i b[NR];
-    for (int c = 0; c < NR; ++c) b[c] = _mm512_maskz_loadu_epi64(m, B + c * ldb + k);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i a = _mm512_maskz_loadu_epi64(m, A + r * lda + k);
-      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_add_epi64(acc[r][c], _mm512_popcnt_epi64(combine<Op>(a, b[c])));
+      const __m512i a = _mm512_set1_epi64(static_cast<long long>(A[r * lda + k]));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_add_epi64(acc[r][v], _mm512_popcnt_epi64(combine<Op>(a, b[v])));
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) C[r * ldc + c] = static_cast<int32_t>(_mm512_reduce_add_epi64(acc[r][c]));
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_cvtepi64_storeu_epi32(C + r * ldc + 8 * v, v + 1 < NV ? __mmask8(0xff) : last, acc[r][v]);
 }
 
 template <BitOp Op, int MR>
 void row_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t N, int64_t K, int32_t* C,
                int64_t ldc) {
   int64_t j = 0;
-  for (; j + 4 <= N; j += 4) block<Op, MR, 4>(A, lda, B + j * ldb, ldb, K, C + j, ldc);
-  switch (N - j) {
-    case 3: block<Op, MR, 3>(A, lda, B + j * ldb, ldb, K, C + j, ldc); break;
-    case 2: block<Op, MR, 2>(A, lda, B + j * ldb, ldb, K, C + j, ldc); break;
-    case 1: block<Op, MR, 1>(A, lda, B + j * ldb, ldb, K, C + j, ldc); break;
-    default: break;
+  for (; j + 32 <= N; j += 32) block<Op, MR, 4>(A, lda, B + j, ldb, K, C + j, ldc, 0xff);
+  const int64_t rest = N - j;
+  if (rest == 0) return;
+  const int vectors = static_cast<int>((rest + 7) / 8);
+  const __mmask8 last = static_cast<__mmask8>(rest % 8 == 0 ? 0xff : (1u << (rest % 8)) - 1u);
+  switch (vectors) {
+    case 4: block<Op, MR, 4>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
+    case 3: block<Op, MR, 3>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
+    case 2: block<Op, MR, 2>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
+    default: block<Op, MR, 1>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
   }
 }
 

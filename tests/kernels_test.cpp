@@ -1,6 +1,7 @@
 // Bitpacked kernels (kernels/): each optimized variant against its plain reference, exactly.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -86,16 +87,16 @@ TEST(PopcountGemm, EveryVariantEqualsScalar) {
   for (Isa isa : kernels::supported_isas()) {
     IsaScope scope(isa);
     for (int64_t k : {1, 2, 3, 4, 5, 7, 8, 9, 123, 124, 125, 300})
-      for (auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 5}, {4, 4}, {7, 9}}) {
+      for (auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 5}, {4, 4}, {7, 9}, {5, 32}, {4, 45}, {2, 67}}) {
         SCOPED_TRACE(kernels::isa_name(isa) + " K=" + std::to_string(k) + " M=" + std::to_string(m) + " N=" + std::to_string(n));
         at::Tensor a = at::randint(INT64_MIN, INT64_MAX, {m, k + 1}, at::kLong);
-        at::Tensor b = at::randint(INT64_MIN, INT64_MAX, {n, k + 2}, at::kLong);
+        at::Tensor b = at::randint(INT64_MIN, INT64_MAX, {k, n + 2}, at::kLong);  // K-major
         for (auto op : {kernels::detail::BitOp::kXor, kernels::detail::BitOp::kAnd}) {
           at::Tensor got = at::full({m, n + 3}, -7, at::kInt), want = at::full({m, n + 3}, -7, at::kInt);
           auto* A = reinterpret_cast<const uint64_t*>(a.data_ptr<int64_t>());
           auto* B = reinterpret_cast<const uint64_t*>(b.data_ptr<int64_t>());
-          kernels::detail::popcount_gemm()(op, A, k + 1, B, k + 2, m, n, k, got.data_ptr<int32_t>(), n + 3);
-          kernels::detail::popcount_gemm_scalar(op, A, k + 1, B, k + 2, m, n, k, want.data_ptr<int32_t>(), n + 3);
+          kernels::detail::popcount_gemm()(op, A, k + 1, B, n + 2, m, n, k, got.data_ptr<int32_t>(), n + 3);
+          kernels::detail::popcount_gemm_scalar(op, A, k + 1, B, n + 2, m, n, k, want.data_ptr<int32_t>(), n + 3);
           EXPECT_TRUE(at::equal(got, want));
         }
       }
@@ -104,11 +105,11 @@ TEST(PopcountGemm, EveryVariantEqualsScalar) {
 
 TEST(PopcountGemm, HandWorked) {
   const uint64_t a[2] = {0xFFull, 0x1ull};   // 9 ones
-  const uint64_t b[2] = {0x0Full, 0x3ull};   // 6 ones
+  const uint64_t b[2] = {0x0Full, 0x3ull};   // 6 ones (K-major: one column, ldb 1)
   int32_t c = 0;
-  kernels::detail::popcount_gemm_scalar(kernels::detail::BitOp::kXor, a, 2, b, 2, 1, 1, 2, &c, 1);
+  kernels::detail::popcount_gemm_scalar(kernels::detail::BitOp::kXor, a, 2, b, 1, 1, 1, 2, &c, 1);
   EXPECT_EQ(c, 4 + 1);  // 0xF0 and 0x2
-  kernels::detail::popcount_gemm_scalar(kernels::detail::BitOp::kAnd, a, 2, b, 2, 1, 1, 2, &c, 1);
+  kernels::detail::popcount_gemm_scalar(kernels::detail::BitOp::kAnd, a, 2, b, 1, 1, 1, 2, &c, 1);
   EXPECT_EQ(c, 4 + 1);  // 0x0F and 0x1
 }
 
@@ -151,6 +152,21 @@ INSTANTIATE_TEST_SUITE_P(Kernels, BinaryConvEdges, ::testing::ValuesIn(conv_edge
                          [](const ::testing::TestParamInfo<std::tuple<Isa, int64_t>>& info) {
                            return kernels::isa_name(std::get<0>(info.param)) + "_K" + std::to_string(std::get<1>(info.param));
                          });
+
+// A layer big enough to be split across threads gives the reference's dots, for every variant.
+TEST(BinaryConv, ThreadedLayerEqualsReference) {
+  at::manual_seed(4);
+  at::Tensor x = signs_with_zeros({2, 130, 12, 12}), w = signs_with_zeros({70, 130, 3, 3});
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  at::Tensor want = kernels::binary_conv2d_reference(x, w, {1, 1, 1, 1});
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    EXPECT_TRUE(at::equal(kernels::binary_conv2d_dot(kernels::pack_signs(x), kernels::pack_binary_weight(w), {1, 1, 1, 1}), want))
+        << kernels::isa_name(isa);
+  }
+  at::set_num_threads(saved);
+}
 
 // The reference itself against ATen's float convolution of the binarized tensors (zero padding).
 TEST(BinaryConv, ReferenceEqualsFloatConvolutionOfSigns) {

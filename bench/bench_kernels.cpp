@@ -1,0 +1,119 @@
+// Bitpacked kernels against ATen's float convolution of the same shape, per instruction set and
+// thread count, and the popcount throughput limit they are held to.
+//
+//   BM_PopcountLimit/<isa>   the microkernel on an L1-resident 4 × 32 block with K = 64 words:
+//                            the most words a core counts per second with that instruction set
+//                            (one thread), the limit the convolution is compared with.
+//   BM_BinaryConv3x3/<isa>/T a binary 3×3 convolution, 256 → 256 channels on 28×28, padding 1,
+//                            batch 1, float output with the α scale (kernels/binary_conv.h),
+//                            input already packed; T intra-op threads.
+//   BM_PackSigns/T           packing that input's signs (what a binary layer adds before the kernel).
+//   BM_FloatConv3x3/T        at::conv2d of the same shape in float (oneDNN where LibTorch has it).
+// Counters: words_per_second (popcount words), binary MACs as items (C·kh·kw per output). The
+// ratios and figures are in docs/performance.md.
+//
+//   ./bench/bench_kernels --benchmark_min_time=1 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "kernels/binary_conv.h"
+#include "kernels/bitpack.h"
+#include "kernels/isa.h"
+#include "kernels/popcount_gemm.h"
+
+namespace {
+
+using whittle::kernels::Isa;
+constexpr int64_t kC = 256, kO = 256, kH = 28, kW = 28;
+constexpr double kMacs = double(kO) * kH * kW * kC * 9;
+constexpr double kWords = double(kO) * kH * kW * 9 * (kC / 64);
+
+void BM_PopcountLimit(benchmark::State& state, Isa isa) {
+  if (!whittle::kernels::isa_supported(isa)) return state.SkipWithError("not supported on this CPU");
+  whittle::kernels::set_isa(isa);
+  // The microkernel at its best block shape (4 rows × 32 columns, K = 64 words), all in L1: no
+  // memory traffic, no tails, only XOR + popcount + add.
+  constexpr int64_t M = 4, N = 32, K = 64;
+  std::vector<uint64_t> a(M * K), b(K * N);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = i * 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = ~(i * 0xC2B2AE3D27D4EB4Full) >> 3;
+  int32_t c[M * N];
+  const auto gemm = whittle::kernels::detail::popcount_gemm();
+  for (auto _ : state) {
+    gemm(whittle::kernels::detail::BitOp::kXor, a.data(), K, b.data(), N, M, N, K, c, N);
+    benchmark::DoNotOptimize(c);
+    benchmark::ClobberMemory();
+  }
+  state.counters["words_per_second"] = benchmark::Counter(double(state.iterations()) * M * N * K, benchmark::Counter::kIsRate);
+}
+
+struct ConvInputs {
+  at::Tensor x, w, packed_x;
+  whittle::kernels::PackedBinaryWeight pw;
+  at::Tensor alpha;
+};
+
+const ConvInputs& inputs() {
+  static ConvInputs in = [] {
+    at::manual_seed(0);
+    ConvInputs c;
+    c.x = at::where(at::randn({1, kC, kH, kW}) >= 0, 1.0f, -1.0f);
+    c.w = at::randn({kO, kC, 3, 3});
+    c.packed_x = whittle::kernels::pack_signs(c.x);
+    c.pw = whittle::kernels::pack_binary_weight(c.w);
+    c.alpha = c.w.abs().mean({1, 2, 3});
+    return c;
+  }();
+  return in;
+}
+
+void BM_BinaryConv3x3(benchmark::State& state, Isa isa) {
+  if (!whittle::kernels::isa_supported(isa)) return state.SkipWithError("not supported on this CPU");
+  whittle::kernels::set_isa(isa);
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  const ConvInputs& in = inputs();
+  for (auto _ : state) {
+    at::Tensor y = whittle::kernels::binary_conv2d(in.packed_x, in.pw, {1, 1, 1, 1}, {in.alpha, {}, {}, {}});
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kMacs));
+  state.counters["words_per_second"] = benchmark::Counter(double(state.iterations()) * kWords, benchmark::Counter::kIsRate);
+}
+
+void BM_PackSigns(benchmark::State& state) {
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  const ConvInputs& in = inputs();
+  for (auto _ : state) {
+    at::Tensor p = whittle::kernels::pack_signs(in.x);
+    benchmark::DoNotOptimize(p.data_ptr());
+  }
+}
+
+void BM_FloatConv3x3(benchmark::State& state) {
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  const ConvInputs& in = inputs();
+  at::Tensor wq = in.w.sign();
+  at::NoGradGuard no_grad;
+  for (auto _ : state) {
+    at::Tensor y = at::conv2d(in.x, wq, {}, 1, 1);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kMacs));
+}
+
+BENCHMARK_CAPTURE(BM_PopcountLimit, scalar, Isa::kScalar);
+BENCHMARK_CAPTURE(BM_PopcountLimit, avx2, Isa::kAvx2);
+BENCHMARK_CAPTURE(BM_PopcountLimit, avx512, Isa::kAvx512);
+BENCHMARK_CAPTURE(BM_BinaryConv3x3, scalar, Isa::kScalar)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BinaryConv3x3, avx2, Isa::kAvx2)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BinaryConv3x3, avx512, Isa::kAvx512)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PackSigns)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FloatConv3x3)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

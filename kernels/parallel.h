@@ -1,0 +1,18 @@
+#pragma once
+// One entry to ATen's intra-op thread pool for the kernels.
+//
+// at::parallel_for is an inline template whose OpenMP region only exists where the including unit
+// is compiled with -fopenmp; this unit is (kernels/CMakeLists.txt), so the kernels that call
+// parallel_for here spread over at::get_num_threads() threads, in the same OpenMP runtime that
+// LibTorch loads.
+
+#include <cstdint>
+#include <functional>
+
+namespace whittle::kernels::detail {
+
+/// Calls f(b, e) on disjoint ranges covering [begin, end), each at least `grain` long (except the
+/// last), on ATen's intra-op threads. Exceptions from f are rethrown in the caller.
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
+
+}  // namespace whittle::kernels::detail
