@@ -24,7 +24,7 @@ constexpr int64_t kMinWordsPerTask = 1 << 16;
 
 const uint64_t* words_of(const at::Tensor& t) { return reinterpret_cast<const uint64_t*>(t.data_ptr<int64_t>()); }
 
-// The epilogue's tensors as float pointers (null where undefined), checked against O.
+// The epilogue's tensors as float pointers (threshold, direction: null where undefined), checked against O.
 struct Epilogue {
   enum Kind { kDot, kFloat, kSign } kind = kDot;
   at::Tensor scale_t, bias_t, threshold_t, direction_t;
@@ -40,25 +40,23 @@ struct Epilogue {
 
   Epilogue(Kind k, const BinaryEpilogue& e, int64_t out_channels) : kind(k) {
     if (k == kDot) return;
-    scale_t = vector_of(e.scale, out_channels, "scale");
-    bias_t = vector_of(e.bias, out_channels, "bias");
+    // Missing scale/bias become 1/0, so that the store loops have no branches.
+    if (!e.scale.defined()) scale_t = at::ones({out_channels});
+    if (!e.bias.defined()) bias_t = at::zeros({out_channels});
+    if (e.scale.defined()) scale_t = vector_of(e.scale, out_channels, "scale");
+    if (e.bias.defined()) bias_t = vector_of(e.bias, out_channels, "bias");
     threshold_t = vector_of(e.threshold, out_channels, "threshold");
     direction_t = vector_of(e.direction, out_channels, "direction");
     if (threshold_t.defined() != direction_t.defined())
       throw Error("binary layer epilogue: threshold and direction go together (one of them is missing)");
     if (threshold_t.defined()) kind = kSign;
-    scale = scale_t.defined() ? scale_t.data_ptr<float>() : nullptr;
-    bias = bias_t.defined() ? bias_t.data_ptr<float>() : nullptr;
+    scale = scale_t.data_ptr<float>();
+    bias = bias_t.data_ptr<float>();
     threshold = threshold_t.defined() ? threshold_t.data_ptr<float>() : nullptr;
     direction = direction_t.defined() ? direction_t.data_ptr<float>() : nullptr;
   }
 
-  float value(int32_t dot, int64_t o) const {
-    float y = static_cast<float>(dot);
-    if (scale) y *= scale[o];
-    if (bias) y += bias[o];
-    return y;
-  }
+  float value(int32_t dot, int64_t o) const { return static_cast<float>(dot) * scale[o] + bias[o]; }
 
   // Packs the threshold_sign of y for O channels from dots[o·stride] into ⌈O/64⌉ words at out.
   void pack(const int32_t* dots, int64_t stride, int64_t out_channels, uint64_t* out) const {
@@ -105,6 +103,9 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
   const uint64_t* wts = words_of(w.words);
   const int32_t* tap_pop = w.tap_popcount.data_ptr<int32_t>();
   const detail::PopcountGemmFn gemm = detail::popcount_gemm();
+  int32_t* out_int = e.kind == Epilogue::kDot ? out.data_ptr<int32_t>() : nullptr;
+  float* out_float = e.kind == Epilogue::kFloat ? out.data_ptr<float>() : nullptr;
+  uint64_t* out_bits = e.kind == Epilogue::kSign ? reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) : nullptr;
   const bool direct = T == 1 && opt.stride_h == 1 && opt.stride_w == 1 && opt.pad_h == 0 && opt.pad_w == 0;
 
   // A thread gets at least kMinWordsPerTask popcount words (small layers run on one thread).
@@ -112,7 +113,6 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
   detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
     std::vector<uint64_t> cols(direct ? 0 : static_cast<size_t>(Wo * K));
     std::vector<int32_t> pop(static_cast<size_t>(Wo * O));
-    std::vector<int32_t> dot(static_cast<size_t>(O));
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / Ho, oh = r % Ho;
       const int64_t ih0 = oh * opt.stride_h - opt.pad_h;
@@ -123,52 +123,65 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
         for (int64_t ow = 0; ow < Wo; ++ow) {
           const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
           uint64_t* dst = cols.data() + ow * K;
+          const bool row_inside = iw0 >= 0 && iw0 + KW <= W;
           for (int64_t i = 0; i < KH; ++i) {
             const int64_t ih = ih0 + i;
-            for (int64_t j = 0; j < KW; ++j, dst += Cw) {
-              const int64_t iw = iw0 + j;
-              if (ih < 0 || ih >= H || iw < 0 || iw >= W) std::memset(dst, 0, sizeof(uint64_t) * Cw);
-              else std::memcpy(dst, xin + ((n * H + ih) * W + iw) * Cw, sizeof(uint64_t) * Cw);
+            if (ih < 0 || ih >= H) {
+              std::memset(dst, 0, sizeof(uint64_t) * KW * Cw);
+              dst += KW * Cw;
+            } else if (row_inside) {  // the kernel row's taps are adjacent in NHWC
+              std::memcpy(dst, xin + ((n * H + ih) * W + iw0) * Cw, sizeof(uint64_t) * KW * Cw);
+              dst += KW * Cw;
+            } else {
+              for (int64_t j = 0; j < KW; ++j, dst += Cw) {
+                const int64_t iw = iw0 + j;
+                if (iw < 0 || iw >= W) std::memset(dst, 0, sizeof(uint64_t) * Cw);
+                else std::memcpy(dst, xin + ((n * H + ih) * W + iw) * Cw, sizeof(uint64_t) * Cw);
+              }
             }
           }
         }
         a = cols.data();
       }
       gemm(detail::BitOp::kXor, a, K, wts, O, Wo, O, K, pop.data(), O);
+      // Popcounts → dots in place: d = C·(valid taps) − 2·(popcount − popcount of the padded taps' weights).
       for (int64_t ow = 0; ow < Wo; ++ow) {
         const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
-        const int32_t* p = pop.data() + ow * O;
+        int32_t* p = pop.data() + ow * O;
         int64_t valid = 0;
         for (int64_t i = 0; i < KH; ++i)
           for (int64_t j = 0; j < KW; ++j)
             valid += (ih0 + i >= 0 && ih0 + i < H && iw0 + j >= 0 && iw0 + j < W);
-        if (valid == T) {
-          for (int64_t o = 0; o < O; ++o) dot[o] = static_cast<int32_t>(C * T - 2 * p[o]);
-        } else {
+        const int32_t k_valid = static_cast<int32_t>(C * valid);
+        for (int64_t o = 0; o < O; ++o) p[o] = k_valid - 2 * p[o];
+        if (valid == T) continue;
+        for (int64_t i = 0; i < KH; ++i)
+          for (int64_t j = 0; j < KW; ++j)
+            if (ih0 + i < 0 || ih0 + i >= H || iw0 + j < 0 || iw0 + j >= W) {
+              const int32_t* tp = tap_pop + (i * KW + j) * O;
+              for (int64_t o = 0; o < O; ++o) p[o] += 2 * tp[o];
+            }
+      }
+      // The epilogue, one output channel's row at a time (contiguous stores in NCHW).
+      const int64_t plane = Ho * Wo;
+      const int32_t* d = pop.data();
+      switch (e.kind) {
+        case Epilogue::kDot:
           for (int64_t o = 0; o < O; ++o) {
-            int64_t padded_pop = 0;
-            for (int64_t i = 0; i < KH; ++i)
-              for (int64_t j = 0; j < KW; ++j)
-                if (ih0 + i < 0 || ih0 + i >= H || iw0 + j < 0 || iw0 + j >= W) padded_pop += tap_pop[o * T + i * KW + j];
-            dot[o] = static_cast<int32_t>(C * valid - 2 * (p[o] - padded_pop));
+            int32_t* dst = out_int + (n * O + o) * plane + oh * Wo;
+            for (int64_t ow = 0; ow < Wo; ++ow) dst[ow] = d[ow * O + o];
           }
-        }
-        const int64_t plane = Ho * Wo, pos = oh * Wo + ow;
-        switch (e.kind) {
-          case Epilogue::kDot: {
-            int32_t* o_ptr = out.data_ptr<int32_t>() + n * O * plane + pos;
-            for (int64_t o = 0; o < O; ++o) o_ptr[o * plane] = dot[o];
-            break;
+          break;
+        case Epilogue::kFloat:
+          for (int64_t o = 0; o < O; ++o) {
+            float* dst = out_float + (n * O + o) * plane + oh * Wo;
+            const float sc = e.scale[o], b = e.bias[o];
+            for (int64_t ow = 0; ow < Wo; ++ow) dst[ow] = static_cast<float>(d[ow * O + o]) * sc + b;
           }
-          case Epilogue::kFloat: {
-            float* o_ptr = out.data_ptr<float>() + n * O * plane + pos;
-            for (int64_t o = 0; o < O; ++o) o_ptr[o * plane] = e.value(dot[o], o);
-            break;
-          }
-          case Epilogue::kSign:
-            e.pack(dot.data(), 1, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + (n * plane + pos) * words_for(O));
-            break;
-        }
+          break;
+        case Epilogue::kSign:
+          for (int64_t ow = 0; ow < Wo; ++ow) e.pack(d + ow * O, 1, O, out_bits + (n * plane + oh * Wo + ow) * words_for(O));
+          break;
       }
     }
   });
@@ -231,14 +244,15 @@ PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
   at::Tensor rows = weight.dim() == 4 ? weight.permute({0, 2, 3, 1}).reshape({p.out_channels * T, p.in_channels}) : weight;
   at::Tensor per_channel = pack_signs(rows).reshape({p.out_channels, T * Cw}).contiguous();
   p.words = per_channel.t().contiguous();  // K-major for the microkernels
-  p.tap_popcount = at::empty({p.out_channels, T}, at::kInt);
+  p.tap_popcount = at::empty({T, p.out_channels}, at::kInt);
   const uint64_t* w = words_of(per_channel);
   int32_t* tp = p.tap_popcount.data_ptr<int32_t>();
-  for (int64_t r = 0; r < p.out_channels * T; ++r) {
-    int32_t c = 0;
-    for (int64_t k = 0; k < Cw; ++k) c += __builtin_popcountll(w[r * Cw + k]);
-    tp[r] = c;
-  }
+  for (int64_t o = 0; o < p.out_channels; ++o)
+    for (int64_t t = 0; t < T; ++t) {
+      int32_t c = 0;
+      for (int64_t k = 0; k < Cw; ++k) c += __builtin_popcountll(w[(o * T + t) * Cw + k]);
+      tp[t * p.out_channels + o] = c;
+    }
   return p;
 }
 

@@ -22,7 +22,8 @@ struct PackedBinaryWeight {
   /// of every output channel's packed weight, whose words are its taps in (kh, kw) order, each
   /// tap's C channels in ⌈C/64⌉ words (pack_signs's bit rule).
   at::Tensor words;
-  /// int32 [O, kernel_h·kernel_w]: popcount of each tap's words (the padding correction).
+  /// int32 [kernel_h·kernel_w, O]: popcount of each tap's words per output channel (the padding
+  /// correction).
   at::Tensor tap_popcount;
   int64_t out_channels = 0, in_channels = 0, kernel_h = 1, kernel_w = 1;
 };

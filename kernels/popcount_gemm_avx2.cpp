@@ -66,29 +66,31 @@ void block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64
     }
 }
 
-template <BitOp Op, int MR>
-void row_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t N, int64_t K, int32_t* C,
-               int64_t ldc) {
-  int64_t j = 0;
-  for (; j + 8 <= N; j += 8) block<Op, MR, 2>(A, lda, B + j, ldb, K, C + j, ldc, 4);
-  const int64_t rest = N - j;
-  if (rest == 0) return;
-  const int last = static_cast<int>(rest % 4 == 0 ? 4 : rest % 4);
-  if (rest > 4) block<Op, MR, 2>(A, lda, B + j, ldb, K, C + j, ldc, last);
-  else block<Op, MR, 1>(A, lda, B + j, ldb, K, C + j, ldc, last);
+// Every row of A against one block of NV vectors of columns (the block's words of B stay in L1).
+template <BitOp Op, int NV>
+void column_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t K, int32_t* C,
+                  int64_t ldc, int last) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) block<Op, 4, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last);
+  switch (M - i) {
+    case 3: block<Op, 3, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last); break;
+    case 2: block<Op, 2, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last); break;
+    case 1: block<Op, 1, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last); break;
+    default: break;
+  }
 }
 
+// Column blocks outside, rows inside, as the AVX-512 variant.
 template <BitOp Op>
 void gemm(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t N, int64_t K, int32_t* C,
           int64_t ldc) {
-  int64_t i = 0;
-  for (; i + 4 <= M; i += 4) row_block<Op, 4>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc);
-  switch (M - i) {
-    case 3: row_block<Op, 3>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc); break;
-    case 2: row_block<Op, 2>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc); break;
-    case 1: row_block<Op, 1>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc); break;
-    default: break;
-  }
+  int64_t j = 0;
+  for (; j + 8 <= N; j += 8) column_block<Op, 2>(A, lda, B + j, ldb, M, K, C + j, ldc, 4);
+  const int64_t rest = N - j;
+  if (rest == 0) return;
+  const int last = static_cast<int>(rest % 4 == 0 ? 4 : rest % 4);
+  if (rest > 4) column_block<Op, 2>(A, lda, B + j, ldb, M, K, C + j, ldc, last);
+  else column_block<Op, 1>(A, lda, B + j, ldb, M, K, C + j, ldc, last);
 }
 
 }  // namespace

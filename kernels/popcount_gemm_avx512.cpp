@@ -40,33 +40,35 @@ void block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64
       _mm512_mask_cvtepi64_storeu_epi32(C + r * ldc + 8 * v, v + 1 < NV ? __mmask8(0xff) : last, acc[r][v]);
 }
 
-template <BitOp Op, int MR>
-void row_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t N, int64_t K, int32_t* C,
-               int64_t ldc) {
-  int64_t j = 0;
-  for (; j + 32 <= N; j += 32) block<Op, MR, 4>(A, lda, B + j, ldb, K, C + j, ldc, 0xff);
-  const int64_t rest = N - j;
-  if (rest == 0) return;
-  const int vectors = static_cast<int>((rest + 7) / 8);
-  const __mmask8 last = static_cast<__mmask8>(rest % 8 == 0 ? 0xff : (1u << (rest % 8)) - 1u);
-  switch (vectors) {
-    case 4: block<Op, MR, 4>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
-    case 3: block<Op, MR, 3>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
-    case 2: block<Op, MR, 2>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
-    default: block<Op, MR, 1>(A, lda, B + j, ldb, K, C + j, ldc, last); break;
+// Every row of A against one block of NV vectors of columns (the block's words of B stay in L1).
+template <BitOp Op, int NV>
+void column_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t K, int32_t* C,
+                  int64_t ldc, __mmask8 last) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) block<Op, 4, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last);
+  switch (M - i) {
+    case 3: block<Op, 3, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last); break;
+    case 2: block<Op, 2, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last); break;
+    case 1: block<Op, 1, NV>(A + i * lda, lda, B, ldb, K, C + i * ldc, ldc, last); break;
+    default: break;
   }
 }
 
+// Column blocks outside, rows inside: a block of B (K × 32 words) is read from L2 once and reused
+// by every row of A, which is small (one output row of a convolution).
 template <BitOp Op>
 void gemm(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t N, int64_t K, int32_t* C,
           int64_t ldc) {
-  int64_t i = 0;
-  for (; i + 4 <= M; i += 4) row_block<Op, 4>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc);
-  switch (M - i) {
-    case 3: row_block<Op, 3>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc); break;
-    case 2: row_block<Op, 2>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc); break;
-    case 1: row_block<Op, 1>(A + i * lda, lda, B, ldb, N, K, C + i * ldc, ldc); break;
-    default: break;
+  int64_t j = 0;
+  for (; j + 32 <= N; j += 32) column_block<Op, 4>(A, lda, B + j, ldb, M, K, C + j, ldc, 0xff);
+  const int64_t rest = N - j;
+  if (rest == 0) return;
+  const __mmask8 last = static_cast<__mmask8>(rest % 8 == 0 ? 0xff : (1u << (rest % 8)) - 1u);
+  switch ((rest + 7) / 8) {
+    case 4: column_block<Op, 4>(A, lda, B + j, ldb, M, K, C + j, ldc, last); break;
+    case 3: column_block<Op, 3>(A, lda, B + j, ldb, M, K, C + j, ldc, last); break;
+    case 2: column_block<Op, 2>(A, lda, B + j, ldb, M, K, C + j, ldc, last); break;
+    default: column_block<Op, 1>(A, lda, B + j, ldb, M, K, C + j, ldc, last); break;
   }
 }
 

@@ -14,7 +14,9 @@ method fine-tuned from its checkpoint, and micronet 1.12.0's quantizers fine-tun
                interrupted run: a run spans sittings), whittle's runs under runs/cifar10/ and
                micronet's under runs/micronet/; with STEMs only those (e.g. resnet20_budget_twn,
                micronet_twn). Then collects.
-  --collect    copies the finished runs' summaries into docs/results/cifar10_budget/ (adding report.json's
+  --collect    copies the finished runs' summaries into docs/results/cifar10_budget/ (and the
+               checkpoints of the runs others start from, so that --train on a fresh checkout
+               restores them instead of training them again), adding report.json's
                model_summary from `whittle inspect --json` of the checkpoint where an earlier
                whittle wrote none) and writes docs/results.html (`whittle report --html`).
   --html FILE  writes the HTML report of the committed summaries to FILE.
@@ -45,6 +47,10 @@ BUDGET = [
 ]
 # Runs each run starts from (trained first).
 NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}
+# Runs others start from: --collect commits their checkpoints too, so that a fresh checkout can
+# train the rest without training these again (train() restores them into runs/).
+STARTING_POINTS = ["resnet20_budget", "resnet20_budget_prune_l1"]
+SUMMARY_FILES = ("report.json", "metrics.jsonl", "recipe.yaml")
 
 
 def method_of(recipe_yaml):
@@ -78,7 +84,23 @@ def finished(d):
     return os.path.isfile(os.path.join(d, "report.json"))
 
 
+def restore_starting_points():
+    """Copies committed starting points (summary and checkpoint) into runs/ where runs/ lacks them."""
+    for stem in STARTING_POINTS:
+        src, dst = os.path.join(SUMMARIES, stem), whittle_dir(stem)
+        files = SUMMARY_FILES + ("model.h5",)
+        if finished(dst) or not all(os.path.isfile(os.path.join(src, f)) for f in files):
+            continue
+        if os.path.exists(os.path.join(dst, "train_state.pt")):
+            continue  # an interrupted run of its own is there: resume that instead
+        os.makedirs(dst, exist_ok=True)
+        for f in files:
+            shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
+        print(f"= {stem}: restored from {src}", flush=True)
+
+
 def train(build, only):
+    restore_starting_points()
     steps = []
     for stem, _, _, _ in BUDGET:
         if stem not in [s for s, _ in steps]:
@@ -137,6 +159,8 @@ def collect(build):
             f.write("\n")
         for name in ("metrics.jsonl", "recipe.yaml"):
             shutil.copyfile(os.path.join(d, name), os.path.join(dst, name))
+        if stem in STARTING_POINTS:
+            shutil.copyfile(ckpt, os.path.join(dst, "model.h5"))
         print(f"collected {d} -> {dst}")
     write_html(build, os.path.join("docs", "results.html"))
 
