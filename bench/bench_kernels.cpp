@@ -10,7 +10,7 @@
 //   BM_PackSigns/T           packing that input's signs (what a binary layer adds before the kernel).
 //   BM_FloatConv3x3/T        at::conv2d of the same shape in float (oneDNN where LibTorch has it).
 // Counters: words_per_second (popcount words), binary MACs as items (C·kh·kw per output). The
-// ratios and figures are in docs/performance.md.
+// figures and ratios are in docs/kernels.md (summary in docs/performance.md).
 //
 //   ./bench/bench_kernels --benchmark_min_time=1 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 

@@ -41,8 +41,8 @@ struct Epilogue {
   Epilogue(Kind k, const BinaryEpilogue& e, int64_t out_channels) : kind(k) {
     if (k == kDot) return;
     // Missing scale/bias become 1/0, so that the store loops have no branches.
-    if (!e.scale.defined()) scale_t = at::ones({out_channels});
-    if (!e.bias.defined()) bias_t = at::zeros({out_channels});
+    if (!e.scale.defined()) scale_t = at::ones({out_channels}, at::kFloat);
+    if (!e.bias.defined()) bias_t = at::zeros({out_channels}, at::kFloat);
     if (e.scale.defined()) scale_t = vector_of(e.scale, out_channels, "scale");
     if (e.bias.defined()) bias_t = vector_of(e.bias, out_channels, "bias");
     threshold_t = vector_of(e.threshold, out_channels, "threshold");
@@ -74,12 +74,20 @@ struct Epilogue {
 };
 
 void check_packed_input(const at::Tensor& x, int64_t rank, const PackedBinaryWeight& w, const char* what) {
-  if (!w.words.defined()) throw Error(std::string(what) + ": the weight is not packed (pack_binary_weight)");
-  if (!x.defined() || !x.is_cpu() || x.scalar_type() != at::kLong || x.dim() != rank ||
-      x.size(-1) != words_for(w.in_channels))
-    throw Error(std::string(what) + ": expected packed input int64 " +
-                (rank == 4 ? "[N, H, W, " : "[N, ") + std::to_string(words_for(w.in_channels)) + "] on the CPU for " +
-                std::to_string(w.in_channels) + " input channels, got " +
+  const int64_t T = w.kernel_h * w.kernel_w, Cw = words_for(w.in_channels);
+  const bool weight_ok = w.words.defined() && w.words.is_cpu() && w.words.scalar_type() == at::kLong &&
+                         w.words.is_contiguous() && w.words.dim() == 2 && w.words.size(0) == T * Cw &&
+                         w.words.size(1) == w.out_channels && w.tap_popcount.defined() && w.tap_popcount.is_cpu() &&
+                         w.tap_popcount.scalar_type() == at::kInt && w.tap_popcount.is_contiguous() &&
+                         w.tap_popcount.dim() == 2 && w.tap_popcount.size(0) == T &&
+                         w.tap_popcount.size(1) == w.out_channels && w.in_channels >= 1 && T >= 1;
+  if (!weight_ok)
+    throw Error(std::string(what) + ": the weight is not packed as pack_binary_weight packs it (words int64 [" +
+                std::to_string(T * Cw) + ", " + std::to_string(w.out_channels) + "], tap_popcount int32 [" +
+                std::to_string(T) + ", " + std::to_string(w.out_channels) + "], contiguous, on the CPU)");
+  if (!x.defined() || !x.is_cpu() || x.scalar_type() != at::kLong || x.dim() != rank || x.size(-1) != Cw)
+    throw Error(std::string(what) + ": expected packed input int64 " + (rank == 4 ? "[N, H, W, " : "[N, ") +
+                std::to_string(Cw) + "] on the CPU for " + std::to_string(w.in_channels) + " input channels, got " +
                 (x.defined() ? std::string(c10::toString(x.scalar_type())) + " " + sizes_of(x) + " on " + x.device().str()
                              : "undefined"));
 }
@@ -223,11 +231,13 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
 }  // namespace
 
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
-  const int64_t out = (in + 2 * pad - kernel) / stride + 1;
-  if (in + 2 * pad < kernel || out < 1)
-    throw Error("binary_conv2d: input size " + std::to_string(in) + " with padding " + std::to_string(pad) +
+  if (stride < 1 || pad < 0 || kernel < 1)
+    throw Error("convolution: stride must be ≥ 1, padding ≥ 0 and the kernel ≥ 1, got stride " + std::to_string(stride) +
+                ", padding " + std::to_string(pad) + ", kernel " + std::to_string(kernel));
+  if (in + 2 * pad < kernel)
+    throw Error("convolution: input size " + std::to_string(in) + " with padding " + std::to_string(pad) +
                 " is smaller than the kernel " + std::to_string(kernel));
-  return out;
+  return (in + 2 * pad - kernel) / stride + 1;
 }
 
 PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
@@ -240,9 +250,12 @@ PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
   p.kernel_h = weight.dim() == 4 ? weight.size(2) : 1;
   p.kernel_w = weight.dim() == 4 ? weight.size(3) : 1;
   const int64_t T = p.kernel_h * p.kernel_w, Cw = words_for(p.in_channels);
+  if (p.in_channels < 1 || T < 1 || p.in_channels * T >= (int64_t{1} << 30))
+    throw Error("pack_binary_weight: " + sizes_of(weight) + " has " + std::to_string(p.in_channels * T) +
+                " weights per output channel; the kernels take 1 to 2^30 − 1");
   // [O, C, kh, kw] → [O·kh·kw, C] rows, packed per row: [O, T·Cw].
   at::Tensor rows = weight.dim() == 4 ? weight.permute({0, 2, 3, 1}).reshape({p.out_channels * T, p.in_channels}) : weight;
-  at::Tensor per_channel = pack_signs(rows).reshape({p.out_channels, T * Cw}).contiguous();
+  at::Tensor per_channel = detail::pack_signs_named(rows, "pack_binary_weight").reshape({p.out_channels, T * Cw}).contiguous();
   p.words = per_channel.t().contiguous();  // K-major for the microkernels
   p.tap_popcount = at::empty({T, p.out_channels}, at::kInt);
   const uint64_t* w = words_of(per_channel);
@@ -276,6 +289,8 @@ at::Tensor binary_linear(const at::Tensor& packed_input, const PackedBinaryWeigh
 }
 
 at::Tensor binary_conv2d_reference(const at::Tensor& x, const at::Tensor& w, const BinaryConv2dOptions& opt) {
+  if (!x.defined() || !w.defined() || !x.is_cpu() || !w.is_cpu())
+    throw Error("binary_conv2d_reference: x and w must be defined CPU tensors");
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1))
     throw Error("binary_conv2d_reference: expected x [N, C, H, W] and w [O, C, kh, kw], got " + sizes_of(x) + " and " +
                 sizes_of(w));

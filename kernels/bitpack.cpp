@@ -20,22 +20,26 @@ struct ChannelLast {
   std::vector<int64_t> packed_shape;
 };
 
-ChannelLast channel_last(const at::Tensor& x, const char* what) {
-  if (!x.defined()) throw Error(std::string(what) + ": undefined tensor");
+ChannelLast channel_last(const at::Tensor& x, const std::string& what) {
+  if (!x.defined()) throw Error(what + ": undefined tensor");
   if (!x.is_cpu()) throw Error(std::string(what) + ": a CPU tensor is needed, got one on " + x.device().str());
   if (!at::isFloatingType(x.scalar_type()))
     throw Error(std::string(what) + ": a floating-point tensor is needed, got " + std::string(c10::toString(x.scalar_type())));
   if (x.dim() == 2) return {x.to(at::kFloat).contiguous(), {x.size(0), words_for(x.size(1))}};
   if (x.dim() == 4)
-    return {x.to(at::kFloat).permute({0, 2, 3, 1}).contiguous().reshape({-1, x.size(1)}),
+    return {x.to(at::kFloat).permute({0, 2, 3, 1}).contiguous().reshape({x.size(0) * x.size(2) * x.size(3), x.size(1)}),
             {x.size(0), x.size(2), x.size(3), words_for(x.size(1))}};
   throw Error(std::string(what) + ": expected [N, C] or [N, C, H, W], got " + sizes_of(x));
 }
 
 }  // namespace
 
-at::Tensor pack_signs(const at::Tensor& x) {
-  ChannelLast cl = channel_last(x, "pack_signs");
+at::Tensor pack_signs(const at::Tensor& x) { return detail::pack_signs_named(x, "pack_signs"); }
+
+namespace detail {
+
+at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
+  ChannelLast cl = channel_last(x, what);
   const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
   at::Tensor out = at::empty(cl.packed_shape, at::kLong);
   const float* src = cl.rows.data_ptr<float>();
@@ -55,6 +59,8 @@ at::Tensor pack_signs(const at::Tensor& x) {
   return out;
 }
 
+}  // namespace detail
+
 at::Tensor pack_signs_reference(const at::Tensor& x) {
   ChannelLast cl = channel_last(x, "pack_signs_reference");
   const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
@@ -68,6 +74,9 @@ at::Tensor pack_signs_reference(const at::Tensor& x) {
 }
 
 at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels) {
+  if (channels < 1) throw Error("unpack_signs: channels must be ≥ 1, got " + std::to_string(channels));
+  if (packed.defined() && !packed.is_cpu())
+    throw Error("unpack_signs: a CPU tensor is needed, got one on " + packed.device().str());
   if (!packed.defined() || packed.scalar_type() != at::kLong || (packed.dim() != 2 && packed.dim() != 4) ||
       packed.size(-1) != words_for(channels))
     throw Error("unpack_signs: expected int64 [N, " + std::to_string(words_for(channels)) + "] or [N, H, W, " +

@@ -11,6 +11,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace whittle::kernels {
 
@@ -27,8 +28,13 @@ at::Tensor pack_signs(const at::Tensor& x);
 at::Tensor pack_signs_reference(const at::Tensor& x);
 
 /// The ±1 float tensor [N, C] or [N, C, H, W] that `packed` (pack_signs's layout) encodes, for
-/// `channels` channels. Throws whittle::Error when `packed` is not int64 of rank 2 or 4 or its last
-/// dimension is not ⌈channels/64⌉.
+/// `channels` ≥ 1 channels. Throws whittle::Error when `packed` is not a CPU int64 tensor of rank
+/// 2 or 4, its last dimension is not ⌈channels/64⌉, or channels < 1.
 at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels);
+
+namespace detail {
+/// pack_signs with `what` naming the caller in its errors (pack_binary_weight).
+at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what);
+}  // namespace detail
 
 }  // namespace whittle::kernels

@@ -36,7 +36,7 @@ Isa parse_isa(const std::string& name) {
 }
 
 bool isa_supported(Isa isa) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(WHITTLE_KERNELS_X86)
   switch (isa) {
     case Isa::kScalar: return true;
     case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
@@ -70,7 +70,8 @@ Isa active_isa() {
 }
 
 void set_isa(Isa isa) {
-  if (!isa_supported(isa)) throw Error("kernel instruction set " + isa_name(isa) + ": this CPU does not support it");
+  if (!isa_supported(isa))
+    throw Error("kernel instruction set " + isa_name(isa) + ": this CPU does not support it", ErrorKind::kUsage);
   g_isa.store(static_cast<int>(isa));
 }
 
@@ -79,7 +80,7 @@ namespace detail {
 /// The microkernel of the active variant (kernels/popcount_gemm.h).
 PopcountGemmFn popcount_gemm() {
   switch (active_isa()) {
-#if defined(__x86_64__)
+#if defined(WHITTLE_KERNELS_X86)
     case Isa::kAvx512: return popcount_gemm_avx512;
     case Isa::kAvx2: return popcount_gemm_avx2;
 #endif

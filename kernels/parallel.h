@@ -11,8 +11,9 @@
 
 namespace whittle::kernels::detail {
 
-/// Calls f(b, e) on disjoint ranges covering [begin, end), each at least `grain` long (except the
-/// last), on ATen's intra-op threads. Exceptions from f are rethrown in the caller.
+/// Calls f(b, e) on disjoint ranges covering [begin, end) on ATen's intra-op threads; a range of
+/// at most `grain` elements is not split (at::parallel_for's rule). Exceptions from f are
+/// rethrown in the caller.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 
 }  // namespace whittle::kernels::detail

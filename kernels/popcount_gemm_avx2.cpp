@@ -66,7 +66,7 @@ void block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64
     }
 }
 
-// Every row of A against one block of NV vectors of columns (the block's words of B stay in L1).
+// Every row of A against one block of NV vectors of columns.
 template <BitOp Op, int NV>
 void column_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t K, int32_t* C,
                   int64_t ldc, int last) {

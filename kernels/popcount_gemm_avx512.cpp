@@ -40,7 +40,7 @@ void block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64
       _mm512_mask_cvtepi64_storeu_epi32(C + r * ldc + 8 * v, v + 1 < NV ? __mmask8(0xff) : last, acc[r][v]);
 }
 
-// Every row of A against one block of NV vectors of columns (the block's words of B stay in L1).
+// Every row of A against one block of NV vectors of columns.
 template <BitOp Op, int NV>
 void column_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t K, int32_t* C,
                   int64_t ldc, __mmask8 last) {
@@ -54,8 +54,8 @@ void column_block(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb
   }
 }
 
-// Column blocks outside, rows inside: a block of B (K × 32 words) is read from L2 once and reused
-// by every row of A, which is small (one output row of a convolution).
+// Column blocks outside, rows inside: a block of B (K × 32 words; in L1 while K·256 bytes fit,
+// 9 KB for 256 channels 3×3) is reused by every row of A (one output row of a convolution).
 template <BitOp Op>
 void gemm(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M, int64_t N, int64_t K, int32_t* C,
           int64_t ldc) {

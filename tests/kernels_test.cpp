@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -56,6 +57,11 @@ TEST(BitPack, MatchesReferenceAndRoundTrips) {
     EXPECT_TRUE(at::equal(kernels::unpack_signs(packed, c), at::where(x >= 0, 1.0, -1.0).to(at::kFloat)));
     at::Tensor m = signs_with_zeros({2, c});
     EXPECT_TRUE(at::equal(kernels::pack_signs(m), kernels::pack_signs_reference(m)));
+    EXPECT_TRUE(at::equal(kernels::unpack_signs(kernels::pack_signs(m), c), at::where(m >= 0, 1.0, -1.0).to(at::kFloat)));
+    // Non-contiguous and double inputs pack the same signs.
+    at::Tensor strided = x.transpose(2, 3).contiguous().transpose(2, 3);
+    EXPECT_TRUE(at::equal(kernels::pack_signs(strided), packed));
+    EXPECT_TRUE(at::equal(kernels::pack_signs(x.to(at::kDouble)), packed));
   }
 }
 
@@ -81,25 +87,47 @@ TEST(BitPack, RefusesWhatItCannotPack) {
 }
 
 // The popcount GEMM of every supported variant equals the scalar one, for XOR and AND, across the
-// vector widths' edges (K words 1..9, 31·4 ± 1 for the AVX2 byte-counter flush, and 300).
+// vector widths' edges: K words 0..9, 31 ± 1 and 62/63 (the AVX2 byte-counter flush every 31
+// steps), 124 and 300; column tails of 4, 8 and 32 lanes; B exactly K × N (ldb = N), so a load
+// past the last column would read outside the tensor (visible under AddressSanitizer).
 TEST(PopcountGemm, EveryVariantEqualsScalar) {
   at::manual_seed(0);
   for (Isa isa : kernels::supported_isas()) {
     IsaScope scope(isa);
-    for (int64_t k : {1, 2, 3, 4, 5, 7, 8, 9, 123, 124, 125, 300})
-      for (auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 5}, {4, 4}, {7, 9}, {5, 32}, {4, 45}, {2, 67}}) {
+    for (int64_t k : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 30, 31, 32, 62, 63, 124, 300})
+      for (auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{
+               {0, 3}, {3, 0}, {1, 1}, {3, 5}, {4, 4}, {2, 6}, {3, 7}, {4, 8}, {7, 9}, {5, 16}, {4, 24},
+               {5, 32}, {6, 40}, {4, 45}, {5, 48}, {2, 67}}) {
         SCOPED_TRACE(kernels::isa_name(isa) + " K=" + std::to_string(k) + " M=" + std::to_string(m) + " N=" + std::to_string(n));
         at::Tensor a = at::randint(INT64_MIN, INT64_MAX, {m, k + 1}, at::kLong);
-        at::Tensor b = at::randint(INT64_MIN, INT64_MAX, {k, n + 2}, at::kLong);  // K-major
+        at::Tensor b = at::randint(INT64_MIN, INT64_MAX, {k, n}, at::kLong);  // K-major, ldb = N
         for (auto op : {kernels::detail::BitOp::kXor, kernels::detail::BitOp::kAnd}) {
           at::Tensor got = at::full({m, n + 3}, -7, at::kInt), want = at::full({m, n + 3}, -7, at::kInt);
           auto* A = reinterpret_cast<const uint64_t*>(a.data_ptr<int64_t>());
           auto* B = reinterpret_cast<const uint64_t*>(b.data_ptr<int64_t>());
-          kernels::detail::popcount_gemm()(op, A, k + 1, B, n + 2, m, n, k, got.data_ptr<int32_t>(), n + 3);
-          kernels::detail::popcount_gemm_scalar(op, A, k + 1, B, n + 2, m, n, k, want.data_ptr<int32_t>(), n + 3);
+          kernels::detail::popcount_gemm()(op, A, k + 1, B, n, m, n, k, got.data_ptr<int32_t>(), n + 3);
+          kernels::detail::popcount_gemm_scalar(op, A, k + 1, B, n, m, n, k, want.data_ptr<int32_t>(), n + 3);
           EXPECT_TRUE(at::equal(got, want));
         }
       }
+  }
+}
+
+// All-ones operands: every byte of every step counts 8, the most a byte counter takes, so a flush
+// one step too late would overflow. popcount = 64·K exactly.
+TEST(PopcountGemm, FullWordsDoNotOverflowByteCounters) {
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    for (int64_t k : {31, 32, 62, 63, 124, 125, 1000}) {
+      SCOPED_TRACE(kernels::isa_name(isa) + " K=" + std::to_string(k));
+      std::vector<uint64_t> ones_a(static_cast<size_t>(4 * k), ~uint64_t{0}), ones_b(static_cast<size_t>(k * 9), ~uint64_t{0});
+      std::vector<uint64_t> zeros_b(static_cast<size_t>(k * 9), 0);
+      std::vector<int32_t> c(36, 0);
+      kernels::detail::popcount_gemm()(kernels::detail::BitOp::kAnd, ones_a.data(), k, ones_b.data(), 9, 4, 9, k, c.data(), 9);
+      for (int32_t v : c) EXPECT_EQ(v, 64 * k);
+      kernels::detail::popcount_gemm()(kernels::detail::BitOp::kXor, ones_a.data(), k, zeros_b.data(), 9, 4, 9, k, c.data(), 9);
+      for (int32_t v : c) EXPECT_EQ(v, 64 * k);
+    }
   }
 }
 
@@ -168,6 +196,24 @@ TEST(BinaryConv, ThreadedLayerEqualsReference) {
   at::set_num_threads(saved);
 }
 
+// Unequal kernel sides, strides and paddings (an h/w mix-up would show), padding 2, 40 outputs.
+TEST(BinaryConv, NonSquareOptionsEqualReference) {
+  at::manual_seed(5);
+  at::Tensor x = signs_with_zeros({2, 70, 7, 9}), w = signs_with_zeros({40, 70, 3, 2});
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    for (kernels::BinaryConv2dOptions opt : {kernels::BinaryConv2dOptions{2, 1, 1, 0}, kernels::BinaryConv2dOptions{1, 3, 0, 2},
+                                             kernels::BinaryConv2dOptions{1, 1, 2, 2}}) {
+      SCOPED_TRACE(kernels::isa_name(isa) + " stride " + std::to_string(opt.stride_h) + "," + std::to_string(opt.stride_w) +
+                   " pad " + std::to_string(opt.pad_h) + "," + std::to_string(opt.pad_w));
+      at::Tensor want = kernels::binary_conv2d_reference(x, w, opt);
+      at::Tensor xs = at::where(x >= 0, 1.0, -1.0).to(at::kFloat), ws = at::where(w >= 0, 1.0, -1.0).to(at::kFloat);
+      ASSERT_TRUE(at::equal(want.to(at::kFloat), at::conv2d(xs, ws, {}, {opt.stride_h, opt.stride_w}, {opt.pad_h, opt.pad_w})));
+      EXPECT_TRUE(at::equal(kernels::binary_conv2d_dot(kernels::pack_signs(x), kernels::pack_binary_weight(w), opt), want));
+    }
+  }
+}
+
 // The reference itself against ATen's float convolution of the binarized tensors (zero padding).
 TEST(BinaryConv, ReferenceEqualsFloatConvolutionOfSigns) {
   at::manual_seed(1);
@@ -231,6 +277,29 @@ TEST(BinaryLinear, EqualsMatmulOfSignsForEveryVariant) {
   }
 }
 
+// Linear: bias and the packed threshold epilogue; a layer large enough to be split across
+// threads by blocks of output channels (block starts not multiples of 8).
+TEST(BinaryLinear, EpiloguesAndThreadedSplit) {
+  at::manual_seed(6);
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  at::Tensor x = signs_with_zeros({64, 4096}), w = signs_with_zeros({40, 4096});
+  at::Tensor want = at::matmul(at::where(x >= 0, 1.0, -1.0), at::where(w >= 0, 1.0, -1.0).t()).to(at::kFloat);
+  kernels::PackedBinaryWeight pw = kernels::pack_binary_weight(w);
+  at::Tensor scale = at::rand({40}) + 0.5, bias = at::randn({40}) * 5;
+  at::Tensor threshold = at::randn({40}) * 20, direction = at::where(at::rand({40}) < 0.5, -1.0, 1.0).to(at::kFloat);
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    SCOPED_TRACE(kernels::isa_name(isa));
+    EXPECT_TRUE(at::equal(kernels::binary_linear_dot(kernels::pack_signs(x), pw).to(at::kFloat), want));
+    at::Tensor y = want * scale + bias;
+    EXPECT_TRUE(test::all_close(kernels::binary_linear(kernels::pack_signs(x), pw, {scale, bias, {}, {}}), y, 0, 0));
+    EXPECT_TRUE(at::equal(kernels::binary_linear(kernels::pack_signs(x), pw, {scale, bias, threshold, direction}),
+                          kernels::pack_signs(fuse::apply_sign_threshold(y, threshold, direction))));
+  }
+  at::set_num_threads(saved);
+}
+
 TEST(BinaryConv, BadInputIsNamed) {
   at::Tensor w = at::ones({4, 70, 3, 3});
   kernels::PackedBinaryWeight pw = kernels::pack_binary_weight(w);
@@ -244,6 +313,24 @@ TEST(BinaryConv, BadInputIsNamed) {
   EXPECT_THROW(kernels::binary_conv2d(kernels::pack_signs(at::ones({1, 70, 5, 5})), pw, {}, {at::ones({3}), {}, {}, {}}),
                Error);
   EXPECT_THROW(kernels::binary_linear_dot(kernels::pack_signs(at::ones({1, 70})), pw), Error);  // a conv weight
+  EXPECT_THROW(kernels::conv_output_size(5, 3, 0, 1), Error);                                      // stride 0
+  EXPECT_THROW(kernels::binary_conv2d_reference(at::ones({1, 2, 5, 5}), at::ones({1, 2, 3, 3}), {0, 1, 0, 0}), Error);
+  EXPECT_THROW(kernels::binary_conv2d(kernels::pack_signs(at::ones({1, 70, 5, 5})), pw, {},
+                                      {{}, {}, at::zeros({4}), {}}),  // a threshold without a direction
+               Error);
+  kernels::PackedBinaryWeight broken = pw;
+  broken.out_channels = 5;  // does not match its words
+  EXPECT_THROW(kernels::binary_conv2d_dot(kernels::pack_signs(at::ones({1, 70, 5, 5})), broken), Error);
+  try {
+    kernels::pack_binary_weight(at::ones({4, 3, 3, 3}, at::kInt));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pack_binary_weight"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kernels::unpack_signs(at::zeros({2, 0}, at::kLong), 0), Error);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!kernels::isa_supported(isa)) EXPECT_THROW(kernels::set_isa(isa), Error);
+  }
 }
 
 }  // namespace
