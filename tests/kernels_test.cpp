@@ -329,7 +329,9 @@ TEST(BinaryConv, BadInputIsNamed) {
   }
   EXPECT_THROW(kernels::unpack_signs(at::zeros({2, 0}, at::kLong), 0), Error);
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (!kernels::isa_supported(isa)) EXPECT_THROW(kernels::set_isa(isa), Error);
+    if (!kernels::isa_supported(isa)) {
+      EXPECT_THROW(kernels::set_isa(isa), Error);
+    }
   }
 }
 
