@@ -13,11 +13,7 @@
 namespace whittle::kernels {
 namespace {
 
-std::string sizes_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
+using detail::sizes_of;
 
 // Work below which a range is not split further across threads (about 10 µs of popcounts).
 constexpr int64_t kMinWordsPerTask = 1 << 16;

@@ -6,13 +6,20 @@
 #include "kernels/parallel.h"
 
 namespace whittle::kernels {
-namespace {
+
+namespace detail {
 
 std::string sizes_of(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::sizes_of;
 
 // x as a contiguous float [rows, C] in channel-last order, and the packed output's shape.
 struct ChannelLast {

@@ -35,6 +35,8 @@ at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels);
 namespace detail {
 /// pack_signs with `what` naming the caller in its errors (pack_binary_weight).
 at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what);
+/// "[2, 3, 4]": a tensor's sizes, for error messages.
+std::string sizes_of(const at::Tensor& t);
 }  // namespace detail
 
 }  // namespace whittle::kernels
