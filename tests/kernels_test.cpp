@@ -246,6 +246,10 @@ TEST(BinaryConv, EpiloguesScaleBiasAndThreshold) {
   at::Tensor scale = at::rand({O}) + 0.5, bias = at::randn({O});
   at::Tensor y = kernels::binary_conv2d(kernels::pack_signs(x), pw, opt, {scale, bias, {}, {}});
   at::Tensor want = dot * scale.view({1, O, 1, 1}) + bias.view({1, O, 1, 1});
+  // Tolerance 0: both sides round one float multiply, then one add, per element (the dots are
+  // exact integers; the kernel's unit is built for baseline x86-64 under -std=c++17, so GCC does
+  // not contract them into an FMA). Held with OMP_NUM_THREADS=1, ATEN_CPU_CAPABILITY=default and
+  // WHITTLE_KERNEL_ISA=scalar|avx2|avx512.
   EXPECT_TRUE(test::all_close(y, want, 0, 0));
   // Threshold: +1 where (y − τ)·d ≥ 0 (fuse's apply_sign_threshold), packed for the next layer.
   at::Tensor threshold = at::randn({O}) * 10, direction = at::where(at::rand({O}) < 0.3, -1.0, 1.0).to(at::kFloat);
