@@ -54,14 +54,14 @@ struct Epilogue {
 
   float value(int32_t dot, int64_t o) const { return static_cast<float>(dot) * scale[o] + bias[o]; }
 
-  // Packs the threshold_sign of y for O channels from dots[o·stride] into ⌈O/64⌉ words at out.
-  void pack(const int32_t* dots, int64_t stride, int64_t out_channels, uint64_t* out) const {
+  // Packs the threshold_sign of y for O channels from dots[o] into ⌈O/64⌉ words at out.
+  void pack(const int32_t* dots, int64_t out_channels, uint64_t* out) const {
     for (int64_t k = 0; k < words_for(out_channels); ++k) {
       uint64_t bits = 0;
       const int64_t o0 = k * 64, n = std::min<int64_t>(64, out_channels - o0);
       for (int64_t b = 0; b < n; ++b) {
         const int64_t o = o0 + b;
-        const bool positive = (value(dots[o * stride], o) - threshold[o]) * direction[o] >= 0.0f;
+        const bool positive = (value(dots[o], o) - threshold[o]) * direction[o] >= 0.0f;
         bits |= static_cast<uint64_t>(!positive) << b;
       }
       out[k] = bits;
@@ -184,7 +184,7 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
           }
           break;
         case Epilogue::kSign:
-          for (int64_t ow = 0; ow < Wo; ++ow) e.pack(d + ow * O, 1, O, out_bits + (n * plane + oh * Wo + ow) * words_for(O));
+          for (int64_t ow = 0; ow < Wo; ++ow) e.pack(d + ow * O, O, out_bits + (n * plane + oh * Wo + ow) * words_for(O));
           break;
       }
     }
@@ -214,7 +214,7 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
   if (e.kind == Epilogue::kSign) {
     at::Tensor out = at::empty({N, words_for(O)}, at::kLong);
     for (int64_t n = 0; n < N; ++n)
-      e.pack(d + n * O, 1, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + n * words_for(O));
+      e.pack(d + n * O, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + n * words_for(O));
     return out;
   }
   at::Tensor out = at::empty({N, O}, at::kFloat);
