@@ -101,6 +101,9 @@ using ChannelTiesFn = std::function<std::vector<int64_t>(const Node& node)>;
 
 class OnnxEmitter;         // defined by export/ (the ONNX writer)
 class TorchScriptEmitter;  // defined by export/ (the TorchScript writer)
+namespace deploy {
+class Lowering;  // defined by deploy/ (the deploy runtime's plan builder)
+}
 /// Writes one node through an ONNX emitter (the emitter names the node's input and output
 /// values and collects ONNX nodes and initializers). Throws whittle::Error naming the node and
 /// attribute when the node has no ONNX form at the emitter's opset.
@@ -108,6 +111,11 @@ using OnnxWriteFn = std::function<void(const Node& node, OnnxEmitter& emitter)>;
 /// Writes one node as TorchScript through an emitter (which holds the module's tensors and the
 /// statements of its forward). Throws like OnnxWriteFn.
 using TorchScriptWriteFn = std::function<void(const Node& node, TorchScriptEmitter& emitter)>;
+/// Lowers one node into the deploy runtime's plan (deploy/lowering.h): adds the steps that run it
+/// with bitpacked kernels when its inputs and weights allow (a binary convolution reading packed
+/// signs), and returns false to leave the node to the runtime's generic step (the op's forward
+/// through ATen, with its weight decoded once at load).
+using DeployLowerFn = std::function<bool(const Node& node, deploy::Lowering& lowering)>;
 
 /// The traits of one op kind.
 struct OpTraits {
@@ -141,6 +149,7 @@ struct OpTraits {
   std::vector<std::string> torchscript_ops;
   OnnxWriteFn to_onnx;                ///< filled by the module that owns the op; empty: no ONNX form yet
   TorchScriptWriteFn to_torchscript;  ///< likewise for TorchScript emission
+  DeployLowerFn to_deploy;            ///< filled by deploy/ for ops with kernels; empty: the generic ATen step
 };
 
 /// Registers (or replaces) an op kind's traits.

@@ -100,4 +100,63 @@ at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels) {
   return out.reshape({p.size(0), p.size(1), p.size(2), channels}).permute({0, 3, 1, 2}).contiguous();
 }
 
+namespace {
+
+// Output size of a pooling window along one axis, as at::max_pool2d (dilation 1): floor or ceil
+// of (in + 2·pad − kernel) / stride + 1, where with ceil_mode the last window must start inside
+// the input or its left padding.
+int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, bool ceil_mode) {
+  const int64_t span = in + 2 * pad - kernel;
+  int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+}  // namespace
+
+at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& o) {
+  const char* who = "max_pool2d_signs";
+  if (!packed.defined() || !packed.is_cpu() || packed.scalar_type() != at::kLong || packed.dim() != 4)
+    throw Error(std::string(who) + ": expected packed signs, a CPU int64 [N, H, W, words] tensor, got " +
+                (packed.defined() ? std::string(c10::toString(packed.scalar_type())) + " " + sizes_of(packed) +
+                                        " on " + packed.device().str()
+                                  : "undefined"));
+  if (o.kernel_h < 1 || o.kernel_w < 1 || o.stride_h < 1 || o.stride_w < 1 || o.pad_h < 0 || o.pad_w < 0 ||
+      2 * o.pad_h > o.kernel_h || 2 * o.pad_w > o.kernel_w)
+    throw Error(std::string(who) + ": kernel " + std::to_string(o.kernel_h) + "x" + std::to_string(o.kernel_w) +
+                ", stride " + std::to_string(o.stride_h) + "x" + std::to_string(o.stride_w) + ", padding " +
+                std::to_string(o.pad_h) + "x" + std::to_string(o.pad_w) +
+                ": kernel and stride must be ≥ 1 and padding between 0 and half the kernel");
+  const int64_t N = packed.size(0), H = packed.size(1), W = packed.size(2), Cw = packed.size(3);
+  if (H + 2 * o.pad_h < o.kernel_h || W + 2 * o.pad_w < o.kernel_w)
+    throw Error(std::string(who) + ": input " + sizes_of(packed) + " is smaller than the " +
+                std::to_string(o.kernel_h) + "x" + std::to_string(o.kernel_w) + " window");
+  const int64_t Ho = pool_output_size(H, o.kernel_h, o.stride_h, o.pad_h, o.ceil_mode);
+  const int64_t Wo = pool_output_size(W, o.kernel_w, o.stride_w, o.pad_w, o.ceil_mode);
+  at::Tensor in = packed.contiguous();
+  at::Tensor out = at::empty({N, Ho, Wo, Cw}, at::kLong);
+  const auto* src = reinterpret_cast<const uint64_t*>(in.data_ptr<int64_t>());
+  auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, Wo * Cw * o.kernel_h * o.kernel_w));
+  detail::parallel_for(0, N * Ho, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / Ho, ho = r % Ho;
+      const int64_t h0 = std::max<int64_t>(0, ho * o.stride_h - o.pad_h);
+      const int64_t h1 = std::min<int64_t>(H, ho * o.stride_h - o.pad_h + o.kernel_h);
+      for (int64_t wo = 0; wo < Wo; ++wo) {
+        const int64_t w0 = std::max<int64_t>(0, wo * o.stride_w - o.pad_w);
+        const int64_t w1 = std::min<int64_t>(W, wo * o.stride_w - o.pad_w + o.kernel_w);
+        uint64_t* y = dst + ((n * Ho + ho) * Wo + wo) * Cw;
+        for (int64_t k = 0; k < Cw; ++k) y[k] = ~uint64_t{0};
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w) {
+            const uint64_t* x = src + ((n * H + h) * W + w) * Cw;
+            for (int64_t k = 0; k < Cw; ++k) y[k] &= x[k];
+          }
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace whittle::kernels

@@ -32,6 +32,23 @@ at::Tensor pack_signs_reference(const at::Tensor& x);
 /// 2 or 4, its last dimension is not ⌈channels/64⌉, or channels < 1.
 at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels);
 
+/// Window of a max pooling over packed signs (dilation 1).
+struct SignPool2dOptions {
+  int64_t kernel_h = 2, kernel_w = 2;
+  int64_t stride_h = 2, stride_w = 2;
+  int64_t pad_h = 0, pad_w = 0;
+  bool ceil_mode = false;  ///< output size rounded up, as at::max_pool2d's ceil_mode
+};
+
+/// Max pooling of packed signs: `packed` int64 [N, H, W, ⌈C/64⌉] (pack_signs's layout) →
+/// [N, Ho, Wo, ⌈C/64⌉], Ho and Wo as at::max_pool2d computes them. The max of ±1 values is −1
+/// only where every one is −1, so each output word is the AND of the window's words; padded
+/// positions are left out (max pooling pads with −∞). Equals pack_signs(at::max_pool2d(x)) for
+/// x = unpack_signs(packed). Multi-threaded over N·Ho. Throws whittle::Error for a tensor that is
+/// not CPU int64 of rank 4, kernel or stride < 1, padding < 0 or above half the kernel, or a
+/// window larger than the padded input.
+at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& options);
+
 namespace detail {
 /// pack_signs with `what` naming the caller in its errors (pack_binary_weight).
 at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what);

@@ -1,0 +1,171 @@
+// deploy's registry hooks (OpTraits::to_deploy): the ops that have a bitpacked path. Each hook
+// checks what its kernel needs (the forms of its inputs, its weight's encoding, its attributes)
+// and declines otherwise, leaving the node to the generic ATen step.
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+
+#include "core/error.h"
+#include "core/registration.h"
+#include "deploy/lowering.h"
+#include "fuse/fuse.h"
+#include "graph/op_registry.h"
+#include "kernels/bitpack.h"
+#include "quantize/pack.h"
+#include "quantize/quantize.h"
+
+namespace whittle::deploy {
+namespace {
+
+// The ±1 float weight [O, C, kh, kw] or [O, C] of a packed sign-coded layer, from its 1-bit codes
+// (code 1 = +1, code 0 = −1); nullopt when the node holds no such weight. The float tensor only
+// lives while the kernels' words are packed from it.
+std::optional<at::Tensor> packed_signs(const Node& n) {
+  if (n.weight_transforms != std::vector<std::string>{"packed"}) return std::nullopt;
+  const auto q = quantize::weight_quantization(n);
+  if (!q || q->encoding != quantize::Encoding::kSign || q->bits != 1 || q->axis != 0) return std::nullopt;
+  const std::vector<int64_t> shape = n.attr_ints("weight_shape");
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  at::Tensor codes = quantize::unpack_codes(n.buffers.at("weight_codes"), 1, count);
+  return codes.to(at::kFloat).mul_(2).sub_(1).reshape(shape);
+}
+
+// The epilogue of a binary layer: its α scale (per tensor or per output channel) and its bias.
+kernels::BinaryEpilogue scale_and_bias(const Node& n, int64_t out_channels) {
+  kernels::BinaryEpilogue e;
+  const auto q = quantize::weight_quantization(n);
+  e.scale = q->scale.to(at::kFloat).reshape({-1}).expand({out_channels}).contiguous();
+  if (const at::Tensor* b = n.params.find("bias"); b && b->defined()) e.bias = b->detach().to(at::kFloat).contiguous();
+  return e;
+}
+
+bool lower_conv2d(const Node& n, Lowering& l) {
+  if (!l.use_kernels() || n.inputs.size() != 1) return false;
+  const Form& in = l.form(n.inputs[0]);
+  if (!in.signs || in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
+  if (n.attr_int("groups", 1) != 1 || n.attr_pair("dilation", 1) != std::vector<int64_t>{1, 1}) return false;
+  const auto w = packed_signs(n);
+  if (!w) return false;
+  BinaryLayer b;
+  b.kind = BinaryLayer::Kind::kConv;
+  b.weight = kernels::pack_binary_weight(*w);
+  const auto stride = n.attr_pair("stride", 1), padding = n.attr_pair("padding", 0);
+  b.options = {stride[0], stride[1], padding[0], padding[1]};
+  b.epilogue = scale_and_bias(n, w->size(0));
+  l.add_binary_step(n, std::move(b));
+  return true;
+}
+
+bool lower_linear(const Node& n, Lowering& l) {
+  if (!l.use_kernels() || n.inputs.size() != 1) return false;
+  const Form& in = l.form(n.inputs[0]);
+  if (!in.signs) return false;
+  auto w = packed_signs(n);
+  if (!w || w->dim() != 2) return false;
+  BinaryLayer b;
+  if (in.packed_map) {
+    // The input is the flatten of a packed [C, H, W] map: feature c·H·W + h·W + w is the weight's
+    // column of the same index, so the weight viewed as [O, C, H, W] is a convolution covering the map.
+    const Shape& m = in.map;
+    if (m.size() != 3 || m[0] * m[1] * m[2] != w->size(1)) return false;
+    b.kind = BinaryLayer::Kind::kLinearOnMap;
+    b.weight = kernels::pack_binary_weight(w->reshape({w->size(0), m[0], m[1], m[2]}));
+  } else {
+    if (l.graph().value(n.inputs[0]).shape.size() != 2) return false;
+    b.kind = BinaryLayer::Kind::kLinear;
+    b.weight = kernels::pack_binary_weight(*w);
+  }
+  b.epilogue = scale_and_bias(n, w->size(0));
+  l.add_binary_step(n, std::move(b));
+  return true;
+}
+
+// The sign binarizer: packs its input (sign(0) = +1, as quantize::bnn_sign).
+bool lower_act_quant(const Node& n, Lowering& l) {
+  if (!l.use_kernels() || n.attr_str("method", "dorefa") != "sign") return false;
+  const Shape& shape = l.graph().value(n.inputs[0]).shape;
+  const Form in = l.form(n.inputs[0]);
+  if (!in.packed_map && shape.size() != 2 && shape.size() != 4) return false;
+  const int64_t channels = in.packed_map ? in.map[0] : shape[1];
+  l.add_step(n, "pack_signs", [channels, flattened = in.packed_map](std::vector<Value>& frame, const Step& s) {
+    Value& x = frame[s.inputs[0]];
+    frame[s.outputs[0]] = Value::of_words(x.words(), channels, flattened);
+  });
+  l.set_form(n.outputs[0], Form{true, in.packed_map, in.map});
+  return true;
+}
+
+// BN → sign as a threshold: folded into the binary layer before it when it is that layer's only
+// user (the layer then writes packed signs), else the op's forward, whose output is ±1.
+bool lower_threshold_sign(const Node& n, Lowering& l) {
+  if (!l.use_kernels()) return false;
+  if (Step* producer = l.fusable_binary_producer(n.inputs[0], n);
+      producer && !producer->binary->epilogue.threshold.defined()) {
+    producer->binary->epilogue.threshold = n.buffers.at("threshold").to(at::kFloat).contiguous();
+    producer->binary->epilogue.direction = n.buffers.at("direction").to(at::kFloat).contiguous();
+    producer->kernel += " + threshold";
+    l.absorb(*producer, n);
+  } else {
+    l.add_generic_step(n);
+  }
+  l.set_form(n.outputs[0], Form{true, false, {}});
+  return true;
+}
+
+// Max pooling of ±1 maps on packed words (an AND over each window).
+bool lower_max_pool2d(const Node& n, Lowering& l) {
+  if (!l.use_kernels()) return false;
+  const Form& in = l.form(n.inputs[0]);
+  if (!in.signs || in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
+  if (n.attr_pair("dilation", 1) != std::vector<int64_t>{1, 1}) return false;
+  const auto k = n.attr_pair("kernel_size", 1);
+  const auto s = n.has_attr("stride") ? n.attr_pair("stride", 1) : k;
+  const auto p = n.attr_pair("padding", 0);
+  kernels::SignPool2dOptions o{k[0], k[1], s[0], s[1], p[0], p[1], n.attr_int("ceil_mode", 0) != 0};
+  const int64_t channels = l.graph().value(n.inputs[0]).shape[1];
+  l.add_step(n, "max_pool2d_signs", [o, channels](std::vector<Value>& frame, const Step& st) {
+    frame[st.outputs[0]] = Value::of_words(kernels::max_pool2d_signs(frame[st.inputs[0]].words(), o), channels);
+  });
+  l.set_form(n.outputs[0], Form{true, false, {}});
+  return true;
+}
+
+// Flatten [N, C, H, W] → [N, C·H·W] of packed signs: the words stay as they are.
+bool lower_flatten(const Node& n, Lowering& l) {
+  if (!l.use_kernels()) return false;
+  const Form& in = l.form(n.inputs[0]);
+  const Shape& shape = l.graph().value(n.inputs[0]).shape;
+  if (!in.signs || in.packed_map || shape.size() != 4) return false;
+  if (n.attr_int("start_dim", 1) != 1 || (n.attr_int("end_dim", -1) != -1 && n.attr_int("end_dim", -1) != 3)) return false;
+  const int64_t channels = shape[1];
+  l.add_step(n, "flatten (packed, no copy)", [channels](std::vector<Value>& frame, const Step& s) {
+    frame[s.outputs[0]] = Value::of_words(frame[s.inputs[0]].words(), channels, true);
+  });
+  l.set_form(n.outputs[0], Form{true, true, {shape[1], shape[2], shape[3]}});
+  return true;
+}
+
+void attach_hooks() {
+  ensure_registered();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    quantize::register_all();
+    fuse::register_all();
+    mutable_op_traits("conv2d").to_deploy = lower_conv2d;
+    mutable_op_traits("linear").to_deploy = lower_linear;
+    mutable_op_traits("act_quant").to_deploy = lower_act_quant;
+    mutable_op_traits("threshold_sign").to_deploy = lower_threshold_sign;
+    mutable_op_traits("max_pool2d").to_deploy = lower_max_pool2d;
+    mutable_op_traits("flatten").to_deploy = lower_flatten;
+  });
+}
+
+}  // namespace
+
+void register_all() { attach_hooks(); }
+
+WHITTLE_REGISTER_MODULE("deploy", &register_all)
+
+}  // namespace whittle::deploy

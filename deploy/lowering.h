@@ -1,0 +1,131 @@
+#pragma once
+// The deploy runtime's plan builder: what an op's registry hook (OpTraits::to_deploy) sees while
+// deploy::Model turns a fused deploy graph into steps.
+//
+// A value of a deploy run is a float tensor, the packed signs of a ±1 tensor (kernels/bitpack.h's
+// channel-last words), or both, each made from the other on first use. While lowering, each
+// graph value has a Form saying what is known of it: whether it holds only ±1 (so its packed
+// signs are exact), and whether its words are those of a feature map although the value is the
+// map's flatten. A hook reads the forms of its node's inputs, adds a step, and sets the forms of
+// its outputs; a node whose hook declines (or that has none) gets the generic step: the op's
+// forward through ATen, with its weight decoded to float once, when the plan is built.
+
+#include <ATen/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "kernels/binary_conv.h"
+
+namespace whittle::deploy {
+
+/// One tensor during a deploy run (see the top of this file).
+class Value {
+ public:
+  Value() = default;
+  /// A float tensor (NCHW, [N, F], any shape).
+  static Value of_tensor(at::Tensor tensor);
+  /// The packed signs `words`, int64 [N, H, W, ⌈C/64⌉] or [N, ⌈C/64⌉], of a ±1 tensor with
+  /// `channels` channels. `flattened`: the value is the [N, C·H·W] flatten of the NCHW map the
+  /// rank-4 words encode.
+  static Value of_words(at::Tensor words, int64_t channels, bool flattened = false);
+  bool defined() const { return tensor_.defined() || words_.defined(); }
+  /// The float tensor; for packed signs, the ±1 tensor they encode (made on first use).
+  const at::Tensor& tensor();
+  /// The packed signs: pack_signs of the float tensor on first use (exact for a ±1 tensor; the
+  /// sign binarizer's output for any other). Throws whittle::Error for a float tensor of a rank
+  /// other than 2 or 4.
+  const at::Tensor& words();
+  /// True when the value holds packed words already (no packing needed).
+  bool has_words() const { return words_.defined(); }
+  /// True when the words encode a map whose flatten the value is.
+  bool flattened() const { return flattened_; }
+
+ private:
+  at::Tensor tensor_, words_;
+  int64_t channels_ = 0;
+  bool flattened_ = false;
+};
+
+/// What the plan knows of a graph value while it is built.
+struct Form {
+  bool signs = false;  ///< the value holds only −1 and +1 (a binarizer's output, or max pooling of one)
+  /// The value is the flatten [N, C·H·W] of a ±1 map whose packed words [N, H, W, ⌈C/64⌉] the
+  /// run holds (flatten of packed signs moves no data); `map` is [C, H, W].
+  bool packed_map = false;
+  Shape map;
+};
+
+/// A binary convolution or linear layer of the plan (kernels/binary_conv.h).
+struct BinaryLayer {
+  kernels::PackedBinaryWeight weight;
+  kernels::BinaryConv2dOptions options;
+  kernels::BinaryEpilogue epilogue;
+  /// kLinear: binary_linear on [N, ⌈C/64⌉] words; kConv: binary_conv2d on [N, H, W, ⌈C/64⌉];
+  /// kLinearOnMap: a linear layer reading the flatten of a packed map, run as a convolution whose
+  /// kernel covers the whole map (its output [N, O, 1, 1] viewed as [N, O]).
+  enum class Kind { kConv, kLinear, kLinearOnMap } kind = Kind::kConv;
+};
+
+/// One step of the plan: it reads the frame's slots `inputs` and writes `outputs`.
+struct Step {
+  std::vector<std::string> nodes;  ///< the graph nodes it computes (several when fused)
+  std::string kernel;              ///< what runs: "binary_conv2d + threshold", "aten conv2d", ...
+  std::vector<size_t> inputs, outputs;
+  std::function<void(std::vector<Value>& frame, const Step& step)> run;
+  std::shared_ptr<BinaryLayer> binary;  ///< set for binary layer steps (threshold fusion edits it)
+};
+
+/// The plan under construction, as the hooks see it.
+class Lowering {
+ public:
+  /// `graph` must outlive the lowering; `use_kernels` false makes every hook decline.
+  Lowering(const Graph& graph, bool use_kernels);
+
+  const Graph& graph() const { return graph_; }
+  /// False when the model runs in float throughout (deploy::Options::use_kernels).
+  bool use_kernels() const { return use_kernels_; }
+  /// The form of value `name` (float unless a hook said otherwise).
+  const Form& form(const std::string& name) const;
+  void set_form(const std::string& name, Form form);
+  /// The frame slot of value `name` (allocated on first request).
+  size_t slot(const std::string& name);
+
+  /// Appends a step computing `node` (its inputs' and outputs' slots filled in).
+  Step& add_step(const Node& node, std::string kernel, std::function<void(std::vector<Value>&, const Step&)> run);
+  /// Appends the generic step of `node`: its op's forward through ATen on float tensors, with the
+  /// weight its transform stack gives in eval mode (decoded now, once). Outputs are float; an op
+  /// that commutes with sign (OpTraits::commutes_with_sign) keeps its input's ±1 form.
+  Step& add_generic_step(const Node& node);
+  /// Appends a binary layer step for `node` reading its input 0 (a BinaryLayer of kind kConv
+  /// needs a ±1 map input, kLinear a ±1 [N, C] one, kLinearOnMap a packed map).
+  Step& add_binary_step(const Node& node, BinaryLayer layer);
+  /// The binary layer step that writes `value` when `consumer` is the value's only user and the
+  /// value is no graph output, so the consumer may fold into the step's epilogue; else nullptr.
+  Step* fusable_binary_producer(const std::string& value, const Node& consumer);
+  /// Makes `step` compute `consumer` too: the consumer joins its nodes and its outputs become the
+  /// consumer's (the caller has folded the consumer into the step, e.g. into its epilogue).
+  void absorb(Step& step, const Node& consumer);
+
+  /// The steps built so far.
+  std::vector<Step>& steps() { return steps_; }
+  size_t num_slots() const { return slots_.size(); }
+
+ private:
+  const Graph& graph_;
+  bool use_kernels_;
+  std::map<std::string, Form> forms_;
+  std::map<std::string, size_t> slots_;
+  std::map<size_t, size_t> writer_;  // slot → index of the step writing it
+  std::vector<Step> steps_;
+};
+
+/// Registers deploy's lowering hooks on the op registry (conv2d, linear, max_pool2d, flatten,
+/// act_quant, threshold_sign); idempotent, thread-safe. deploy::Model calls it.
+void register_all();
+
+}  // namespace whittle::deploy

@@ -1,0 +1,129 @@
+#include "deploy/model.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <chrono>
+#include <set>
+
+#include "core/error.h"
+#include "deploy/lowering.h"
+#include "export/checkpoint.h"
+#include "export/deploy.h"
+#include "fuse/fuse.h"
+#include "graph/op_registry.h"
+#include "quantize/quantize.h"
+
+namespace whittle::deploy {
+
+struct Model::Plan {
+  Graph graph;
+  std::vector<Step> steps;
+  std::vector<size_t> input_slots, output_slots;
+  std::vector<std::vector<size_t>> release;  // per step: slots whose last use it is
+  size_t num_slots = 0;
+  int64_t num_binary = 0;
+};
+
+namespace {
+
+// The fused, packed deploy form of `graph`.
+Graph deploy_form(const Graph& graph) {
+  Graph g = deploy_graph(graph);
+  fuse::fuse_for_inference(g);
+  return quantize::pack_graph(g);
+}
+
+// "node 'conv2' + 'bn2' (binary_conv2d + threshold)": a step in error messages.
+std::string step_name(const Step& s) {
+  std::string names;
+  for (const std::string& n : s.nodes) names += (names.empty() ? "'" : " + '") + n + "'";
+  return "node " + names + " (" + s.kernel + ")";
+}
+
+}  // namespace
+
+Model::Model(const Graph& graph, const Options& options) {
+  register_all();
+  auto plan = std::make_shared<Plan>();
+  plan->graph = deploy_form(graph);
+  const Graph& g = plan->graph;
+  Lowering lowering(g, options.use_kernels);
+  for (const std::string& v : g.inputs()) plan->input_slots.push_back(lowering.slot(v));
+  for (const Node& n : g.nodes()) {
+    const OpTraits& traits = op_traits(n.op);
+    if (!traits.to_deploy || !traits.to_deploy(n, lowering)) lowering.add_generic_step(n);
+  }
+  for (const std::string& v : g.outputs()) plan->output_slots.push_back(lowering.slot(v));
+  plan->steps = std::move(lowering.steps());
+  plan->num_slots = lowering.num_slots();
+  // Each slot is dropped after the last step reading it, unless it is an output.
+  std::vector<int64_t> last(plan->num_slots, -1);
+  for (size_t i = 0; i < plan->steps.size(); ++i)
+    for (size_t s : plan->steps[i].inputs) last[s] = static_cast<int64_t>(i);
+  const std::set<size_t> outputs(plan->output_slots.begin(), plan->output_slots.end());
+  plan->release.resize(plan->steps.size());
+  for (size_t s = 0; s < plan->num_slots; ++s)
+    if (last[s] >= 0 && !outputs.count(s)) plan->release[static_cast<size_t>(last[s])].push_back(s);
+  for (const Step& s : plan->steps) plan->num_binary += s.binary ? 1 : 0;
+  plan_ = std::move(plan);
+}
+
+Model Model::load(const std::string& checkpoint_path, const Options& options) {
+  return Model(load_checkpoint(checkpoint_path).graph, options);
+}
+
+std::vector<at::Tensor> Model::forward(const std::vector<at::Tensor>& inputs, std::vector<double>* step_seconds) const {
+  const Plan& p = *plan_;
+  if (inputs.size() != p.input_slots.size())
+    throw Error("deploy::Model: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
+                std::to_string(p.input_slots.size()));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined() || !inputs[i].is_cpu())
+      throw Error("deploy::Model: input " + std::to_string(i) + " ('" + p.graph.inputs()[i] +
+                  "') must be a CPU tensor (the deploy runtime runs on the CPU)");
+  at::NoGradGuard no_grad;
+  std::vector<Value> frame(p.num_slots);
+  for (size_t i = 0; i < inputs.size(); ++i) frame[p.input_slots[i]] = Value::of_tensor(inputs[i]);
+  if (step_seconds) step_seconds->assign(p.steps.size(), 0.0);
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const Step& s = p.steps[i];
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      s.run(frame, s);
+    } catch (const c10::Error& e) {
+      // ATen's message without its C++ backtrace, with the nodes of the step that raised it.
+      std::string msg = e.what_without_backtrace();
+      if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+      throw Error(step_name(s) + ": " + msg);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      if (msg.rfind("node '", 0) == 0) throw;
+      throw Error(step_name(s) + ": " + msg, e.kind());
+    }
+    if (step_seconds) (*step_seconds)[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t r : p.release[i]) frame[r] = Value();
+  }
+  std::vector<at::Tensor> out;
+  for (size_t s : p.output_slots) out.push_back(frame[s].tensor());
+  return out;
+}
+
+at::Tensor Model::forward(const at::Tensor& input) const {
+  if (plan_->input_slots.size() != 1 || plan_->output_slots.size() != 1)
+    throw Error("deploy::Model: the model has " + std::to_string(plan_->input_slots.size()) + " inputs and " +
+                std::to_string(plan_->output_slots.size()) + " outputs; use forward(std::vector<at::Tensor>)");
+  return forward(std::vector<at::Tensor>{input}).front();
+}
+
+const Graph& Model::graph() const { return plan_->graph; }
+
+std::vector<StepInfo> Model::steps() const {
+  std::vector<StepInfo> out;
+  for (const Step& s : plan_->steps) out.push_back({s.nodes, s.kernel});
+  return out;
+}
+
+int64_t Model::num_binary_layers() const { return plan_->num_binary; }
+
+}  // namespace whittle::deploy

@@ -1,0 +1,210 @@
+// deploy::Model against the GraphModule it is built from: the same logits (float rounding of BN
+// folding and of the threshold aside) on BNN and XNOR-Net LeNet-5 and ResNet-20, through a
+// checkpoint, and on a trained LeNet-5 BNN over the 2,000 bundled MNIST test digits. Also the
+// packed max pooling against ATen's.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "data/loader.h"
+#include "deploy/model.h"
+#include "export/checkpoint.h"
+#include "fuse_test_util.h"
+#include "graph/zoo.h"
+#include "kernels/bitpack.h"
+#include "quantize/quantize.h"
+#include "runner/recipe.h"
+#include "runner/trainer.h"
+#include "support.h"
+
+namespace whittle::test {
+namespace {
+
+class Deploy : public SeededTest {};
+
+// ±1 tensors of x's signs (sign(0) = +1).
+at::Tensor signs(const at::Tensor& x) { return at::where(x < 0, -at::ones_like(x), at::ones_like(x)); }
+
+TEST_F(Deploy, MaxPoolOfPackedSignsEqualsAtenMaxPool) {
+  for (int64_t c : {1, 63, 64, 65, 130}) {
+    for (auto [k, s, p, ceil] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+             {2, 2, 0, false}, {3, 2, 1, false}, {3, 1, 1, false}, {2, 2, 0, true}, {3, 2, 0, true}, {2, 1, 1, true}}) {
+      const at::Tensor x = signs(at::randn({2, c, 7, 9}));
+      const at::Tensor expected = kernels::pack_signs(at::max_pool2d(x, {k, k}, {s, s}, {p, p}, {1, 1}, ceil));
+      const at::Tensor got = kernels::max_pool2d_signs(kernels::pack_signs(x), {k, k, s, s, p, p, ceil});
+      ASSERT_EQ(got.sizes(), expected.sizes()) << "C " << c << " k " << k << " s " << s << " p " << p << " ceil " << ceil;
+      EXPECT_TRUE(got.equal(expected)) << "C " << c << " k " << k << " s " << s << " p " << p << " ceil " << ceil;
+    }
+  }
+  // Non-square windows.
+  const at::Tensor x = signs(at::randn({3, 70, 6, 11}));
+  EXPECT_TRUE(kernels::max_pool2d_signs(kernels::pack_signs(x), {2, 3, 2, 1, 1, 0, false})
+                  .equal(kernels::pack_signs(at::max_pool2d(x, {2, 3}, {2, 1}, {1, 0}))));
+}
+
+TEST_F(Deploy, MaxPoolOfPackedSignsRejectsBadInput) {
+  EXPECT_THROW(kernels::max_pool2d_signs(at::zeros({2, 3, 4}, at::kLong), {}), Error);
+  EXPECT_THROW(kernels::max_pool2d_signs(at::zeros({1, 4, 4, 1}, at::kFloat), {}), Error);
+  EXPECT_THROW(kernels::max_pool2d_signs(at::zeros({1, 4, 4, 1}, at::kLong), {2, 2, 0, 2, 0, 0, false}), Error);
+  EXPECT_THROW(kernels::max_pool2d_signs(at::zeros({1, 4, 4, 1}, at::kLong), {2, 2, 2, 2, 2, 2, false}), Error);
+  EXPECT_THROW(kernels::max_pool2d_signs(at::zeros({1, 1, 1, 1}, at::kLong), {2, 2, 2, 2, 0, 0, false}), Error);
+}
+
+// A zoo model quantized with `method`, BN statistics randomized, in eval form.
+Graph quantized(const std::string& model, const std::string& method, Shape input, bool xnor_scale_k = false) {
+  ZooOptions zo;
+  zo.input_shape = input;
+  zo.seed = 1;
+  Graph g = build_model(model, zo);
+  randomize_batchnorm(g);
+  quantize::Config c;
+  c.method = method;
+  c.xnor_scale_k = xnor_scale_k;
+  quantize::apply(g, c);
+  return g;
+}
+
+at::Tensor reference_logits(const Graph& g, const at::Tensor& x) {
+  GraphModule m(g.clone());
+  return run_eval(m, x);
+}
+
+int64_t count_kernel(const deploy::Model& m, const std::string& prefix) {
+  int64_t k = 0;
+  for (const auto& s : m.steps()) k += s.kernel.rfind(prefix, 0) == 0;
+  return k;
+}
+
+// Logits agree to 1e-4 relative (of the largest logit) and the predicted classes are the same.
+void expect_same_logits(const at::Tensor& got, const at::Tensor& expected) {
+  const double scale = expected.abs().max().item<double>();
+  EXPECT_TRUE(all_close(got, expected, 1e-4 * scale, 1e-4));
+  EXPECT_TRUE(got.argmax(1).equal(expected.argmax(1)));
+}
+
+TEST_F(Deploy, BnnLenet5MatchesGraphModule) {
+  const Graph g = quantized("lenet5", "bnn", {1, 1, 28, 28});
+  const deploy::Model model(g);
+  // conv2 (+ bn2's threshold), fc1 (reading the packed map of pool2) and fc2 run on the kernels.
+  EXPECT_EQ(model.num_binary_layers(), 3);
+  EXPECT_EQ(count_kernel(model, "binary_conv2d + threshold"), 1);
+  EXPECT_EQ(count_kernel(model, "binary_linear (as a convolution over the map) + threshold"), 1);
+  // pool1 (after conv1's folded BN and the binarizer) and pool2 (after conv2's threshold).
+  EXPECT_EQ(count_kernel(model, "max_pool2d_signs"), 2);
+  const at::Tensor x = at::randn({16, 1, 28, 28});
+  expect_same_logits(model.forward(x), reference_logits(g, x));
+  // Another batch size than the graph's declared one.
+  const at::Tensor x1 = at::randn({1, 1, 28, 28});
+  expect_same_logits(model.forward(x1), reference_logits(g, x1));
+}
+
+TEST_F(Deploy, FloatExecutionRunsNoKernel) {
+  const Graph g = quantized("lenet5", "bnn", {1, 1, 28, 28});
+  const deploy::Model model(g, deploy::Options{false});
+  EXPECT_EQ(model.num_binary_layers(), 0);
+  EXPECT_EQ(count_kernel(model, "aten "), static_cast<int64_t>(model.steps().size()));
+  const at::Tensor x = at::randn({4, 1, 28, 28});
+  expect_same_logits(model.forward(x), reference_logits(g, x));
+}
+
+TEST_F(Deploy, XnorLenet5WithAndWithoutKScaling) {
+  for (bool k : {false, true}) {
+    const Graph g = quantized("lenet5", "xnor", {1, 1, 28, 28}, k);
+    const deploy::Model model(g);
+    EXPECT_EQ(model.num_binary_layers(), 3) << "K scaling " << k;
+    const at::Tensor x = at::randn({8, 1, 28, 28});
+    expect_same_logits(model.forward(x), reference_logits(g, x));
+  }
+}
+
+TEST_F(Deploy, BnnAndXnorResnet20MatchGraphModule) {
+  for (const std::string method : {"bnn", "xnor"}) {
+    const Graph g = quantized("resnet20", method, {1, 3, 32, 32});
+    const deploy::Model model(g);
+    // Every convolution but the stem runs binary: 18 3×3 (and the 1×1 shortcuts when the zoo has them).
+    EXPECT_GE(model.num_binary_layers(), 18) << method;
+    const at::Tensor x = at::randn({4, 3, 32, 32});
+    expect_same_logits(model.forward(x), reference_logits(g, x));
+  }
+}
+
+TEST_F(Deploy, NonBinaryMethodsRunThroughAten) {
+  for (const std::string method : {"dorefa", "twn"}) {
+    const Graph g = quantized("lenet5", method, {1, 1, 28, 28});
+    const deploy::Model model(g);
+    EXPECT_EQ(model.num_binary_layers(), 0) << method;
+    const at::Tensor x = at::randn({4, 1, 28, 28});
+    expect_same_logits(model.forward(x), reference_logits(g, x));
+  }
+}
+
+TEST_F(Deploy, LoadsAPackedCheckpoint) {
+  const Graph g = quantized("lenet5", "bnn", {1, 1, 28, 28});
+  const std::string dir = join_path(binary_dir(), "testdata/deploy");
+  make_directories(dir);
+  const std::string path = join_path(dir, "lenet5_bnn.h5");
+  save_checkpoint(path, quantize::pack_graph(g));
+  const deploy::Model model = deploy::Model::load(path);
+  EXPECT_EQ(model.num_binary_layers(), 3);
+  // Binary layers keep packed codes: no float weight in the graph the model runs.
+  for (const std::string layer : {"conv2", "fc1", "fc2"})
+    EXPECT_FALSE(model.graph().node(layer).params.contains("weight")) << layer;
+  const at::Tensor x = at::randn({8, 1, 28, 28});
+  expect_same_logits(model.forward(x), reference_logits(load_checkpoint(path).graph, x));
+}
+
+TEST_F(Deploy, BadInputIsReported) {
+  const deploy::Model model(quantized("lenet5", "bnn", {1, 1, 28, 28}));
+  EXPECT_THROW(model.forward(std::vector<at::Tensor>{}), Error);
+  try {
+    model.forward(at::randn({2, 3, 28, 28}));  // 3 channels into a 1-channel conv
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'conv1'"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("frame #"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(deploy::Model::load(join_path(binary_dir(), "testdata/deploy/missing.h5")), Error);
+}
+
+// A LeNet-5 BNN trained for one epoch on 2,048 digits, evaluated on the 2,000 test digits both
+// ways: the same predictions, logits within 1e-4 relative.
+TEST_F(Deploy, TrainedBnnLenet5HasTheSameTop1OnMnist) {
+  const std::string out = join_path(binary_dir(), "testdata/deploy/lenet5_bnn_run");
+  remove_tree(out);
+  runner::Recipe r = runner::load_recipe(join_path(source_dir(), "recipes/mnist/lenet5_bnn.yaml"),
+                                         {"training.epochs=1", "data.train_limit=2048", "data.num_workers=1"});
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  runner::run_recipe(r, opt);
+  const std::string path = join_path(out, "model.h5");
+  const deploy::Model model = deploy::Model::load(path);
+  EXPECT_EQ(model.num_binary_layers(), 3);
+  GraphModule reference(load_checkpoint(path).graph);
+  reference->eval();
+  data::LoaderOptions lo;
+  lo.batch_size = 500;
+  lo.shuffle = false;
+  lo.transform.mean = {0.1307};
+  lo.transform.stddev = {0.3081};
+  data::DataLoader loader(runner::load_split(join_path(source_dir(), "data/mnist10k"), "t10k", "", log), lo);
+  int64_t hits_deploy = 0, hits_reference = 0, samples = 0;
+  at::NoGradGuard no_grad;
+  for (auto& batch : loader) {
+    const at::Tensor expected = reference->forward(batch.images);
+    const at::Tensor got = model.forward(batch.images);
+    expect_same_logits(got, expected);
+    hits_deploy += got.argmax(1).eq(batch.labels).sum().item<int64_t>();
+    hits_reference += expected.argmax(1).eq(batch.labels).sum().item<int64_t>();
+    samples += batch.labels.size(0);
+  }
+  EXPECT_EQ(samples, 2000);
+  EXPECT_EQ(hits_deploy, hits_reference);
+  EXPECT_GT(hits_reference, 1600) << "the one-epoch model should reach 80 % (measured: see docs/kernels.md)";
+}
+
+}  // namespace
+}  // namespace whittle::test
