@@ -133,6 +133,11 @@ void install_sigint_handler() {
 
 EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device, ProcessGroup* group) {
   model->eval();
+  return evaluate([&model](const at::Tensor& x) { return model->forward(x); }, loader, device, group);
+}
+
+EvalMetrics evaluate(const std::function<at::Tensor(const at::Tensor&)>& forward, data::DataLoader& loader,
+                     const at::Device& device, ProcessGroup* group) {
   at::NoGradGuard no_grad;
   EvalMetrics m;
   double loss_sum = 0;
@@ -140,7 +145,7 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
   for (auto& batch : loader) {
     at::Tensor x = batch.images.to(device, /*non_blocking=*/true);
     at::Tensor y = batch.labels.to(device, true);
-    at::Tensor logits = model->forward(x).to(at::kFloat);
+    at::Tensor logits = forward(x).to(at::kFloat);
     loss_sum += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
     const int64_t k = std::min<int64_t>(5, logits.size(1));
     at::Tensor top = std::get<1>(logits.topk(k, 1));

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -77,6 +78,10 @@ at::Device open_device(const std::string& name);
 /// whole set's metrics); throws whittle::Error from the collective.
 EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Device& device,
                      ProcessGroup* group = nullptr);
+/// The same for any model given as its forward function (images → logits; run without gradients),
+/// such as deploy::Model's.
+EvalMetrics evaluate(const std::function<at::Tensor(const at::Tensor&)>& forward, data::DataLoader& loader,
+                     const at::Device& device, ProcessGroup* group = nullptr);
 
 /// One run of a recipe, step by step. The constructor does everything before the first batch, in
 /// this order (which fixes the use of LibTorch's global generator, so that a run is reproducible):

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "data/loader.h"
+#include "deploy/model.h"
 #include "graph/graph_module.h"
 #include "runner/model_loader.h"
 #include "runner/recipe.h"
@@ -23,16 +24,18 @@ namespace whittle::cli {
 
 int run_eval(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle eval CHECKPOINT [--data PATH] [--split NAME] [--batch-size N] [--device cpu|cuda] [--json]\n\n"
+      "usage: whittle eval CHECKPOINT [--data PATH] [--split NAME] [--batch-size N] [--device cpu|cuda] [--deploy] [--json]\n\n"
       "Evaluates a checkpoint. Without --data it uses the test set and normalization of the recipe\n"
-      "stored in the checkpoint.\n\n"
-      "example:\n  whittle eval runs/mnist/lenet5/model.h5\n\noptions");
+      "stored in the checkpoint. With --deploy it runs the deploy runtime (binary layers on the\n"
+      "bitpacked kernels, CPU only; docs/kernels.md) instead of the training graph.\n\n"
+      "example:\n  whittle eval runs/mnist/lenet5/model.h5\n  whittle eval runs/mnist/lenet5_bnn/model.h5 --deploy\n\noptions");
   std::string ckpt_path, data_path, split, device = "cpu";
   int64_t batch_size = 500;
   opts.add_options()("help,h", "this text")("data", po::value<std::string>(&data_path), "dataset to evaluate on")(
       "split", po::value<std::string>(&split), "split of --data (default: the recipe's test split, else 'test')")(
       "batch-size", po::value<int64_t>(&batch_size)->default_value(500), "evaluation batch size")(
-      "device", po::value<std::string>(&device)->default_value("cpu"), "cpu, cuda or cuda:N")("json", "print JSON");
+      "device", po::value<std::string>(&device)->default_value("cpu"), "cpu, cuda or cuda:N")(
+      "deploy", "run the deploy runtime (deploy::Model) on the CPU")("json", "print JSON");
   po::variables_map vm = parse_command_line(args, opts, {{"checkpoint", &ckpt_path}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
@@ -40,6 +43,9 @@ int run_eval(const std::vector<std::string>& args) {
   }
   if (ckpt_path.empty()) throw Error("eval: missing CHECKPOINT (see whittle eval --help)", ErrorKind::kUsage);
   if (batch_size < 1) throw Error("eval: --batch-size must be ≥ 1", ErrorKind::kUsage);
+  const bool use_deploy = vm.count("deploy") != 0;
+  if (use_deploy && device != "cpu")
+    throw Error("eval: --deploy runs on the CPU; drop --device " + device, ErrorKind::kUsage);
   const at::Device dev = runner::open_device(device);
   runner::ModelSource source;
   source.file = ckpt_path;
@@ -66,15 +72,22 @@ int run_eval(const std::vector<std::string>& args) {
   opts_l.transform.mean = recipe_data.mean;
   opts_l.transform.stddev = recipe_data.std;
   data::DataLoader loader(std::move(ds), opts_l);
-  GraphModule model(std::move(graph));
-  model->to(dev);
-  runner::EvalMetrics m = runner::evaluate(model, loader, dev);
+  runner::EvalMetrics m;
+  if (use_deploy) {
+    const deploy::Model model(graph);
+    m = runner::evaluate([&model](const at::Tensor& x) { return model.forward(x); }, loader, dev);
+  } else {
+    GraphModule model(std::move(graph));
+    model->to(dev);
+    m = runner::evaluate(model, loader, dev);
+  }
   if (vm.count("json")) {
-    nlohmann::ordered_json j{{"checkpoint", ckpt_path}, {"data", data_path}, {"top1", m.top1},
+    nlohmann::ordered_json j{{"checkpoint", ckpt_path}, {"data", data_path}, {"runtime", use_deploy ? "deploy" : "graph"}, {"top1", m.top1},
                              {"top5", m.top5},          {"loss", m.loss},    {"samples", m.samples}};
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << ckpt_path << " on " << data_path << " (" << m.samples << " images): top-1 " << std::fixed
+    std::cout << ckpt_path << (use_deploy ? " (deploy runtime)" : "") << " on " << data_path << " (" << m.samples
+              << " images): top-1 " << std::fixed
               << std::setprecision(2) << 100 * m.top1 << "%, top-5 " << 100 * m.top5 << "%, loss "
               << std::setprecision(4) << m.loss << "\n";
   }

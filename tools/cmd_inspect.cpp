@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "deploy/lowering.h"
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
 #include "graph/pass_registry.h"
@@ -51,7 +52,7 @@ int run_inspect(const std::vector<std::string>& args) {
       ("input-shape", po::value<std::string>(&shape_text), "example input shape, comma-separated (batch first)")
       ("num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model")
       ("json", "print JSON instead of the table")
-      ("ops", "list the registered ops (kind, channel flow, export forms: o ONNX, t TorchScript, description) and exit")
+      ("ops", "list the registered ops (kind, channel flow, forms: o ONNX, t TorchScript, k deploy kernels, description) and exit")
       ("passes", "list the registered graph passes (name, module, description, options) and exit")
       ("transforms", "list the registered weight transforms (name, kind, description) and exit");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
@@ -80,13 +81,17 @@ int run_inspect(const std::vector<std::string>& args) {
   }
   if (vm.count("ops")) {
     register_export_writers();
-    std::cout << "# op                   channel flow       export (o: ONNX, t: TorchScript; conv_bn_qat: as its folded layer)\n";
+    deploy::register_all();
+    std::cout << "# op                   channel flow       forms (o: ONNX, t: TorchScript, k: deploy kernels; conv_bn_qat: "
+                 "exported as its folded layer)\n";
     for (const auto& kind : registered_ops()) {
       const OpTraits& t = op_traits(kind);
-      // Export forms: o = ONNX, t = TorchScript (docs/export.md).
-      const std::string forms = std::string(t.to_onnx ? "o" : "-") + (t.to_torchscript ? "t" : "-");
+      // Export forms: o = ONNX, t = TorchScript (docs/export.md); k = a bitpacked path in the
+      // deploy runtime (docs/kernels.md).
+      const std::string forms =
+          std::string(t.to_onnx ? "o" : "-") + (t.to_torchscript ? "t" : "-") + (t.to_deploy ? "k" : "-");
       std::cout << std::left << std::setw(22) << kind << std::setw(19) << channel_flow_name(t.channel_flow)
-                << std::setw(4) << forms << t.description << "\n";
+                << std::setw(5) << forms << t.description << "\n";
     }
     return 0;
   }

@@ -40,5 +40,6 @@ int run_fuse(const std::vector<std::string>& args);
 int run_prune(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
 int run_report(const std::vector<std::string>& args);
+int run_bench(const std::vector<std::string>& args);
 
 }  // namespace whittle::cli

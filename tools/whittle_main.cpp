@@ -39,6 +39,7 @@ const std::vector<Command>& commands() {
       {"fuse", "fold batch norms, merge RepVGG blocks, BN+sign to thresholds: fuse MODEL --out FILE", run_fuse},
       {"prune", "remove channels: prune MODEL --target-macs 0.5 --out FILE (docs/pruning.md)", run_prune},
       {"export", "write ONNX or TorchScript: export MODEL --out FILE.onnx|FILE.pt [--verify] (docs/export.md)", run_export},
+      {"bench", "deploy runtime vs float latency, per step: bench MODEL [--batch N] [--threads T] (docs/kernels.md)", run_bench},
       {"report", "compare finished runs: table, --json, or --html FILE with curves and the Pareto chart", run_report},
       {"data", "dataset tools: data pack SRC --to FILE.h5", run_data},
       {"keys", "list every recipe key and modifier setting", run_keys},

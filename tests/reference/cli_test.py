@@ -93,8 +93,11 @@ r = run("inspect", "--ops")
 check(r.returncode == 0 and "conv2d" in r.stdout and "producer_consumer" in r.stdout and "act_quant" in r.stdout
       and "threshold_sign" in r.stdout, "inspect --ops lists the registered ops")
 rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
-check(all(row[2] == "ot" for row in rows if row[0] != "conv_bn_qat"),
+check(all(row[2][:2] == "ot" for row in rows if row[0] != "conv_bn_qat"),
       "inspect --ops: every op but conv_bn_qat (exported as its folded layer) has ONNX and TorchScript forms")
+kernel_ops = sorted(row[0] for row in rows if row[2].endswith("k"))
+check(kernel_ops == ["act_quant", "conv2d", "flatten", "linear", "max_pool2d", "threshold_sign"],
+      f"inspect --ops: the ops with a deploy kernel path are {kernel_ops}")
 
 # A short run writes the run directory; eval reproduces its accuracy.
 base = recipe("base")
