@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/registration.h"
 #include "deploy/lowering.h"
+#include "fuse/fold_math.h"
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
 #include "kernels/bitpack.h"
@@ -114,6 +115,34 @@ bool lower_threshold_sign(const Node& n, Lowering& l) {
   return true;
 }
 
+// Inference batch norm after a binary layer with float output: y·s + (β − μ·s) per channel with
+// s = γ/√(σ² + ε) is affine like the epilogue, so it folds into the epilogue's scale and bias
+// (fuse::fold_batchnorm cannot fold it into the weight: the weight is packed signs).
+bool lower_batch_norm(const Node& n, Lowering& l) {
+  if (!l.use_kernels()) return false;
+  Step* producer = l.fusable_binary_producer(n.inputs[0], n);
+  if (!producer || producer->binary->epilogue.threshold.defined()) return false;
+  fuse::BatchNormParams bn;
+  bn.running_mean = n.buffers.at("running_mean");
+  bn.running_var = n.buffers.at("running_var");
+  if (const at::Tensor* w = n.params.find("weight")) bn.weight = *w;
+  if (const at::Tensor* b = n.params.find("bias")) bn.bias = *b;
+  bn.eps = n.attr_float("eps", 1e-5);
+  const at::Tensor s = fuse::bn_scale(bn, /*high_precision=*/true).detach();
+  kernels::BinaryEpilogue& e = producer->binary->epilogue;
+  const int64_t O = producer->binary->weight.out_channels;
+  if (s.numel() != O) return false;
+  const at::Tensor scale = e.scale.defined() ? e.scale.to(at::kDouble) : at::ones({O}, at::kDouble);
+  const at::Tensor bias = e.bias.defined() ? e.bias.to(at::kDouble) : at::zeros({O}, at::kDouble);
+  at::Tensor shift = (bias - bn.running_mean.detach().to(at::kDouble)) * s;
+  if (bn.bias.defined()) shift = shift + bn.bias.detach().to(at::kDouble);
+  e.scale = (scale * s).to(at::kFloat).contiguous();
+  e.bias = shift.to(at::kFloat).contiguous();
+  producer->kernel += " + batch_norm";
+  l.absorb(*producer, n);
+  return true;
+}
+
 // Max pooling of ±1 maps on packed words (an AND over each window).
 bool lower_max_pool2d(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
@@ -157,6 +186,7 @@ void attach_hooks() {
     mutable_op_traits("linear").to_deploy = lower_linear;
     mutable_op_traits("act_quant").to_deploy = lower_act_quant;
     mutable_op_traits("threshold_sign").to_deploy = lower_threshold_sign;
+    mutable_op_traits("batch_norm").to_deploy = lower_batch_norm;
     mutable_op_traits("max_pool2d").to_deploy = lower_max_pool2d;
     mutable_op_traits("flatten").to_deploy = lower_flatten;
   });

@@ -124,8 +124,8 @@ class Lowering {
   std::vector<Step> steps_;
 };
 
-/// Registers deploy's lowering hooks on the op registry (conv2d, linear, max_pool2d, flatten,
-/// act_quant, threshold_sign); idempotent, thread-safe. deploy::Model calls it.
+/// Registers deploy's lowering hooks on the op registry (conv2d, linear, batch_norm, max_pool2d,
+/// flatten, act_quant, threshold_sign); idempotent, thread-safe. deploy::Model calls it.
 void register_all();
 
 }  // namespace whittle::deploy

@@ -8,8 +8,9 @@
 // hook (deploy/lowering.h):
 //   - a binary layer (conv2d or linear whose packed weight is a sign code: BNN, XNOR-Net, DoReFa
 //     1-bit) reading ±1 activations runs kernels::binary_conv2d / binary_linear on packed words,
-//     with its α scale and bias in the epilogue, and a following threshold_sign folded in, so
-//     that it writes the next binary layer's packed input directly;
+//     with its α scale and bias in the epilogue, a following inference batch norm folded into that
+//     epilogue, and a following threshold_sign folded in, so that it writes the next binary
+//     layer's packed input directly;
 //   - the sign binarizer packs its input (pack_signs); max pooling of packed signs is an AND of
 //     words; flatten of packed signs moves nothing (the next linear layer reads the map);
 //   - everything else runs its op's forward through ATen (oneDNN for float convolutions).

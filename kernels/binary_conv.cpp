@@ -208,19 +208,20 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
   detail::parallel_for(0, O, std::max<int64_t>(16, kMinWordsPerTask / std::max<int64_t>(1, N * Cw)), [&](int64_t o0, int64_t o1) {
     gemm(detail::BitOp::kXor, xin, Cw, wts + o0, O, N, o1 - o0, Cw, p + o0, O);
   });
-  at::Tensor dot = C - 2 * pop;  // int32 [N, O]
-  if (e.kind == Epilogue::kDot) return dot;
-  const int32_t* d = dot.data_ptr<int32_t>();
+  // dot = C − 2·popcount, in place (int32 [N, O]).
+  const int64_t count = N * O;
+  for (int64_t i = 0; i < count; ++i) p[i] = static_cast<int32_t>(C) - 2 * p[i];
+  if (e.kind == Epilogue::kDot) return pop;
   if (e.kind == Epilogue::kSign) {
     at::Tensor out = at::empty({N, words_for(O)}, at::kLong);
     for (int64_t n = 0; n < N; ++n)
-      e.pack(d + n * O, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + n * words_for(O));
+      e.pack(p + n * O, O, reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) + n * words_for(O));
     return out;
   }
   at::Tensor out = at::empty({N, O}, at::kFloat);
   float* y = out.data_ptr<float>();
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o) y[n * O + o] = e.value(d[n * O + o], o);
+    for (int64_t o = 0; o < O; ++o) y[n * O + o] = e.value(p[n * O + o], o);
   return out;
 }
 

@@ -45,7 +45,35 @@ at::Tensor pack_signs(const at::Tensor& x) { return detail::pack_signs_named(x, 
 
 namespace detail {
 
+// pack_signs of a 4-D map read in its NCHW order (no channel-last copy of the floats): each
+// channel's plane is read once, sequentially, and OR-ed into the bit of that channel in every
+// position's word.
+at::Tensor pack_signs_nchw(const at::Tensor& x) {
+  const at::Tensor src_t = x.to(at::kFloat).contiguous();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3), words = words_for(C);
+  at::Tensor out = at::zeros({N, x.size(2), x.size(3), words}, at::kLong);
+  const float* src = src_t.data_ptr<float>();
+  auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
+  // Tasks: one image and a block of positions (whose words stay in cache across channels).
+  constexpr int64_t kBlock = 1024;
+  const int64_t blocks = (HW + kBlock - 1) / kBlock;
+  detail::parallel_for(0, N * blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, C * std::min(HW, kBlock))),
+                       [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / blocks, p0 = (t % blocks) * kBlock, p1 = std::min(HW, p0 + kBlock);
+      uint64_t* __restrict w = dst + n * HW * words;
+      for (int64_t c = 0; c < C; ++c) {
+        const float* __restrict v = src + (n * C + c) * HW;
+        const int64_t k = c / 64, b = c % 64;
+        for (int64_t p = p0; p < p1; ++p) w[p * words + k] |= static_cast<uint64_t>(v[p] < 0.0f) << b;
+      }
+    }
+  });
+  return out;
+}
+
 at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
+  if (x.defined() && x.dim() == 4 && x.is_cpu() && at::isFloatingType(x.scalar_type())) return pack_signs_nchw(x);
   ChannelLast cl = channel_last(x, what);
   const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
   at::Tensor out = at::empty(cl.packed_shape, at::kLong);

@@ -125,6 +125,9 @@ TEST_F(Deploy, BnnAndXnorResnet20MatchGraphModule) {
     const deploy::Model model(g);
     // Every convolution but the stem runs binary: 18 3×3 (and the 1×1 shortcuts when the zoo has them).
     EXPECT_GE(model.num_binary_layers(), 18) << method;
+    // The BN after each block's second convolution (it feeds the residual add) and after the two 1×1
+    // shortcut convolutions folds into their epilogues: 9 + 2.
+    EXPECT_EQ(count_kernel(model, "binary_conv2d + batch_norm"), 11) << method;
     const at::Tensor x = at::randn({4, 3, 32, 32});
     expect_same_logits(model.forward(x), reference_logits(g, x));
   }
