@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/parallel.h"
 #include "kernels/bitpack.h"
+#include "kernels/im2col.h"
 #include "kernels/popcount_gemm.h"
 
 namespace whittle::kernels {
@@ -124,27 +125,7 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
       if (direct) {
         a = xin + (n * H + oh) * W * Cw;
       } else {
-        for (int64_t ow = 0; ow < Wo; ++ow) {
-          const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
-          uint64_t* dst = cols.data() + ow * K;
-          const bool row_inside = iw0 >= 0 && iw0 + KW <= W;
-          for (int64_t i = 0; i < KH; ++i) {
-            const int64_t ih = ih0 + i;
-            if (ih < 0 || ih >= H) {
-              std::memset(dst, 0, sizeof(uint64_t) * KW * Cw);
-              dst += KW * Cw;
-            } else if (row_inside) {  // the kernel row's taps are adjacent in NHWC
-              std::memcpy(dst, xin + ((n * H + ih) * W + iw0) * Cw, sizeof(uint64_t) * KW * Cw);
-              dst += KW * Cw;
-            } else {
-              for (int64_t j = 0; j < KW; ++j, dst += Cw) {
-                const int64_t iw = iw0 + j;
-                if (iw < 0 || iw >= W) std::memset(dst, 0, sizeof(uint64_t) * Cw);
-                else std::memcpy(dst, xin + ((n * H + ih) * W + iw) * Cw, sizeof(uint64_t) * Cw);
-              }
-            }
-          }
-        }
+        detail::gather_row(xin, H, W, Cw, KH, KW, opt, n, oh, Wo, cols.data());
         a = cols.data();
       }
       gemm(detail::BitOp::kXor, a, K, wts, O, Wo, O, K, pop.data(), O);
@@ -226,6 +207,35 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
 }
 
 }  // namespace
+
+namespace detail {
+
+void gather_row(const uint64_t* x, int64_t H, int64_t W, int64_t Cw, int64_t KH, int64_t KW,
+                const BinaryConv2dOptions& opt, int64_t n, int64_t oh, int64_t Wo, uint64_t* dst) {
+  const int64_t ih0 = oh * opt.stride_h - opt.pad_h;
+  for (int64_t ow = 0; ow < Wo; ++ow) {
+    const int64_t iw0 = ow * opt.stride_w - opt.pad_w;
+    const bool row_inside = iw0 >= 0 && iw0 + KW <= W;
+    for (int64_t i = 0; i < KH; ++i) {
+      const int64_t ih = ih0 + i;
+      if (ih < 0 || ih >= H) {
+        std::memset(dst, 0, sizeof(uint64_t) * KW * Cw);
+        dst += KW * Cw;
+      } else if (row_inside) {  // the kernel row's taps are adjacent in NHWC
+        std::memcpy(dst, x + ((n * H + ih) * W + iw0) * Cw, sizeof(uint64_t) * KW * Cw);
+        dst += KW * Cw;
+      } else {
+        for (int64_t j = 0; j < KW; ++j, dst += Cw) {
+          const int64_t iw = iw0 + j;
+          if (iw < 0 || iw >= W) std::memset(dst, 0, sizeof(uint64_t) * Cw);
+          else std::memcpy(dst, x + ((n * H + ih) * W + iw) * Cw, sizeof(uint64_t) * Cw);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
 
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
   if (stride < 1 || pad < 0 || kernel < 1)

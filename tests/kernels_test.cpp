@@ -13,6 +13,7 @@
 #include "fuse/fold_math.h"
 #include "kernels/binary_conv.h"
 #include "kernels/bitpack.h"
+#include "kernels/bitplane.h"
 #include "kernels/isa.h"
 #include "kernels/popcount_gemm.h"
 #include "support.h"
@@ -337,6 +338,116 @@ TEST(BinaryConv, BadInputIsNamed) {
       EXPECT_THROW(kernels::set_isa(isa), Error);
     }
   }
+}
+
+// ---- bit-plane kernels: AND + popcount over activation and weight planes, against at::conv2d in
+// float64 of the codes and weight values (exact: the values are small integers or have few bits).
+
+// Random codes in [0, 2^bits).
+at::Tensor random_codes(at::IntArrayRef shape, int64_t bits) {
+  return at::randint(0, int64_t{1} << bits, shape, at::kLong).to(at::kFloat);
+}
+
+// A weight of TWN ternary values {−1, 0, +1} as planes w⁺, w⁻ (coefficients +1, −1) and its values.
+std::pair<kernels::PackedBitplaneWeight, at::Tensor> ternary_weight(at::IntArrayRef shape) {
+  const at::Tensor code = at::randint(0, 3, shape, at::kLong);
+  const at::Tensor plus = code.eq(2).to(at::kFloat), minus = code.eq(0).to(at::kFloat);
+  return {kernels::pack_bitplane_weight({plus, minus}, {1.0, -1.0}, 0.0), plus - minus};
+}
+
+// DoReFa 2-bit weights 2c/3 − 1: the two bits of c with coefficients 2/3, 4/3, offset −1.
+std::pair<kernels::PackedBitplaneWeight, at::Tensor> dorefa2_weight(at::IntArrayRef shape) {
+  const at::Tensor c = at::randint(0, 4, shape, at::kLong);
+  const at::Tensor b0 = c.bitwise_and(1).to(at::kFloat), b1 = c.bitwise_right_shift(1).to(at::kFloat);
+  return {kernels::pack_bitplane_weight({b0, b1}, {2.0 / 3, 4.0 / 3}, -1.0), c.to(at::kDouble) * (2.0 / 3) - 1};
+}
+
+TEST(Bitplane, PackBitplanesHoldsEachBit) {
+  const at::Tensor codes = random_codes({2, 70, 3, 4}, 3);
+  const at::Tensor planes = kernels::pack_bitplanes(codes, 3);
+  ASSERT_EQ(planes.sizes(), (std::vector<int64_t>{3, 2, 3, 4, 2}));
+  for (int64_t j = 0; j < 3; ++j) {
+    const at::Tensor bit = codes.to(at::kLong).bitwise_right_shift(j).bitwise_and(1);
+    EXPECT_TRUE(kernels::unpack_signs(planes[j], 70).eq(-1).equal(bit.eq(1))) << "plane " << j;
+  }
+  EXPECT_THROW(kernels::pack_bitplanes(codes, 2), Error);              // code 7 needs 3 bits
+  EXPECT_THROW(kernels::pack_bitplanes(codes + 0.5, 3), Error);        // not integers
+  EXPECT_THROW(kernels::pack_bitplanes(codes, 9), Error);
+  EXPECT_THROW(kernels::pack_bitplanes(codes.flatten(), 3), Error);    // rank 1
+}
+
+struct BitplaneCase {
+  int64_t channels, out, kernel, stride, pad, batch, activation_bits;
+};
+
+TEST(Bitplane, ConvEqualsFloatConvolutionOfTheValues) {
+  const std::vector<BitplaneCase> cases = {
+      {1, 1, 3, 1, 1, 1, 2},  {63, 7, 3, 1, 1, 3, 2}, {64, 8, 3, 2, 1, 1, 2}, {65, 9, 3, 1, 0, 3, 1},
+      {127, 8, 1, 1, 0, 2, 4}, {129, 9, 3, 2, 1, 1, 3}, {128, 16, 5, 1, 2, 1, 2},
+  };
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    for (const BitplaneCase& c : cases) {
+      for (int form = 0; form < 2; ++form) {
+        const auto [w, values] = form == 0 ? ternary_weight({c.out, c.channels, c.kernel, c.kernel})
+                                           : dorefa2_weight({c.out, c.channels, c.kernel, c.kernel});
+        const at::Tensor a = random_codes({c.batch, c.channels, 9, 8}, c.activation_bits);
+        const at::Tensor scale = at::rand({c.out}) + 0.5, bias = at::randn({c.out});
+        kernels::BinaryEpilogue e;
+        e.scale = scale;
+        e.bias = bias;
+        const at::Tensor got = kernels::bitplane_conv2d(kernels::pack_bitplanes(a, c.activation_bits), w,
+                                                        {c.stride, c.stride, c.pad, c.pad}, e);
+        const at::Tensor dot = at::conv2d(a.to(at::kDouble), values.to(at::kDouble), {}, c.stride, c.pad);
+        const at::Tensor expected = (dot * scale.to(at::kDouble).view({1, -1, 1, 1}) + bias.to(at::kDouble).view({1, -1, 1, 1}));
+        // float32 output of exact integer sums (ternary) or sums with thirds (DoReFa): float rounding only.
+        EXPECT_TRUE(test::all_close(got, expected, 1e-4, 1e-6))
+            << kernels::isa_name(isa) << (form == 0 ? " ternary" : " dorefa2") << " C " << c.channels << " O " << c.out
+            << " k " << c.kernel << " s " << c.stride << " p " << c.pad << " N " << c.batch << " bits " << c.activation_bits;
+      }
+    }
+  }
+}
+
+TEST(Bitplane, ThreadedConvEqualsOneThread) {
+  const auto [w, values] = dorefa2_weight({64, 128, 3, 3});
+  const at::Tensor planes = kernels::pack_bitplanes(random_codes({2, 128, 16, 16}, 2), 2);
+  const int saved = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor one = kernels::bitplane_conv2d(planes, w, {1, 1, 1, 1}, {});
+  at::set_num_threads(2);
+  const at::Tensor two = kernels::bitplane_conv2d(planes, w, {1, 1, 1, 1}, {});
+  at::set_num_threads(saved);
+  EXPECT_TRUE(one.equal(two));
+}
+
+TEST(Bitplane, LinearEqualsMatmulOfTheValues) {
+  for (Isa isa : kernels::supported_isas()) {
+    IsaScope scope(isa);
+    for (int64_t channels : {1, 63, 64, 65, 129}) {
+      for (int64_t out : {1, 7, 8, 9, 33}) {
+        const auto [w, values] = ternary_weight({out, channels});
+        const at::Tensor a = random_codes({5, channels}, 2);
+        const at::Tensor got = kernels::bitplane_linear(kernels::pack_bitplanes(a, 2), w, {});
+        const at::Tensor expected = at::matmul(a.to(at::kDouble), values.to(at::kDouble).t());
+        EXPECT_TRUE(test::all_close(got, expected, 0, 0)) << kernels::isa_name(isa) << " C " << channels << " O " << out;
+      }
+    }
+  }
+}
+
+TEST(Bitplane, BadInputIsNamed) {
+  const auto [w, values] = ternary_weight({4, 70, 3, 3});
+  const at::Tensor planes = kernels::pack_bitplanes(random_codes({1, 70, 5, 5}, 2), 2);
+  EXPECT_THROW(kernels::bitplane_conv2d(planes.select(0, 0), w, {}, {}), Error);  // rank 4: no plane axis
+  EXPECT_THROW(kernels::bitplane_conv2d(kernels::pack_bitplanes(random_codes({1, 200, 5, 5}, 2), 2), w, {}, {}), Error);
+  kernels::BinaryEpilogue threshold;
+  threshold.threshold = at::zeros({4});
+  threshold.direction = at::ones({4});
+  EXPECT_THROW(kernels::bitplane_conv2d(planes, w, {}, threshold), Error);
+  EXPECT_THROW(kernels::bitplane_linear(kernels::pack_bitplanes(random_codes({1, 70}, 2), 2), w, {}), Error);  // a conv weight
+  EXPECT_THROW(kernels::pack_bitplane_weight({at::ones({4, 3}), at::ones({4, 4})}, {1, 1}, 0), Error);
+  EXPECT_THROW(kernels::pack_bitplane_weight({at::ones({4, 3})}, {1, 1}, 0), Error);
 }
 
 }  // namespace

@@ -1,0 +1,222 @@
+#include "kernels/bitplane.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/bitpack.h"
+#include "kernels/im2col.h"
+#include "kernels/parallel.h"
+#include "kernels/popcount_gemm.h"
+
+namespace whittle::kernels {
+namespace {
+
+using detail::sizes_of;
+
+constexpr int64_t kMinWordsPerTask = 1 << 16;  // as binary_conv.cpp: about 10 µs of popcounts
+
+const uint64_t* words_of(const at::Tensor& t) { return reinterpret_cast<const uint64_t*>(t.data_ptr<int64_t>()); }
+
+int popcount64(uint64_t v) { return __builtin_popcountll(v); }
+
+// The epilogue's scale and bias as float [O] (1 and 0 where undefined).
+struct ScaleBias {
+  at::Tensor scale, bias;
+  ScaleBias(const BinaryEpilogue& e, int64_t O, const char* who) {
+    if (e.threshold.defined() || e.direction.defined())
+      throw Error(std::string(who) + ": the bit-plane kernels write float outputs only (no threshold epilogue)");
+    auto vec = [&](const at::Tensor& t, float fill, const char* name) {
+      if (!t.defined()) return at::full({O}, fill, at::kFloat);
+      if (t.dim() != 1 || t.size(0) != O)
+        throw Error(std::string(who) + ": epilogue " + name + " has shape " + sizes_of(t) + ", expected [" +
+                    std::to_string(O) + "]");
+      return t.to(at::kCPU, at::kFloat).contiguous();
+    };
+    scale = vec(e.scale, 1.0f, "scale");
+    bias = vec(e.bias, 0.0f, "bias");
+  }
+};
+
+void check_weight(const PackedBitplaneWeight& w, const char* who) {
+  if (w.planes.empty() || w.planes.size() != w.coefficients.size())
+    throw Error(std::string(who) + ": the weight has " + std::to_string(w.planes.size()) + " planes and " +
+                std::to_string(w.coefficients.size()) + " coefficients (pack_bitplane_weight makes it)");
+  for (const auto& p : w.planes)
+    if (p.out_channels != w.out_channels || p.in_channels != w.in_channels || p.kernel_h != w.kernel_h ||
+        p.kernel_w != w.kernel_w || !p.words.defined())
+      throw Error(std::string(who) + ": the weight's planes disagree in shape (pack_bitplane_weight makes it)");
+}
+
+void check_planes(const at::Tensor& x, int64_t rank, const PackedBitplaneWeight& w, const char* who) {
+  const int64_t Cw = words_for(w.in_channels);
+  if (!x.defined() || !x.is_cpu() || x.scalar_type() != at::kLong || x.dim() != rank + 1 || x.size(0) < 1 ||
+      x.size(-1) != Cw)
+    throw Error(std::string(who) + ": expected activation planes int64 " + (rank == 4 ? "[P, N, H, W, " : "[P, N, ") +
+                std::to_string(Cw) + "] on the CPU for " + std::to_string(w.in_channels) + " input channels, got " +
+                (x.defined() ? std::string(c10::toString(x.scalar_type())) + " " + sizes_of(x) + " on " + x.device().str()
+                             : "undefined"));
+  const double most = double(w.in_channels) * double(w.kernel_h * w.kernel_w) * double((int64_t{1} << x.size(0)) - 1);
+  if (most >= double(1u << 31))
+    throw Error(std::string(who) + ": " + std::to_string(x.size(0)) + " activation planes over " +
+                std::to_string(w.in_channels * w.kernel_h * w.kernel_w) + " weights per output overflow the int32 sums");
+}
+
+}  // namespace
+
+PackedBitplaneWeight pack_bitplane_weight(const std::vector<at::Tensor>& planes, const std::vector<double>& coefficients,
+                                          double offset) {
+  if (planes.empty() || planes.size() != coefficients.size())
+    throw Error("pack_bitplane_weight: " + std::to_string(planes.size()) + " planes and " +
+                std::to_string(coefficients.size()) + " coefficients (one coefficient per plane, at least one plane)");
+  PackedBitplaneWeight w;
+  w.coefficients = coefficients;
+  w.offset = offset;
+  for (const at::Tensor& p : planes) {
+    if (!p.defined() || p.sizes() != planes.front().sizes())
+      throw Error("pack_bitplane_weight: every plane needs the shape " + sizes_of(planes.front()) + ", got " +
+                  (p.defined() ? sizes_of(p) : std::string("undefined")));
+    // pack_binary_weight sets the bit of negative values: −1 where the plane is 1.
+    w.planes.push_back(pack_binary_weight(at::where(p != 0, -at::ones_like(p), at::ones_like(p))));
+  }
+  const PackedBinaryWeight& f = w.planes.front();
+  w.out_channels = f.out_channels;
+  w.in_channels = f.in_channels;
+  w.kernel_h = f.kernel_h;
+  w.kernel_w = f.kernel_w;
+  return w;
+}
+
+at::Tensor pack_bitplanes(const at::Tensor& codes, int64_t bits) {
+  if (bits < 1 || bits > 8) throw Error("pack_bitplanes: bits must be 1..8, got " + std::to_string(bits));
+  if (!codes.defined() || !codes.is_cpu() || (codes.dim() != 2 && codes.dim() != 4))
+    throw Error("pack_bitplanes: expected CPU codes [N, C, H, W] or [N, C], got " +
+                (codes.defined() ? sizes_of(codes) + " on " + codes.device().str() : std::string("undefined")));
+  at::Tensor c = codes;
+  if (at::isFloatingType(c.scalar_type())) {
+    if (!c.eq(c.round()).all().item<bool>()) throw Error("pack_bitplanes: the codes are not integers");
+  }
+  c = c.to(at::kLong);
+  if (c.numel() > 0 && (c.min().item<int64_t>() < 0 || c.max().item<int64_t>() >= (int64_t{1} << bits)))
+    throw Error("pack_bitplanes: codes must lie in [0, " + std::to_string(int64_t{1} << bits) + "), got [" +
+                std::to_string(c.min().item<int64_t>()) + ", " + std::to_string(c.max().item<int64_t>()) + "]");
+  std::vector<at::Tensor> planes;
+  // pack_signs sets the bit of negative values: −1 where bit j is set, 0 elsewhere.
+  for (int64_t j = 0; j < bits; ++j) planes.push_back(pack_signs(-at::bitwise_and(at::bitwise_right_shift(c, j), 1).to(at::kFloat)));
+  return at::stack(planes);
+}
+
+at::Tensor bitplane_conv2d(const at::Tensor& activation_planes, const PackedBitplaneWeight& w,
+                           const BinaryConv2dOptions& opt, const BinaryEpilogue& epilogue) {
+  const char* who = "bitplane_conv2d";
+  check_weight(w, who);
+  check_planes(activation_planes, 4, w, who);
+  const ScaleBias sb(epilogue, w.out_channels, who);
+  const at::Tensor x = activation_planes.contiguous();
+  const int64_t P = x.size(0), N = x.size(1), H = x.size(2), W = x.size(3), Cw = x.size(4);
+  const int64_t O = w.out_channels, KH = w.kernel_h, KW = w.kernel_w, K = KH * KW * Cw;
+  const int64_t Ho = conv_output_size(H, KH, opt.stride_h, opt.pad_h);
+  const int64_t Wo = conv_output_size(W, KW, opt.stride_w, opt.pad_w);
+  const int64_t Pw = static_cast<int64_t>(w.planes.size()), plane_words = N * H * W * Cw;
+  at::Tensor out = at::empty({N, O, Ho, Wo}, at::kFloat);
+  float* y = out.data_ptr<float>();
+  const float* scale = sb.scale.data_ptr<float>();
+  const float* bias = sb.bias.data_ptr<float>();
+  const uint64_t* xin = words_of(x);
+  std::vector<const uint64_t*> wts;
+  for (const auto& p : w.planes) wts.push_back(words_of(p.words));
+  const detail::PopcountGemmFn gemm = detail::popcount_gemm();
+  const bool direct = KH * KW == 1 && opt.stride_h == 1 && opt.stride_w == 1 && opt.pad_h == 0 && opt.pad_w == 0;
+  const int64_t row_words = std::max<int64_t>(1, Wo * O * K * P * Pw);
+  detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
+    std::vector<uint64_t> cols(direct ? 0 : static_cast<size_t>(Wo * K));
+    std::vector<int32_t> pop(static_cast<size_t>(Wo * O)), acc(static_cast<size_t>(Pw * Wo * O));
+    std::vector<int64_t> ones(static_cast<size_t>(Wo));
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / Ho, oh = r % Ho;
+      std::fill(acc.begin(), acc.end(), 0);
+      std::fill(ones.begin(), ones.end(), 0);
+      for (int64_t j = 0; j < P; ++j) {
+        const uint64_t* plane = xin + j * plane_words;
+        const uint64_t* a = nullptr;
+        if (direct) {
+          a = plane + (n * H + oh) * W * Cw;
+        } else {
+          detail::gather_row(plane, H, W, Cw, KH, KW, opt, n, oh, Wo, cols.data());
+          a = cols.data();
+        }
+        // Σ_j 2^j·popcount(a_j) over each position's window: the offset's term.
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          int64_t c = 0;
+          for (int64_t k = 0; k < K; ++k) c += popcount64(a[ow * K + k]);
+          ones[ow] += c << j;
+        }
+        for (int64_t i = 0; i < Pw; ++i) {
+          gemm(detail::BitOp::kAnd, a, K, wts[i], O, Wo, O, K, pop.data(), O);
+          int32_t* acc_i = acc.data() + i * Wo * O;
+          for (int64_t t = 0; t < Wo * O; ++t) acc_i[t] += pop[t] << j;
+        }
+      }
+      const int64_t plane = Ho * Wo;
+      for (int64_t o = 0; o < O; ++o) {
+        float* dst = y + (n * O + o) * plane + oh * Wo;
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          double v = w.offset * static_cast<double>(ones[ow]);
+          for (int64_t i = 0; i < Pw; ++i) v += w.coefficients[i] * acc[(i * Wo + ow) * O + o];
+          dst[ow] = static_cast<float>(v) * scale[o] + bias[o];
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor bitplane_linear(const at::Tensor& activation_planes, const PackedBitplaneWeight& w,
+                           const BinaryEpilogue& epilogue) {
+  const char* who = "bitplane_linear";
+  check_weight(w, who);
+  if (w.kernel_h != 1 || w.kernel_w != 1)
+    throw Error(std::string(who) + ": the weight is a " + std::to_string(w.kernel_h) + "×" + std::to_string(w.kernel_w) +
+                " convolution's, expected a linear layer's [O, C]");
+  check_planes(activation_planes, 2, w, who);
+  const ScaleBias sb(epilogue, w.out_channels, who);
+  const at::Tensor x = activation_planes.contiguous();
+  const int64_t P = x.size(0), N = x.size(1), Cw = x.size(2), O = w.out_channels;
+  const int64_t Pw = static_cast<int64_t>(w.planes.size());
+  at::Tensor out = at::empty({N, O}, at::kFloat);
+  float* y = out.data_ptr<float>();
+  const float* scale = sb.scale.data_ptr<float>();
+  const float* bias = sb.bias.data_ptr<float>();
+  const uint64_t* xin = words_of(x);
+  const detail::PopcountGemmFn gemm = detail::popcount_gemm();
+  // Blocks of rows (samples); each block runs every plane pair.
+  const int64_t row_words = std::max<int64_t>(1, O * Cw * P * Pw);
+  detail::parallel_for(0, N, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t n0, int64_t n1) {
+    const int64_t M = n1 - n0;
+    std::vector<int32_t> pop(static_cast<size_t>(M * O)), acc(static_cast<size_t>(Pw * M * O), 0);
+    std::vector<int64_t> ones(static_cast<size_t>(M), 0);
+    for (int64_t j = 0; j < P; ++j) {
+      const uint64_t* a = xin + (j * N + n0) * Cw;
+      for (int64_t m = 0; m < M; ++m) {
+        int64_t c = 0;
+        for (int64_t k = 0; k < Cw; ++k) c += popcount64(a[m * Cw + k]);
+        ones[m] += c << j;
+      }
+      for (int64_t i = 0; i < Pw; ++i) {
+        gemm(detail::BitOp::kAnd, a, Cw, words_of(w.planes[i].words), O, M, O, Cw, pop.data(), O);
+        int32_t* acc_i = acc.data() + i * M * O;
+        for (int64_t t = 0; t < M * O; ++t) acc_i[t] += pop[t] << j;
+      }
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t o = 0; o < O; ++o) {
+        double v = w.offset * static_cast<double>(ones[m]);
+        for (int64_t i = 0; i < Pw; ++i) v += w.coefficients[i] * acc[(i * M + m) * O + o];
+        y[(n0 + m) * O + o] = static_cast<float>(v) * scale[o] + bias[o];
+      }
+  });
+  return out;
+}
+
+}  // namespace whittle::kernels
