@@ -33,6 +33,73 @@ std::optional<at::Tensor> packed_signs(const Node& n) {
   return codes.to(at::kFloat).mul_(2).sub_(1).reshape(shape);
 }
 
+// Bit-plane layers pay one AND-popcount GEMM per pair of weight and activation planes; beyond
+// this many pairs the float GEMM is faster (docs/kernels.md, "Deploy runtime").
+constexpr int64_t kMaxPlanePairs = 4;
+
+// The bit-plane form of a packed layer's weight (DoReFa k-bit and 1-bit, TWN ternary), from its
+// codes; nullopt for other weights. The scale s of the encoding goes to the epilogue:
+//   DoReFa k ≥ 2: s·(2c/(2^k − 1) − 1)  → planes: the k bits of c, c_i = 2^(i+1)/(2^k − 1), w0 = −1
+//   sign (1 bit): s·(2c − 1)            → plane c, c_0 = 2, w0 = −1
+//   ternary:      s·(c − 1)             → planes [c = 2], [c = 0], coefficients +1, −1
+struct BitplaneForm {
+  kernels::PackedBitplaneWeight weight;
+  at::Tensor scale;  // float [1] or [O]
+};
+std::optional<BitplaneForm> bitplane_weight(const Node& n) {
+  if (n.weight_transforms != std::vector<std::string>{"packed"}) return std::nullopt;
+  const auto q = quantize::weight_quantization(n);
+  if (!q || q->axis != 0) return std::nullopt;
+  const std::vector<int64_t> shape = n.attr_ints("weight_shape");
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  const at::Tensor codes =
+      quantize::unpack_codes(n.buffers.at("weight_codes"), quantize::storage_bits(q->bits), count).to(at::kLong).reshape(shape);
+  std::vector<at::Tensor> planes;
+  std::vector<double> coefficients;
+  double offset = 0;
+  switch (q->encoding) {
+    case quantize::Encoding::kTernary:
+      planes = {codes.eq(2).to(at::kFloat), codes.eq(0).to(at::kFloat)};
+      coefficients = {1.0, -1.0};
+      break;
+    case quantize::Encoding::kSign:
+    case quantize::Encoding::kDoReFa: {
+      const double levels = static_cast<double>((int64_t{1} << q->bits) - 1);
+      for (int64_t i = 0; i < q->bits; ++i) {
+        planes.push_back(codes.bitwise_right_shift(i).bitwise_and(1).to(at::kFloat));
+        coefficients.push_back(static_cast<double>(int64_t{2} << i) / levels);
+      }
+      offset = -1.0;
+      break;
+    }
+  }
+  if (planes.empty()) return std::nullopt;
+  return BitplaneForm{kernels::pack_bitplane_weight(planes, coefficients, offset), q->scale.to(at::kFloat)};
+}
+
+// A bit-plane layer reading DoReFa activation codes (`in`), when the weight has a bit-plane form
+// and the plane pairs are few enough.
+bool add_bitplane_layer(const Node& n, Lowering& l, const Form& in, BinaryLayer::Kind kind,
+                        const kernels::BinaryConv2dOptions& options) {
+  auto bp = bitplane_weight(n);
+  if (!bp || static_cast<int64_t>(bp->weight.planes.size()) * in.code_bits > kMaxPlanePairs) return false;
+  BinaryLayer b;
+  b.kind = kind;
+  b.options = options;
+  b.activation_bits = in.code_bits;
+  b.activation_clip = in.code_clip;
+  const int64_t O = bp->weight.out_channels;
+  // y = s_w·(clip/(2^p − 1))·Σ a·w + bias: the activation step joins the weight scale.
+  const double step = in.code_clip / static_cast<double>((int64_t{1} << in.code_bits) - 1);
+  b.epilogue.scale = (bp->scale.to(at::kDouble).reshape({-1}).expand({O}) * step).to(at::kFloat).contiguous();
+  if (const at::Tensor* bias = n.params.find("bias"); bias && bias->defined())
+    b.epilogue.bias = bias->detach().to(at::kFloat).contiguous();
+  b.bitplane = std::make_shared<kernels::PackedBitplaneWeight>(std::move(bp->weight));
+  l.add_binary_step(n, std::move(b));
+  return true;
+}
+
 // The epilogue of a binary layer: its α scale (per tensor or per output channel) and its bias.
 kernels::BinaryEpilogue scale_and_bias(const Node& n, int64_t out_channels) {
   kernels::BinaryEpilogue e;
@@ -44,16 +111,19 @@ kernels::BinaryEpilogue scale_and_bias(const Node& n, int64_t out_channels) {
 
 bool lower_conv2d(const Node& n, Lowering& l) {
   if (!l.use_kernels() || n.inputs.size() != 1) return false;
-  const Form& in = l.form(n.inputs[0]);
-  if (!in.signs || in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
+  const Form in = l.form(n.inputs[0]);
+  if (in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
   if (n.attr_int("groups", 1) != 1 || n.attr_pair("dilation", 1) != std::vector<int64_t>{1, 1}) return false;
+  const auto stride = n.attr_pair("stride", 1), padding = n.attr_pair("padding", 0);
+  const kernels::BinaryConv2dOptions options{stride[0], stride[1], padding[0], padding[1]};
+  if (in.code_bits > 0) return add_bitplane_layer(n, l, in, BinaryLayer::Kind::kBitplaneConv, options);
+  if (!in.signs) return false;
   const auto w = packed_signs(n);
   if (!w) return false;
   BinaryLayer b;
   b.kind = BinaryLayer::Kind::kConv;
   b.weight = kernels::pack_binary_weight(*w);
-  const auto stride = n.attr_pair("stride", 1), padding = n.attr_pair("padding", 0);
-  b.options = {stride[0], stride[1], padding[0], padding[1]};
+  b.options = options;
   b.epilogue = scale_and_bias(n, w->size(0));
   l.add_binary_step(n, std::move(b));
   return true;
@@ -61,7 +131,9 @@ bool lower_conv2d(const Node& n, Lowering& l) {
 
 bool lower_linear(const Node& n, Lowering& l) {
   if (!l.use_kernels() || n.inputs.size() != 1) return false;
-  const Form& in = l.form(n.inputs[0]);
+  const Form in = l.form(n.inputs[0]);
+  if (in.code_bits > 0 && !in.packed_map && l.graph().value(n.inputs[0]).shape.size() == 2)
+    return add_bitplane_layer(n, l, in, BinaryLayer::Kind::kBitplaneLinear, {});
   if (!in.signs) return false;
   auto w = packed_signs(n);
   if (!w || w->dim() != 2) return false;
@@ -83,9 +155,22 @@ bool lower_linear(const Node& n, Lowering& l) {
   return true;
 }
 
-// The sign binarizer: packs its input (sign(0) = +1, as quantize::bnn_sign).
+// The sign binarizer: packs its input (sign(0) = +1, as quantize::bnn_sign). DoReFa activation
+// quantizers: marks their output as codes for the bit-plane layers.
 bool lower_act_quant(const Node& n, Lowering& l) {
-  if (!l.use_kernels() || n.attr_str("method", "dorefa") != "sign") return false;
+  if (!l.use_kernels()) return false;
+  if (n.attr_str("method", "dorefa") == "dorefa") {
+    // DoReFa activations run through ATen; their output holds codes the bit-plane layers read.
+    const int64_t bits = n.attr_int("activation_bits");
+    if (bits < 1 || bits > 8) return false;
+    l.add_generic_step(n);
+    Form f;
+    f.code_bits = bits;
+    f.code_clip = n.attr_float("activation_clip", 1.0);
+    l.set_form(n.outputs[0], f);
+    return true;
+  }
+  if (n.attr_str("method", "dorefa") != "sign") return false;
   const Shape& shape = l.graph().value(n.inputs[0]).shape;
   const Form in = l.form(n.inputs[0]);
   if (!in.packed_map && shape.size() != 2 && shape.size() != 4) return false;
@@ -103,7 +188,7 @@ bool lower_act_quant(const Node& n, Lowering& l) {
 bool lower_threshold_sign(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
   if (Step* producer = l.fusable_binary_producer(n.inputs[0], n);
-      producer && !producer->binary->epilogue.threshold.defined()) {
+      producer && !producer->binary->bitplane && !producer->binary->epilogue.threshold.defined()) {
     producer->binary->epilogue.threshold = n.buffers.at("threshold").to(at::kFloat).contiguous();
     producer->binary->epilogue.direction = n.buffers.at("direction").to(at::kFloat).contiguous();
     producer->kernel += " + threshold";

@@ -40,6 +40,14 @@ const at::Tensor& Value::words() {
   return words_;
 }
 
+const at::Tensor& Value::planes(int64_t bits, double clip) {
+  if (!planes_.defined()) {
+    const double levels = static_cast<double>((int64_t{1} << bits) - 1);
+    planes_ = kernels::pack_bitplanes(at::round(tensor() / clip * levels), bits);
+  }
+  return planes_;
+}
+
 Lowering::Lowering(const Graph& graph, bool use_kernels) : graph_(graph), use_kernels_(use_kernels) {}
 
 const Form& Lowering::form(const std::string& name) const {
@@ -89,8 +97,11 @@ Step& Lowering::add_generic_step(const Node& node) {
                   std::to_string(s.outputs.size()));
     for (size_t i = 0; i < out.size(); ++i) frame[s.outputs[i]] = Value::of_tensor(std::move(out[i]));
   });
-  if (traits->commutes_with_sign && node.inputs.size() == 1 && node.outputs.size() == 1 && form(node.inputs[0]).signs)
-    set_form(node.outputs[0], Form{true, false, {}});
+  // Max pooling, flatten, dropout and identity keep ±1 values ±1 and DoReFa codes on their grid.
+  if (traits->commutes_with_sign && node.inputs.size() == 1 && node.outputs.size() == 1) {
+    const Form in = form(node.inputs[0]);
+    if (in.signs || in.code_bits > 0) set_form(node.outputs[0], Form{in.signs, false, {}, in.code_bits, in.code_clip});
+  }
   return step;
 }
 
@@ -115,6 +126,12 @@ Value run_binary_layer(const BinaryLayer& b, Value& input) {
       const int64_t N = words.size(0);
       return sign_out ? Value::of_words(y.reshape({N, y.size(-1)}), O) : Value::of_tensor(y.reshape({N, O}));
     }
+    case BinaryLayer::Kind::kBitplaneConv:
+      return Value::of_tensor(kernels::bitplane_conv2d(input.planes(b.activation_bits, b.activation_clip), *b.bitplane,
+                                                       b.options, b.epilogue));
+    case BinaryLayer::Kind::kBitplaneLinear:
+      return Value::of_tensor(
+          kernels::bitplane_linear(input.planes(b.activation_bits, b.activation_clip), *b.bitplane, b.epilogue));
   }
   throw Error("deploy: unknown binary layer kind");
 }
@@ -124,6 +141,8 @@ const char* binary_kernel_name(BinaryLayer::Kind kind) {
     case BinaryLayer::Kind::kConv: return "binary_conv2d";
     case BinaryLayer::Kind::kLinear: return "binary_linear";
     case BinaryLayer::Kind::kLinearOnMap: return "binary_linear (as a convolution over the map)";
+    case BinaryLayer::Kind::kBitplaneConv: return "bitplane_conv2d";
+    case BinaryLayer::Kind::kBitplaneLinear: return "bitplane_linear";
   }
   return "binary";
 }
@@ -132,8 +151,11 @@ const char* binary_kernel_name(BinaryLayer::Kind kind) {
 
 Step& Lowering::add_binary_step(const Node& node, BinaryLayer layer) {
   auto b = std::make_shared<BinaryLayer>(std::move(layer));
-  const char* name = binary_kernel_name(b->kind);
-  Step& step = add_step(node, name, [b](std::vector<Value>& frame, const Step& s) {
+  std::string name = binary_kernel_name(b->kind);
+  if (b->bitplane)
+    name += " (" + std::to_string(b->bitplane->planes.size()) + " weight x " + std::to_string(b->activation_bits) +
+            " activation planes)";
+  Step& step = add_step(node, std::move(name), [b](std::vector<Value>& frame, const Step& s) {
     frame[s.outputs[0]] = run_binary_layer(*b, frame[s.inputs[0]]);
   });
   step.binary = b;

@@ -20,6 +20,7 @@
 
 #include "graph/graph.h"
 #include "kernels/binary_conv.h"
+#include "kernels/bitplane.h"
 
 namespace whittle::deploy {
 
@@ -44,9 +45,12 @@ class Value {
   bool has_words() const { return words_.defined(); }
   /// True when the words encode a map whose flatten the value is.
   bool flattened() const { return flattened_; }
+  /// The bit-planes (kernels::pack_bitplanes) of the DoReFa activation codes round(v/clip·(2^bits − 1))
+  /// of a float tensor holding such values (Form::code_bits), made on first use.
+  const at::Tensor& planes(int64_t bits, double clip);
 
  private:
-  at::Tensor tensor_, words_;
+  at::Tensor tensor_, words_, planes_;
   int64_t channels_ = 0;
   bool flattened_ = false;
 };
@@ -58,17 +62,28 @@ struct Form {
   /// run holds (flatten of packed signs moves no data); `map` is [C, H, W].
   bool packed_map = false;
   Shape map;
+  /// > 0: the value holds DoReFa activation values clip·a/(2^code_bits − 1) with integer codes a
+  /// (an act_quant output, or max pooling of one), so the bit-plane kernels may read its codes.
+  int64_t code_bits = 0;
+  double code_clip = 1.0;
 };
 
-/// A binary convolution or linear layer of the plan (kernels/binary_conv.h).
+/// A binary or bit-plane convolution or linear layer of the plan (kernels/binary_conv.h,
+/// kernels/bitplane.h).
 struct BinaryLayer {
-  kernels::PackedBinaryWeight weight;
+  kernels::PackedBinaryWeight weight;  ///< the binary kinds' weight
+  /// The bit-plane kinds' weight, and the DoReFa activation bits and clip of their input.
+  std::shared_ptr<kernels::PackedBitplaneWeight> bitplane;
+  int64_t activation_bits = 0;
+  double activation_clip = 1.0;
   kernels::BinaryConv2dOptions options;
   kernels::BinaryEpilogue epilogue;
   /// kLinear: binary_linear on [N, ⌈C/64⌉] words; kConv: binary_conv2d on [N, H, W, ⌈C/64⌉];
   /// kLinearOnMap: a linear layer reading the flatten of a packed map, run as a convolution whose
-  /// kernel covers the whole map (its output [N, O, 1, 1] viewed as [N, O]).
-  enum class Kind { kConv, kLinear, kLinearOnMap } kind = Kind::kConv;
+  /// kernel covers the whole map (its output [N, O, 1, 1] viewed as [N, O]); kBitplaneConv and
+  /// kBitplaneLinear: bitplane_conv2d / bitplane_linear on the input's activation planes (float
+  /// output only).
+  enum class Kind { kConv, kLinear, kLinearOnMap, kBitplaneConv, kBitplaneLinear } kind = Kind::kConv;
 };
 
 /// One step of the plan: it reads the frame's slots `inputs` and writes `outputs`.

@@ -124,6 +124,6 @@ std::vector<StepInfo> Model::steps() const {
   return out;
 }
 
-int64_t Model::num_binary_layers() const { return plan_->num_binary; }
+int64_t Model::num_packed_layers() const { return plan_->num_binary; }
 
 }  // namespace whittle::deploy

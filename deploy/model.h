@@ -11,12 +11,17 @@
 //     with its α scale and bias in the epilogue, a following inference batch norm folded into that
 //     epilogue, and a following threshold_sign folded in, so that it writes the next binary
 //     layer's packed input directly;
+//   - a bit-plane layer (conv2d or linear whose packed weight is DoReFa k-bit, 1-bit or TWN
+//     ternary) reading DoReFa-quantized activations runs kernels::bitplane_conv2d /
+//     bitplane_linear on the bit-planes of the activation codes, when weight planes × activation
+//     planes ≤ 4 (W2A2, TWN with 2-bit activations, W1A2/W1A4...; more pairs are slower than the
+//     float GEMM), with a following batch norm folded into its epilogue;
 //   - the sign binarizer packs its input (pack_signs); max pooling of packed signs is an AND of
 //     words; flatten of packed signs moves nothing (the next linear layer reads the map);
 //   - everything else runs its op's forward through ATen (oneDNN for float convolutions).
-// Binary layers keep their weights packed: they are never decoded to float. Layers that are not
-// binary (the float first and last layers, TWN and DoReFa k ≥ 2 weights with float or k-bit
-// activations) run through ATen with their weight decoded once, when the model is built.
+// Packed layers keep their weights packed: they are never decoded to float. Layers that are not
+// (the float first and last layers, TWN with float activations, DoReFa W8A8 and W4A4) run
+// through ATen with their weight decoded once, when the model is built.
 
 #include <ATen/Tensor.h>
 
@@ -30,8 +35,8 @@ namespace whittle::deploy {
 
 /// How the model runs.
 struct Options {
-  /// Run binary layers with the bitpacked kernels (default). false: every node through ATen in
-  /// float, the reference `whittle bench` compares against.
+  /// Run binary and bit-plane layers with the bitpacked kernels (default). false: every node
+  /// through ATen in float, the reference `whittle bench` compares against.
   bool use_kernels = true;
 };
 
@@ -65,8 +70,8 @@ class Model {
   const Graph& graph() const;
   /// The steps in run order.
   std::vector<StepInfo> steps() const;
-  /// Number of steps that run a bitpacked binary layer.
-  int64_t num_binary_layers() const;
+  /// Number of steps that run a packed layer (binary or bit-plane kernels).
+  int64_t num_packed_layers() const;
 
  private:
   struct Plan;

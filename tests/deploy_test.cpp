@@ -53,7 +53,8 @@ TEST_F(Deploy, MaxPoolOfPackedSignsRejectsBadInput) {
 }
 
 // A zoo model quantized with `method`, BN statistics randomized, in eval form.
-Graph quantized(const std::string& model, const std::string& method, Shape input, bool xnor_scale_k = false) {
+Graph quantized(const std::string& model, const std::string& method, Shape input, bool xnor_scale_k = false,
+                int64_t weight_bits = 0, int64_t activation_bits = 0) {
   ZooOptions zo;
   zo.input_shape = input;
   zo.seed = 1;
@@ -62,6 +63,8 @@ Graph quantized(const std::string& model, const std::string& method, Shape input
   quantize::Config c;
   c.method = method;
   c.xnor_scale_k = xnor_scale_k;
+  c.weight_bits = weight_bits;
+  c.activation_bits = activation_bits;
   quantize::apply(g, c);
   return g;
 }
@@ -88,7 +91,7 @@ TEST_F(Deploy, BnnLenet5MatchesGraphModule) {
   const Graph g = quantized("lenet5", "bnn", {1, 1, 28, 28});
   const deploy::Model model(g);
   // conv2 (+ bn2's threshold), fc1 (reading the packed map of pool2) and fc2 run on the kernels.
-  EXPECT_EQ(model.num_binary_layers(), 3);
+  EXPECT_EQ(model.num_packed_layers(), 3);
   EXPECT_EQ(count_kernel(model, "binary_conv2d + threshold"), 1);
   EXPECT_EQ(count_kernel(model, "binary_linear (as a convolution over the map) + threshold"), 1);
   // pool1 (after conv1's folded BN and the binarizer) and pool2 (after conv2's threshold).
@@ -103,7 +106,7 @@ TEST_F(Deploy, BnnLenet5MatchesGraphModule) {
 TEST_F(Deploy, FloatExecutionRunsNoKernel) {
   const Graph g = quantized("lenet5", "bnn", {1, 1, 28, 28});
   const deploy::Model model(g, deploy::Options{false});
-  EXPECT_EQ(model.num_binary_layers(), 0);
+  EXPECT_EQ(model.num_packed_layers(), 0);
   EXPECT_EQ(count_kernel(model, "aten "), static_cast<int64_t>(model.steps().size()));
   const at::Tensor x = at::randn({4, 1, 28, 28});
   expect_same_logits(model.forward(x), reference_logits(g, x));
@@ -113,7 +116,7 @@ TEST_F(Deploy, XnorLenet5WithAndWithoutKScaling) {
   for (bool k : {false, true}) {
     const Graph g = quantized("lenet5", "xnor", {1, 1, 28, 28}, k);
     const deploy::Model model(g);
-    EXPECT_EQ(model.num_binary_layers(), 3) << "K scaling " << k;
+    EXPECT_EQ(model.num_packed_layers(), 3) << "K scaling " << k;
     const at::Tensor x = at::randn({8, 1, 28, 28});
     expect_same_logits(model.forward(x), reference_logits(g, x));
   }
@@ -124,7 +127,7 @@ TEST_F(Deploy, BnnAndXnorResnet20MatchGraphModule) {
     const Graph g = quantized("resnet20", method, {1, 3, 32, 32});
     const deploy::Model model(g);
     // Every convolution but the stem runs binary: 18 3×3 (and the 1×1 shortcuts when the zoo has them).
-    EXPECT_GE(model.num_binary_layers(), 18) << method;
+    EXPECT_GE(model.num_packed_layers(), 18) << method;
     // The BN after each block's second convolution (it feeds the residual add) and after the two 1×1
     // shortcut convolutions folds into their epilogues: 9 + 2.
     EXPECT_EQ(count_kernel(model, "binary_conv2d + batch_norm"), 11) << method;
@@ -133,13 +136,34 @@ TEST_F(Deploy, BnnAndXnorResnet20MatchGraphModule) {
   }
 }
 
-TEST_F(Deploy, NonBinaryMethodsRunThroughAten) {
-  for (const std::string method : {"dorefa", "twn"}) {
-    const Graph g = quantized("lenet5", method, {1, 1, 28, 28});
+TEST_F(Deploy, WideCodesAndFloatActivationsRunThroughAten) {
+  // DoReFa W8A8 and W4A4 (64 and 16 plane pairs), TWN with float activations: no packed layer.
+  for (auto [method, wb, ab] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"dorefa", 8, 8}, {"dorefa", 4, 4}, {"twn", 2, 32}}) {
+    const Graph g = quantized("lenet5", method, {1, 1, 28, 28}, false, wb, ab);
     const deploy::Model model(g);
-    EXPECT_EQ(model.num_binary_layers(), 0) << method;
+    EXPECT_EQ(model.num_packed_layers(), 0) << method << " W" << wb << "A" << ab;
     const at::Tensor x = at::randn({4, 1, 28, 28});
     expect_same_logits(model.forward(x), reference_logits(g, x));
+  }
+}
+
+TEST_F(Deploy, TwoBitCodesRunOnBitplaneKernels) {
+  // DoReFa W2A2 (2 x 2 planes), TWN with 2-bit activations (w+, w- x 2), DoReFa W1A2 (1 x 2).
+  for (auto [method, wb, ab] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"dorefa", 2, 2}, {"twn", 2, 2}, {"dorefa", 1, 2}}) {
+    for (const std::string zoo : {"lenet5", "resnet20"}) {
+      const Shape input = zoo == "lenet5" ? Shape{1, 1, 28, 28} : Shape{1, 3, 32, 32};
+      const Graph g = quantized(zoo, method, input, false, wb, ab);
+      const deploy::Model model(g);
+      // LeNet-5: conv2, fc1, fc2; ResNet-20: the 18 3x3 and 2 shortcut convolutions.
+      EXPECT_EQ(model.num_packed_layers(), zoo == "lenet5" ? 3 : 20) << zoo << " " << method << " W" << wb << "A" << ab;
+      EXPECT_GE(count_kernel(model, "bitplane_conv2d"), 1);
+      Shape shape = input;
+      shape[0] = 4;
+      const at::Tensor x = at::randn(shape);
+      expect_same_logits(model.forward(x), reference_logits(g, x));
+    }
   }
 }
 
@@ -150,7 +174,7 @@ TEST_F(Deploy, LoadsAPackedCheckpoint) {
   const std::string path = join_path(dir, "lenet5_bnn.h5");
   save_checkpoint(path, quantize::pack_graph(g));
   const deploy::Model model = deploy::Model::load(path);
-  EXPECT_EQ(model.num_binary_layers(), 3);
+  EXPECT_EQ(model.num_packed_layers(), 3);
   // Binary layers keep packed codes: no float weight in the graph the model runs.
   for (const std::string layer : {"conv2", "fc1", "fc2"})
     EXPECT_FALSE(model.graph().node(layer).params.contains("weight")) << layer;
@@ -185,7 +209,7 @@ TEST_F(Deploy, TrainedBnnLenet5HasTheSameTop1OnMnist) {
   runner::run_recipe(r, opt);
   const std::string path = join_path(out, "model.h5");
   const deploy::Model model = deploy::Model::load(path);
-  EXPECT_EQ(model.num_binary_layers(), 3);
+  EXPECT_EQ(model.num_packed_layers(), 3);
   GraphModule reference(load_checkpoint(path).graph);
   reference->eval();
   data::LoaderOptions lo;

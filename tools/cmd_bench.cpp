@@ -1,5 +1,5 @@
-// `whittle bench MODEL`: latency and throughput of the deploy runtime (deploy::Model, binary layers
-// on the bitpacked kernels) against the float execution of the same fused model through ATen, per
+// `whittle bench MODEL`: latency and throughput of the deploy runtime (deploy::Model, binary and
+// bit-plane layers on the bitpacked kernels) against the float execution of the same fused model through ATen, per
 // step and in total.
 
 #include <ATen/ATen.h>
@@ -64,8 +64,8 @@ std::string join_nodes(const std::vector<std::string>& nodes) {
 int run_bench(const std::vector<std::string>& args) {
   po::options_description opts(
       "usage: whittle bench MODEL [--batch N] [--threads T] [--repeat R] [--input-shape N,C,H,W] [--json]\n\n"
-      "Times the deploy runtime (binary layers on the bitpacked kernels, docs/kernels.md) against the\n"
-      "float execution of the same fused model through ATen (oneDNN), per step and in total, on a\n"
+      "Times the deploy runtime (binary and bit-plane layers on the bitpacked kernels, docs/kernels.md)\nagainst the"
+      " float execution of the same fused model through ATen (oneDNN), per step and in total, on a\n"
       "random input of the model's input shape. Runs alternate between the two; medians are given.\n"
       "MODEL is a whittle checkpoint (.h5), a zoo model name or a TorchScript file (.pt).\n\n"
       "example:\n  whittle bench runs/mnist/lenet5_bnn/model.h5 --batch 1 --threads 1\n\noptions");
@@ -137,7 +137,7 @@ int run_bench(const std::vector<std::string>& args) {
 
   if (vm.count("json")) {
     nlohmann::ordered_json j{{"model", model_spec}, {"batch", batch}, {"threads", num_threads}, {"isa", isa},
-                             {"repeat", repeat}, {"binary_layers", fast.num_binary_layers()}};
+                             {"repeat", repeat}, {"packed_layers", fast.num_packed_layers()}};
     nlohmann::ordered_json steps = nlohmann::ordered_json::array();
     for (const Row& r : rows)
       steps.push_back({{"nodes", r.nodes}, {"kernel", r.kernel}, {"deploy_ms", r.deploy_ms}, {"float_ms", r.float_ms}});
@@ -152,8 +152,8 @@ int run_bench(const std::vector<std::string>& args) {
     return 0;
   }
   std::cout << "whittle bench " << model_spec << ": batch " << batch << ", " << num_threads << " thread"
-            << (num_threads == 1 ? "" : "s") << ", " << isa << " popcount kernels, " << fast.num_binary_layers()
-            << " binary layers; medians of " << repeat << " runs\n\n";
+            << (num_threads == 1 ? "" : "s") << ", " << isa << " popcount kernels, " << fast.num_packed_layers()
+            << " packed layers; medians of " << repeat << " runs\n\n";
   size_t wn = 4, wk = 6;
   for (const Row& r : rows) {
     wn = std::max(wn, r.nodes.size());

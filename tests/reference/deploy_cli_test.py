@@ -41,7 +41,7 @@ b = run("bench", model, "--json", "--repeat", "3", "--threads", "1", "--batch", 
 check(b.returncode == 0, f"bench exits 0 ({b.stderr[-300:]})")
 rep = json.loads(b.stdout)
 check(rep["batch"] == 4 and rep["threads"] == 1 and rep["repeat"] == 3, "bench reports its settings")
-check(rep["binary_layers"] == 3, f"bench: conv2, fc1 and fc2 run binary ({rep['binary_layers']})")
+check(rep["packed_layers"] == 3, f"bench: conv2, fc1 and fc2 run binary ({rep['packed_layers']})")
 kernels = [s["kernel"] for s in rep["steps"]]
 check("binary_conv2d + threshold" in kernels and "max_pool2d_signs" in kernels, f"bench lists the kernels: {kernels}")
 nodes = [n for s in rep["steps"] for n in s["nodes"].split(" + ")]
