@@ -9,6 +9,9 @@
 //                            input already packed; T intra-op threads.
 //   BM_PackSigns/T           packing that input's signs (what a binary layer adds before the kernel).
 //   BM_FloatConv3x3/T        at::conv2d of the same shape in float (oneDNN where LibTorch has it).
+//   BM_BitplaneConv3x3/<isa>/c<C>/T   a W2A2 bit-plane 3×3 convolution (kernels/bitplane.h), C → C
+//                            channels on 28×28, against BM_FloatConvChannels/c<C>/T (and
+//                            BM_FloatConv3x3 for C = 256).
 // Counters: words_per_second (popcount words), binary MACs as items (C·kh·kw per output). The
 // figures and ratios are in docs/kernels.md (summary in docs/performance.md).
 //
@@ -22,6 +25,7 @@
 
 #include "kernels/binary_conv.h"
 #include "kernels/bitpack.h"
+#include "kernels/bitplane.h"
 #include "kernels/isa.h"
 #include "kernels/popcount_gemm.h"
 
@@ -93,6 +97,39 @@ void BM_PackSigns(benchmark::State& state) {
   }
 }
 
+// W2A2 bit-plane convolution of the same shape (2 weight × 2 activation planes: DoReFa 2-bit
+// weights and activations), input planes already packed; against it, BM_FloatConv3x3 (the same
+// float convolution whatever the values).
+void BM_BitplaneConv3x3(benchmark::State& state, Isa isa, int64_t channels) {
+  if (!whittle::kernels::isa_supported(isa)) return state.SkipWithError("not supported on this CPU");
+  whittle::kernels::set_isa(isa);
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  at::manual_seed(0);
+  const at::Tensor codes = at::randint(0, 4, {1, channels, kH, kW}, at::kLong).to(at::kFloat);
+  const at::Tensor wc = at::randint(0, 4, {channels, channels, 3, 3}, at::kLong);
+  const auto w = whittle::kernels::pack_bitplane_weight(
+      {wc.bitwise_and(1).to(at::kFloat), wc.bitwise_right_shift(1).to(at::kFloat)}, {2.0 / 3, 4.0 / 3}, -1.0);
+  const at::Tensor planes = whittle::kernels::pack_bitplanes(codes, 2);
+  for (auto _ : state) {
+    at::Tensor y = whittle::kernels::bitplane_conv2d(planes, w, {1, 1, 1, 1}, {});
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * double(channels) * kH * kW * channels * 9));
+}
+
+// The float convolution of a channels → channels 3×3 layer on 28×28 (the reference of BM_BitplaneConv3x3).
+void BM_FloatConvChannels(benchmark::State& state, int64_t channels) {
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({1, channels, kH, kW}), w = at::randn({channels, channels, 3, 3});
+  at::NoGradGuard no_grad;
+  for (auto _ : state) {
+    at::Tensor y = at::conv2d(x, w, {}, 1, 1);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * double(channels) * kH * kW * channels * 9));
+}
+
 void BM_FloatConv3x3(benchmark::State& state) {
   at::set_num_threads(static_cast<int>(state.range(0)));
   const ConvInputs& in = inputs();
@@ -113,6 +150,12 @@ BENCHMARK_CAPTURE(BM_BinaryConv3x3, avx2, Isa::kAvx2)->Arg(1)->Arg(2)->Unit(benc
 BENCHMARK_CAPTURE(BM_BinaryConv3x3, avx512, Isa::kAvx512)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PackSigns)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FloatConv3x3)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BitplaneConv3x3, avx512/c64, Isa::kAvx512, 64)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BitplaneConv3x3, avx512/c128, Isa::kAvx512, 128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BitplaneConv3x3, avx512/c256, Isa::kAvx512, 256)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BitplaneConv3x3, avx2/c256, Isa::kAvx2, 256)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_FloatConvChannels, c64, 64)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_FloatConvChannels, c128, 128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -33,9 +33,13 @@ std::optional<at::Tensor> packed_signs(const Node& n) {
   return codes.to(at::kFloat).mul_(2).sub_(1).reshape(shape);
 }
 
-// Bit-plane layers pay one AND-popcount GEMM per pair of weight and activation planes; beyond
-// this many pairs the float GEMM is faster (docs/kernels.md, "Deploy runtime").
+// Bit-plane layers pay one AND-popcount GEMM per pair of weight and activation planes, and a
+// word holds 64 channels of one tap however many the layer has: beyond 4 pairs, or below 64
+// input channels, oneDNN's float convolution is faster (docs/kernels.md, "Bit-plane layers":
+// W2A2 3×3 on 28×28, one thread, 2.6 GHz AVX-512: 16 channels 0.3×, 32 0.6×, 64 1.1×, 128 1.4×,
+// 256 3.0× the float speed).
 constexpr int64_t kMaxPlanePairs = 4;
+constexpr int64_t kMinBitplaneChannels = 64;
 
 // The bit-plane form of a packed layer's weight (DoReFa k-bit and 1-bit, TWN ternary), from its
 // codes; nullopt for other weights. The scale s of the encoding goes to the epilogue:
@@ -83,7 +87,9 @@ std::optional<BitplaneForm> bitplane_weight(const Node& n) {
 bool add_bitplane_layer(const Node& n, Lowering& l, const Form& in, BinaryLayer::Kind kind,
                         const kernels::BinaryConv2dOptions& options) {
   auto bp = bitplane_weight(n);
-  if (!bp || static_cast<int64_t>(bp->weight.planes.size()) * in.code_bits > kMaxPlanePairs) return false;
+  if (!bp || static_cast<int64_t>(bp->weight.planes.size()) * in.code_bits > kMaxPlanePairs ||
+      bp->weight.in_channels < kMinBitplaneChannels)
+    return false;
   BinaryLayer b;
   b.kind = kind;
   b.options = options;
@@ -132,8 +138,9 @@ bool lower_conv2d(const Node& n, Lowering& l) {
 bool lower_linear(const Node& n, Lowering& l) {
   if (!l.use_kernels() || n.inputs.size() != 1) return false;
   const Form in = l.form(n.inputs[0]);
-  if (in.code_bits > 0 && !in.packed_map && l.graph().value(n.inputs[0]).shape.size() == 2)
-    return add_bitplane_layer(n, l, in, BinaryLayer::Kind::kBitplaneLinear, {});
+  // DoReFa codes into a linear layer: float. bitplane_linear is slower than ATen's GEMM at the
+  // sizes measured (LeNet-5's fc1 400 → 120 and fc2 120 → 84, batch 1 and 16: 0.6–0.85×), its
+  // fixed costs (packing the planes, the epilogue) outweighing its popcounts.
   if (!in.signs) return false;
   auto w = packed_signs(n);
   if (!w || w->dim() != 2) return false;
@@ -215,7 +222,7 @@ bool lower_batch_norm(const Node& n, Lowering& l) {
   bn.eps = n.attr_float("eps", 1e-5);
   const at::Tensor s = fuse::bn_scale(bn, /*high_precision=*/true).detach();
   kernels::BinaryEpilogue& e = producer->binary->epilogue;
-  const int64_t O = producer->binary->weight.out_channels;
+  const int64_t O = producer->binary->out_channels();
   if (s.numel() != O) return false;
   const at::Tensor scale = e.scale.defined() ? e.scale.to(at::kDouble) : at::ones({O}, at::kDouble);
   const at::Tensor bias = e.bias.defined() ? e.bias.to(at::kDouble) : at::zeros({O}, at::kDouble);

@@ -110,7 +110,7 @@ namespace {
 // Runs one binary layer on its input value.
 Value run_binary_layer(const BinaryLayer& b, Value& input) {
   const bool sign_out = b.epilogue.threshold.defined();
-  const int64_t O = b.weight.out_channels;
+  const int64_t O = b.out_channels();
   switch (b.kind) {
     case BinaryLayer::Kind::kConv: {
       at::Tensor y = kernels::binary_conv2d(input.words(), b.weight, b.options, b.epilogue);

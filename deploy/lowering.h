@@ -84,6 +84,8 @@ struct BinaryLayer {
   /// kBitplaneLinear: bitplane_conv2d / bitplane_linear on the input's activation planes (float
   /// output only).
   enum class Kind { kConv, kLinear, kLinearOnMap, kBitplaneConv, kBitplaneLinear } kind = Kind::kConv;
+  /// O, from whichever weight the kind uses.
+  int64_t out_channels() const { return bitplane ? bitplane->out_channels : weight.out_channels; }
 };
 
 /// One step of the plan: it reads the frame's slots `inputs` and writes `outputs`.

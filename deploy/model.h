@@ -14,8 +14,9 @@
 //   - a bit-plane layer (conv2d or linear whose packed weight is DoReFa k-bit, 1-bit or TWN
 //     ternary) reading DoReFa-quantized activations runs kernels::bitplane_conv2d /
 //     bitplane_linear on the bit-planes of the activation codes, when weight planes × activation
-//     planes ≤ 4 (W2A2, TWN with 2-bit activations, W1A2/W1A4...; more pairs are slower than the
-//     float GEMM), with a following batch norm folded into its epilogue;
+//     planes ≤ 4 (W2A2, TWN with 2-bit activations, W1A2...) and the layer has at least 64 input
+//     channels (more pairs or narrower layers are slower than the float GEMM), with a following
+//     batch norm folded into its epilogue;
 //   - the sign binarizer packs its input (pack_signs); max pooling of packed signs is an AND of
 //     words; flatten of packed signs moves nothing (the next linear layer reads the map);
 //   - everything else runs its op's forward through ATen (oneDNN for float convolutions).

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <vector>
 
 #include "core/error.h"
@@ -19,7 +20,14 @@ constexpr int64_t kMinWordsPerTask = 1 << 16;  // as binary_conv.cpp: about 10 Â
 
 const uint64_t* words_of(const at::Tensor& t) { return reinterpret_cast<const uint64_t*>(t.data_ptr<int64_t>()); }
 
-int popcount64(uint64_t v) { return __builtin_popcountll(v); }
+// Population count without a POPCNT instruction (this unit is built for any x86-64): the
+// SWAR sum of bit pairs, nibbles and bytes, which the compiler vectorizes over a row of words.
+inline int64_t popcount64(uint64_t v) {
+  v = v - ((v >> 1) & 0x5555555555555555ull);
+  v = (v & 0x3333333333333333ull) + ((v >> 2) & 0x3333333333333333ull);
+  v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return static_cast<int64_t>((v * 0x0101010101010101ull) >> 56);
+}
 
 // The epilogue's scale and bias as float [O] (1 and 0 where undefined).
 struct ScaleBias {
@@ -93,18 +101,46 @@ at::Tensor pack_bitplanes(const at::Tensor& codes, int64_t bits) {
   if (!codes.defined() || !codes.is_cpu() || (codes.dim() != 2 && codes.dim() != 4))
     throw Error("pack_bitplanes: expected CPU codes [N, C, H, W] or [N, C], got " +
                 (codes.defined() ? sizes_of(codes) + " on " + codes.device().str() : std::string("undefined")));
-  at::Tensor c = codes;
-  if (at::isFloatingType(c.scalar_type())) {
-    if (!c.eq(c.round()).all().item<bool>()) throw Error("pack_bitplanes: the codes are not integers");
-  }
-  c = c.to(at::kLong);
-  if (c.numel() > 0 && (c.min().item<int64_t>() < 0 || c.max().item<int64_t>() >= (int64_t{1} << bits)))
-    throw Error("pack_bitplanes: codes must lie in [0, " + std::to_string(int64_t{1} << bits) + "), got [" +
-                std::to_string(c.min().item<int64_t>()) + ", " + std::to_string(c.max().item<int64_t>()) + "]");
-  std::vector<at::Tensor> planes;
-  // pack_signs sets the bit of negative values: âˆ’1 where bit j is set, 0 elsewhere.
-  for (int64_t j = 0; j < bits; ++j) planes.push_back(pack_signs(-at::bitwise_and(at::bitwise_right_shift(c, j), 1).to(at::kFloat)));
-  return at::stack(planes);
+  // Codes below 2^8 are exact in float: one read of each code, in NCHW order, sets its bits in
+  // every plane (as pack_signs does for one plane).
+  const at::Tensor src_t = codes.to(at::kFloat).contiguous();
+  const int64_t N = codes.size(0), C = codes.size(1), HW = codes.dim() == 4 ? codes.size(2) * codes.size(3) : 1;
+  const int64_t words = words_for(C);
+  std::vector<int64_t> shape{bits, N};
+  if (codes.dim() == 4) shape.insert(shape.end(), {codes.size(2), codes.size(3)});
+  shape.push_back(words);
+  at::Tensor out = at::zeros(shape, at::kLong);
+  const float* src = src_t.data_ptr<float>();
+  auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
+  const int64_t plane_words = N * HW * words, top = int64_t{1} << bits;
+  std::atomic<bool> bad{false};
+  constexpr int64_t kBlock = 1024;
+  const int64_t blocks = (HW + kBlock - 1) / kBlock;
+  detail::parallel_for(0, N * blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, C * std::min(HW, kBlock))),
+                       [&](int64_t begin, int64_t end) {
+    bool local_bad = false;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / blocks, p0 = (t % blocks) * kBlock, p1 = std::min(HW, p0 + kBlock);
+      uint64_t* w = dst + n * HW * words;
+      for (int64_t c = 0; c < C; ++c) {
+        const float* v = src + (n * C + c) * HW;
+        const int64_t k = c / 64, b = c % 64;
+        for (int64_t p = p0; p < p1; ++p) {
+          const float f = v[p];
+          const bool in_range = f >= 0.0f && f < static_cast<float>(top);  // false for NaN
+          const int64_t code = in_range ? static_cast<int64_t>(f) : 0;
+          local_bad |= !in_range || f != static_cast<float>(code);
+          for (int64_t j = 0; j < bits; ++j)
+            w[j * plane_words + p * words + k] |= static_cast<uint64_t>((code >> j) & 1) << b;
+        }
+      }
+    }
+    if (local_bad) bad = true;
+  });
+  if (bad)
+    throw Error("pack_bitplanes: every code must be an integer in [0, " + std::to_string(top) + "), got values in [" +
+                std::to_string(src_t.min().item<double>()) + ", " + std::to_string(src_t.max().item<double>()) + "]");
+  return out;
 }
 
 at::Tensor bitplane_conv2d(const at::Tensor& activation_planes, const PackedBitplaneWeight& w,

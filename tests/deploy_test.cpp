@@ -137,9 +137,10 @@ TEST_F(Deploy, BnnAndXnorResnet20MatchGraphModule) {
 }
 
 TEST_F(Deploy, WideCodesAndFloatActivationsRunThroughAten) {
-  // DoReFa W8A8 and W4A4 (64 and 16 plane pairs), TWN with float activations: no packed layer.
+  // DoReFa W8A8 and W4A4 (64 and 16 plane pairs), TWN with float activations: no packed layer;
+  // LeNet-5 W2A2: conv2 has 6 input channels, and linear layers stay float.
   for (auto [method, wb, ab] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
-           {"dorefa", 8, 8}, {"dorefa", 4, 4}, {"twn", 2, 32}}) {
+           {"dorefa", 8, 8}, {"dorefa", 4, 4}, {"twn", 2, 32}, {"dorefa", 2, 2}}) {
     const Graph g = quantized("lenet5", method, {1, 1, 28, 28}, false, wb, ab);
     const deploy::Model model(g);
     EXPECT_EQ(model.num_packed_layers(), 0) << method << " W" << wb << "A" << ab;
@@ -152,18 +153,17 @@ TEST_F(Deploy, TwoBitCodesRunOnBitplaneKernels) {
   // DoReFa W2A2 (2 x 2 planes), TWN with 2-bit activations (w+, w- x 2), DoReFa W1A2 (1 x 2).
   for (auto [method, wb, ab] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
            {"dorefa", 2, 2}, {"twn", 2, 2}, {"dorefa", 1, 2}}) {
-    for (const std::string zoo : {"lenet5", "resnet20"}) {
-      const Shape input = zoo == "lenet5" ? Shape{1, 1, 28, 28} : Shape{1, 3, 32, 32};
-      const Graph g = quantized(zoo, method, input, false, wb, ab);
-      const deploy::Model model(g);
-      // LeNet-5: conv2, fc1, fc2; ResNet-20: the 18 3x3 and 2 shortcut convolutions.
-      EXPECT_EQ(model.num_packed_layers(), zoo == "lenet5" ? 3 : 20) << zoo << " " << method << " W" << wb << "A" << ab;
-      EXPECT_GE(count_kernel(model, "bitplane_conv2d"), 1);
-      Shape shape = input;
-      shape[0] = 4;
-      const at::Tensor x = at::randn(shape);
-      expect_same_logits(model.forward(x), reference_logits(g, x));
-    }
+    const Graph g = quantized("resnet20", method, {1, 3, 32, 32}, false, wb, ab);
+    const deploy::Model model(g);
+    // Convolutions with at least 64 input channels: layer3's but its first (32 inputs) and the
+    // shortcut (32).
+    EXPECT_EQ(model.num_packed_layers(), 5) << method << " W" << wb << "A" << ab;
+    // Every BN after a bit-plane layer folds into its epilogue.
+    EXPECT_EQ(count_kernel(model, "bitplane_conv2d"), 5);
+    for (const auto& s : model.steps())
+      if (s.kernel.rfind("bitplane_", 0) == 0) EXPECT_NE(s.kernel.find("+ batch_norm"), std::string::npos) << s.kernel;
+    const at::Tensor x = at::randn({4, 3, 32, 32});
+    expect_same_logits(model.forward(x), reference_logits(g, x));
   }
 }
 
