@@ -28,6 +28,8 @@
 #include "kernels/isa.h"
 #include "kernels/bitpack.h"
 #include "kernels/binary_conv.h"
+#include "kernels/bitplane.h"
+#include "deploy/model.h"
 #include "data/dataset.h"
 #include "data/mnist.h"
 #include "data/cifar.h"

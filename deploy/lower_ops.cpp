@@ -151,6 +151,7 @@ bool lower_linear(const Node& n, Lowering& l) {
     const Shape& m = in.map;
     if (m.size() != 3 || m[0] * m[1] * m[2] != w->size(1)) return false;
     b.kind = BinaryLayer::Kind::kLinearOnMap;
+    b.map = m;
     b.weight = kernels::pack_binary_weight(w->reshape({w->size(0), m[0], m[1], m[2]}));
   } else {
     if (l.graph().value(n.inputs[0]).shape.size() != 2) return false;
@@ -184,6 +185,9 @@ bool lower_act_quant(const Node& n, Lowering& l) {
   const int64_t channels = in.packed_map ? in.map[0] : shape[1];
   l.add_step(n, "pack_signs", [channels, flattened = in.packed_map](std::vector<Value>& frame, const Step& s) {
     Value& x = frame[s.inputs[0]];
+    // Channels are only known to the word downstream: check them here, where the floats are.
+    if (!x.has_words() && x.tensor().dim() >= 2 && x.tensor().size(1) != channels)
+      throw Error("expected " + std::to_string(channels) + " channels, got " + std::to_string(x.tensor().size(1)));
     frame[s.outputs[0]] = Value::of_words(x.words(), channels, flattened);
   });
   l.set_form(n.outputs[0], Form{true, in.packed_map, in.map});

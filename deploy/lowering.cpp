@@ -48,7 +48,9 @@ const at::Tensor& Value::planes(int64_t bits, double clip) {
   return planes_;
 }
 
-Lowering::Lowering(const Graph& graph, bool use_kernels) : graph_(graph), use_kernels_(use_kernels) {}
+Lowering::Lowering(const Graph& graph, bool use_kernels) : graph_(graph), use_kernels_(use_kernels) {
+  steps_.reserve(graph.nodes().size());
+}
 
 const Form& Lowering::form(const std::string& name) const {
   static const Form kFloat;
@@ -67,6 +69,9 @@ size_t Lowering::slot(const std::string& name) {
 }
 
 Step& Lowering::add_step(const Node& node, std::string kernel, std::function<void(std::vector<Value>&, const Step&)> run) {
+  if (steps_.size() == steps_.capacity())
+    throw Error("deploy: more steps than the graph's " + std::to_string(graph_.nodes().size()) +
+                " nodes (a lowering hook added two for node '" + node.name + "')");
   Step step;
   step.nodes = {node.name};
   step.kernel = std::move(kernel);
@@ -122,6 +127,12 @@ Value run_binary_layer(const BinaryLayer& b, Value& input) {
     }
     case BinaryLayer::Kind::kLinearOnMap: {
       const at::Tensor& words = input.words();
+      if (words.dim() != 4 || words.size(1) != b.map[1] || words.size(2) != b.map[2])
+        throw Error("the linear layer takes the flatten of a [" + std::to_string(b.map[0]) + ", " +
+                    std::to_string(b.map[1]) + ", " + std::to_string(b.map[2]) + "] map (" +
+                    std::to_string(b.map[0] * b.map[1] * b.map[2]) + " features), got a map of " +
+                    (words.dim() == 4 ? std::to_string(words.size(1)) + "x" + std::to_string(words.size(2))
+                                      : std::string("another rank")));
       at::Tensor y = kernels::binary_conv2d(words, b.weight, b.options, b.epilogue);
       const int64_t N = words.size(0);
       return sign_out ? Value::of_words(y.reshape({N, y.size(-1)}), O) : Value::of_tensor(y.reshape({N, O}));
@@ -129,9 +140,7 @@ Value run_binary_layer(const BinaryLayer& b, Value& input) {
     case BinaryLayer::Kind::kBitplaneConv:
       return Value::of_tensor(kernels::bitplane_conv2d(input.planes(b.activation_bits, b.activation_clip), *b.bitplane,
                                                        b.options, b.epilogue));
-    case BinaryLayer::Kind::kBitplaneLinear:
-      return Value::of_tensor(
-          kernels::bitplane_linear(input.planes(b.activation_bits, b.activation_clip), *b.bitplane, b.epilogue));
+
   }
   throw Error("deploy: unknown binary layer kind");
 }
@@ -142,7 +151,6 @@ const char* binary_kernel_name(BinaryLayer::Kind kind) {
     case BinaryLayer::Kind::kLinear: return "binary_linear";
     case BinaryLayer::Kind::kLinearOnMap: return "binary_linear (as a convolution over the map)";
     case BinaryLayer::Kind::kBitplaneConv: return "bitplane_conv2d";
-    case BinaryLayer::Kind::kBitplaneLinear: return "bitplane_linear";
   }
   return "binary";
 }

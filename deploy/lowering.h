@@ -80,10 +80,11 @@ struct BinaryLayer {
   kernels::BinaryEpilogue epilogue;
   /// kLinear: binary_linear on [N, ⌈C/64⌉] words; kConv: binary_conv2d on [N, H, W, ⌈C/64⌉];
   /// kLinearOnMap: a linear layer reading the flatten of a packed map, run as a convolution whose
-  /// kernel covers the whole map (its output [N, O, 1, 1] viewed as [N, O]); kBitplaneConv and
-  /// kBitplaneLinear: bitplane_conv2d / bitplane_linear on the input's activation planes (float
-  /// output only).
-  enum class Kind { kConv, kLinear, kLinearOnMap, kBitplaneConv, kBitplaneLinear } kind = Kind::kConv;
+  /// kernel covers the whole map (its output [N, O, 1, 1] viewed as [N, O]); kBitplaneConv:
+  /// bitplane_conv2d on the input's activation planes (float output only).
+  enum class Kind { kConv, kLinear, kLinearOnMap, kBitplaneConv } kind = Kind::kConv;
+  /// kLinearOnMap: the map [C, H, W] whose flatten the layer reads (checked at run time).
+  Shape map;
   /// O, from whichever weight the kind uses.
   int64_t out_channels() const { return bitplane ? bitplane->out_channels : weight.out_channels; }
 };
@@ -100,7 +101,9 @@ struct Step {
 /// The plan under construction, as the hooks see it.
 class Lowering {
  public:
-  /// `graph` must outlive the lowering; `use_kernels` false makes every hook decline.
+  /// `graph` must outlive the lowering; `use_kernels` false makes every hook decline. Room for
+  /// one step per node is reserved, so a Step& or Step* stays valid while the plan is built
+  /// (a node adds at most one step, or joins an earlier one).
   Lowering(const Graph& graph, bool use_kernels);
 
   const Graph& graph() const { return graph_; }
@@ -112,7 +115,8 @@ class Lowering {
   /// The frame slot of value `name` (allocated on first request).
   size_t slot(const std::string& name);
 
-  /// Appends a step computing `node` (its inputs' and outputs' slots filled in).
+  /// Appends a step computing `node` (its inputs' and outputs' slots filled in). Throws
+  /// whittle::Error when the steps would outnumber the graph's nodes.
   Step& add_step(const Node& node, std::string kernel, std::function<void(std::vector<Value>&, const Step&)> run);
   /// Appends the generic step of `node`: its op's forward through ATen on float tensors, with the
   /// weight its transform stack gives in eval mode (decoded now, once). Outputs are float; an op

@@ -27,11 +27,27 @@ struct Model::Plan {
 
 namespace {
 
-// The fused, packed deploy form of `graph`.
+// The fused, packed deploy form of `graph`, its tensors on the CPU (a graph trained on CUDA
+// included: the runtime runs on the CPU).
 Graph deploy_form(const Graph& graph) {
   Graph g = deploy_graph(graph);
+  for (Node& n : g.nodes()) {
+    for (auto& [name, t] : n.params)
+      if (t.defined() && !t.is_cpu()) t = t.cpu();
+    for (auto& [name, t] : n.buffers)
+      if (t.defined() && !t.is_cpu()) t = t.cpu();
+  }
   fuse::fuse_for_inference(g);
   return quantize::pack_graph(g);
+}
+
+// A hook's or the generic step's error while the plan is built, with the node it concerns.
+[[noreturn]] void rethrow_for_node(const Node& n, const std::exception& e, ErrorKind kind = ErrorKind::kRuntime) {
+  std::string msg = e.what();
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) msg = c->what_without_backtrace();
+  if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+  if (msg.rfind("node '", 0) == 0) throw Error(msg, kind);
+  throw Error("node '" + n.name + "' (" + n.op + "): deploy: " + msg, kind);
 }
 
 // "node 'conv2' + 'bn2' (binary_conv2d + threshold)": a step in error messages.
@@ -52,7 +68,13 @@ Model::Model(const Graph& graph, const Options& options) {
   for (const std::string& v : g.inputs()) plan->input_slots.push_back(lowering.slot(v));
   for (const Node& n : g.nodes()) {
     const OpTraits& traits = op_traits(n.op);
-    if (!traits.to_deploy || !traits.to_deploy(n, lowering)) lowering.add_generic_step(n);
+    try {
+      if (!traits.to_deploy || !traits.to_deploy(n, lowering)) lowering.add_generic_step(n);
+    } catch (const Error& e) {
+      rethrow_for_node(n, e, e.kind());
+    } catch (const c10::Error& e) {
+      rethrow_for_node(n, e);
+    }
   }
   for (const std::string& v : g.outputs()) plan->output_slots.push_back(lowering.slot(v));
   plan->steps = std::move(lowering.steps());

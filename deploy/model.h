@@ -11,11 +11,11 @@
 //     with its α scale and bias in the epilogue, a following inference batch norm folded into that
 //     epilogue, and a following threshold_sign folded in, so that it writes the next binary
 //     layer's packed input directly;
-//   - a bit-plane layer (conv2d or linear whose packed weight is DoReFa k-bit, 1-bit or TWN
-//     ternary) reading DoReFa-quantized activations runs kernels::bitplane_conv2d /
-//     bitplane_linear on the bit-planes of the activation codes, when weight planes × activation
-//     planes ≤ 4 (W2A2, TWN with 2-bit activations, W1A2...) and the layer has at least 64 input
-//     channels (more pairs or narrower layers are slower than the float GEMM), with a following
+//   - a bit-plane layer (conv2d whose packed weight is DoReFa k-bit, 1-bit or TWN ternary)
+//     reading DoReFa-quantized activations runs kernels::bitplane_conv2d on the bit-planes of the
+//     activation codes, when weight planes × activation planes ≤ 4 (W2A2, TWN with 2-bit
+//     activations, W1A2...) and the layer has at least 64 input channels (more pairs or narrower
+//     layers are slower than the float convolution; so are linear layers), with a following
 //     batch norm folded into its epilogue;
 //   - the sign binarizer packs its input (pack_signs); max pooling of packed signs is an AND of
 //     words; flatten of packed signs moves nothing (the next linear layer reads the map);
@@ -51,9 +51,10 @@ struct StepInfo {
 /// may run from several threads at once.
 class Model {
  public:
-  /// Builds the model from `graph` (a trained, a QAT or a loaded packed graph; not modified) as
-  /// described at the top of this file. Throws whittle::Error naming the node when the graph does
-  /// not validate or a pass rejects it.
+  /// Builds the model from `graph` (a trained, a QAT or a loaded packed graph, on any device; not
+  /// modified) as described at the top of this file; its tensors are copied to the CPU. Throws
+  /// whittle::Error naming the node when the graph does not validate, a pass rejects it, or a
+  /// packed layer's codes or scales are inconsistent.
   explicit Model(const Graph& graph, const Options& options = {});
   /// Loads a whittle checkpoint (export/checkpoint.h) and builds the model. Throws whittle::Error
   /// naming the path for a missing, corrupt or newer-format file.

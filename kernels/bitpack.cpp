@@ -65,7 +65,7 @@ at::Tensor pack_signs_nchw(const at::Tensor& x) {
       for (int64_t c = 0; c < C; ++c) {
         const float* __restrict v = src + (n * C + c) * HW;
         const int64_t k = c / 64, b = c % 64;
-        for (int64_t p = p0; p < p1; ++p) w[p * words + k] |= static_cast<uint64_t>(v[p] < 0.0f) << b;
+        for (int64_t p = p0; p < p1; ++p) w[p * words + k] |= static_cast<uint64_t>(!(v[p] >= 0.0f)) << b;
       }
     }
   });
@@ -86,7 +86,7 @@ at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
       for (int64_t k = 0; k < words; ++k) {
         const int64_t c0 = k * 64, n = std::min<int64_t>(64, channels - c0);
         uint64_t bits = 0;
-        for (int64_t b = 0; b < n; ++b) bits |= static_cast<uint64_t>(v[c0 + b] < 0.0f) << b;
+        for (int64_t b = 0; b < n; ++b) bits |= static_cast<uint64_t>(!(v[c0 + b] >= 0.0f)) << b;
         w[k] = bits;
       }
     }
@@ -104,7 +104,7 @@ at::Tensor pack_signs_reference(const at::Tensor& x) {
   auto* w = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < channels; ++c)
-      if (v[r][c] < 0.0f) w[r * words + c / 64] |= uint64_t{1} << (c % 64);
+      if (!(v[r][c] >= 0.0f)) w[r * words + c / 64] |= uint64_t{1} << (c % 64);
   return out;
 }
 

@@ -4,7 +4,7 @@
 // Layout: channel-last words. For a feature map [N, C, H, W] the packed tensor is int64
 // [N, H, W, ⌈C/64⌉] (NHWC of 64-bit words); for a matrix [N, C] it is [N, ⌈C/64⌉]. Channel c sits in
 // word c / 64 at bit c mod 64 (least significant bit first). A bit is 1 where the value is
-// negative, 0 where it is ≥ 0: sign(0) = +1, as the BNN binarizer (Hubara et al., 2016). Bits past
+// negative (or NaN), 0 where it is ≥ 0: sign(0) = +1, as the BNN binarizer (Hubara et al., 2016). Bits past
 // C in the last word are 0. int64 holds the words because ATen has no general uint64 dtype; the
 // kernels read them as uint64.
 
@@ -19,7 +19,8 @@ namespace whittle::kernels {
 inline int64_t words_for(int64_t channels) { return (channels + 63) / 64; }
 
 /// Packs the signs of `x` (floating point, CPU; [N, C] or [N, C, H, W], any strides) into int64
-/// [N, ⌈C/64⌉] or [N, H, W, ⌈C/64⌉] words, layout above. NaN packs as +1 (it is not < 0).
+/// [N, ⌈C/64⌉] or [N, H, W, ⌈C/64⌉] words, layout above. NaN packs as −1 (it is not ≥ 0), as
+/// quantize::bnn_sign binarizes it.
 /// Multi-threaded over N·H·W. Throws whittle::Error for another rank, a non-floating dtype or a
 /// CUDA tensor.
 at::Tensor pack_signs(const at::Tensor& x);

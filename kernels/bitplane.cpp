@@ -65,6 +65,8 @@ void check_planes(const at::Tensor& x, int64_t rank, const PackedBitplaneWeight&
                 std::to_string(Cw) + "] on the CPU for " + std::to_string(w.in_channels) + " input channels, got " +
                 (x.defined() ? std::string(c10::toString(x.scalar_type())) + " " + sizes_of(x) + " on " + x.device().str()
                              : "undefined"));
+  if (x.size(0) > 8)
+    throw Error(std::string(who) + ": " + std::to_string(x.size(0)) + " activation planes (pack_bitplanes makes 1..8)");
   const double most = double(w.in_channels) * double(w.kernel_h * w.kernel_w) * double((int64_t{1} << x.size(0)) - 1);
   if (most >= double(1u << 31))
     throw Error(std::string(who) + ": " + std::to_string(x.size(0)) + " activation planes over " +

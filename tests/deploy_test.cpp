@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/error.h"
 #include "core/file_util.h"
 #include "data/loader.h"
@@ -160,8 +162,11 @@ TEST_F(Deploy, TwoBitCodesRunOnBitplaneKernels) {
     EXPECT_EQ(model.num_packed_layers(), 5) << method << " W" << wb << "A" << ab;
     // Every BN after a bit-plane layer folds into its epilogue.
     EXPECT_EQ(count_kernel(model, "bitplane_conv2d"), 5);
-    for (const auto& s : model.steps())
-      if (s.kernel.rfind("bitplane_", 0) == 0) EXPECT_NE(s.kernel.find("+ batch_norm"), std::string::npos) << s.kernel;
+    for (const auto& s : model.steps()) {
+      if (s.kernel.rfind("bitplane_", 0) == 0) {
+        EXPECT_NE(s.kernel.find("+ batch_norm"), std::string::npos) << s.kernel;
+      }
+    }
     const at::Tensor x = at::randn({4, 3, 32, 32});
     expect_same_logits(model.forward(x), reference_logits(g, x));
   }
@@ -193,6 +198,34 @@ TEST_F(Deploy, BadInputIsReported) {
     EXPECT_EQ(std::string(e.what()).find("frame #"), std::string::npos) << e.what();
   }
   EXPECT_THROW(deploy::Model::load(join_path(binary_dir(), "testdata/deploy/missing.h5")), Error);
+  // A 32x32 input makes pool2's map 6x6; fc1 reads the flatten of a 5x5 one.
+  try {
+    model.forward(at::randn({1, 1, 32, 32}));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc1'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[16, 5, 5] map"), std::string::npos) << e.what();
+  }
+  // A packed layer without its codes: the error names the layer while the model is built.
+  Graph broken = quantize::pack_graph(quantized("lenet5", "bnn", {1, 1, 28, 28}));
+  broken.node("conv2").buffers.erase("weight_codes");
+  try {
+    deploy::Model m(broken);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'conv2'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("weight_codes"), std::string::npos) << e.what();
+  }
+}
+
+// NaN binarizes to −1 on both paths (quantize::bnn_sign tests x ≥ 0; so does pack_signs).
+TEST_F(Deploy, NanBinarizesAsTheTrainingGraphDoes) {
+  const Graph g = quantized("lenet5", "bnn", {1, 1, 28, 28});
+  const deploy::Model model(g);
+  at::Tensor x = at::randn({2, 1, 28, 28});
+  x[0][0][5][5] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor got = model.forward(x), expected = reference_logits(g, x);
+  EXPECT_TRUE(all_close(got, expected, 1e-4 * expected.abs().nan_to_num(0).max().item<double>(), 1e-4));
 }
 
 // A LeNet-5 BNN trained for one epoch on 2,048 digits, evaluated on the 2,000 test digits both

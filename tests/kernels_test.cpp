@@ -81,6 +81,19 @@ TEST(BitPack, HandWorkedWords) {
   EXPECT_EQ(p[0][1].item<int64_t>(), 1);  // channel 64; padding bits 65..127 stay 0
 }
 
+TEST(BitPack, NanPacksAsMinusOneAndNegativeZeroAsPlusOne) {
+  // As quantize::bnn_sign: +1 where x ≥ 0 (−0.0 included), −1 elsewhere (NaN included).
+  at::Tensor x = at::ones({1, 3, 1, 2});
+  x[0][0][0][0] = std::numeric_limits<float>::quiet_NaN();
+  x[0][1][0][0] = -0.0f;
+  x[0][2][0][1] = -2.0f;
+  for (const at::Tensor& p : {kernels::pack_signs(x), kernels::pack_signs_reference(x)}) {
+    EXPECT_EQ(p[0][0][0][0].item<int64_t>(), 0b001);  // channel 0 NaN → 1; channel 1 −0.0 → 0
+    EXPECT_EQ(p[0][0][1][0].item<int64_t>(), 0b100);  // channel 2 −2 → 1
+  }
+  EXPECT_EQ(kernels::pack_signs(x.flatten(2).select(2, 0))[0][0].item<int64_t>(), 0b001);  // the [N, C] path
+}
+
 TEST(BitPack, RefusesWhatItCannotPack) {
   EXPECT_THROW(kernels::pack_signs(at::ones({2, 3, 4})), Error);
   EXPECT_THROW(kernels::pack_signs(at::ones({2, 3}, at::kInt)), Error);

@@ -67,6 +67,7 @@ int run_bench(const std::vector<std::string>& args) {
       "Times the deploy runtime (binary and bit-plane layers on the bitpacked kernels, docs/kernels.md)\nagainst the"
       " float execution of the same fused model through ATen (oneDNN), per step and in total, on a\n"
       "random input of the model's input shape. Runs alternate between the two; medians are given.\n"
+      "Both run the same fused, packed graph, so their outputs agree to float rounding (printed).\n"
       "MODEL is a whittle checkpoint (.h5), a zoo model name or a TorchScript file (.pt).\n\n"
       "example:\n  whittle bench runs/mnist/lenet5_bnn/model.h5 --batch 1 --threads 1\n\noptions");
   std::string model_spec, shape_text;
@@ -97,6 +98,8 @@ int run_bench(const std::vector<std::string>& args) {
   const deploy::Model fast(graph);
   const deploy::Model reference(graph, deploy::Options{false});
   Shape input_shape = graph.value(graph.inputs().front()).shape;
+  if (input_shape.empty())
+    throw Error("bench: " + model_spec + " declares a scalar input; give --input-shape", ErrorKind::kUsage);
   input_shape[0] = batch;
   at::manual_seed(0);
   const at::Tensor x = at::randn(input_shape);

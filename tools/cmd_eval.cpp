@@ -44,7 +44,7 @@ int run_eval(const std::vector<std::string>& args) {
   if (ckpt_path.empty()) throw Error("eval: missing CHECKPOINT (see whittle eval --help)", ErrorKind::kUsage);
   if (batch_size < 1) throw Error("eval: --batch-size must be ≥ 1", ErrorKind::kUsage);
   const bool use_deploy = vm.count("deploy") != 0;
-  if (use_deploy && device != "cpu")
+  if (use_deploy && device.rfind("cpu", 0) != 0)
     throw Error("eval: --deploy runs on the CPU; drop --device " + device, ErrorKind::kUsage);
   const at::Device dev = runner::open_device(device);
   runner::ModelSource source;
