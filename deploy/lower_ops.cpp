@@ -13,6 +13,7 @@
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
 #include "kernels/bitpack.h"
+#include "kernels/isa.h"
 #include "quantize/pack.h"
 #include "quantize/quantize.h"
 
@@ -34,10 +35,11 @@ std::optional<at::Tensor> packed_signs(const Node& n) {
 }
 
 // Bit-plane layers pay one AND-popcount GEMM per pair of weight and activation planes, and a
-// word holds 64 channels of one tap however many the layer has: beyond 4 pairs, or below 64
-// input channels, oneDNN's float convolution is faster (docs/kernels.md, "Bit-plane layers":
-// W2A2 3×3 on 28×28, one thread, 2.6 GHz AVX-512: 16 channels 0.3×, 32 0.6×, 64 1.1×, 128 1.4×,
-// 256 3.0× the float speed).
+// word holds 64 channels of one tap however many the layer has: beyond 4 pairs, below 64 input
+// channels, or without AVX-512's vpopcntq, oneDNN's float convolution is faster (docs/kernels.md,
+// "Measured speed": W2A2 3×3 on 28×28, one thread, AVX-512: 64 channels 1.17×, 128 1.9×, 256
+// 1.9× the float speed; ResNet-20's 16 and 32 channels about 0.3× and 0.6×; AVX2 at 256
+// channels 0.70×).
 constexpr int64_t kMaxPlanePairs = 4;
 constexpr int64_t kMinBitplaneChannels = 64;
 
@@ -87,6 +89,7 @@ std::optional<BitplaneForm> bitplane_weight(const Node& n) {
 bool add_bitplane_layer(const Node& n, Lowering& l, const Form& in, BinaryLayer::Kind kind,
                         const kernels::BinaryConv2dOptions& options) {
   auto bp = bitplane_weight(n);
+  if (kernels::active_isa() != kernels::Isa::kAvx512) return false;
   if (!bp || static_cast<int64_t>(bp->weight.planes.size()) * in.code_bits > kMaxPlanePairs ||
       bp->weight.in_channels < kMinBitplaneChannels)
     return false;

@@ -14,9 +14,9 @@
 //   - a bit-plane layer (conv2d whose packed weight is DoReFa k-bit, 1-bit or TWN ternary)
 //     reading DoReFa-quantized activations runs kernels::bitplane_conv2d on the bit-planes of the
 //     activation codes, when weight planes × activation planes ≤ 4 (W2A2, TWN with 2-bit
-//     activations, W1A2...) and the layer has at least 64 input channels (more pairs or narrower
-//     layers are slower than the float convolution; so are linear layers), with a following
-//     batch norm folded into its epilogue;
+//     activations, W1A2...), the layer has at least 64 input channels and the CPU has AVX-512
+//     VPOPCNTDQ (more pairs, narrower layers or AVX2's lookup popcount are slower than the float
+//     convolution; so are linear layers), with a following batch norm folded into its epilogue;
 //   - the sign binarizer packs its input (pack_signs); max pooling of packed signs is an AND of
 //     words; flatten of packed signs moves nothing (the next linear layer reads the map);
 //   - everything else runs its op's forward through ATen (oneDNN for float convolutions).

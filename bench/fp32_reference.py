@@ -1,0 +1,102 @@
+"""The budget FP32 ResNet-20 trained from scratch in plain PyTorch, beside whittle's run of the same
+recipe: is a gap in accuracy whittle's training or the data?
+
+Reads recipes/cifar10/resnet20_budget.yaml (or --recipe) and trains the PyTorch ResNet-20 of
+bench/micronet_cifar.py (tests/reference/zoo_models.py's layers, PyTorch's default
+initialization) with what it says: SGD with momentum / Nesterov / weight decay, the cosine
+learning rate with its linear warm-up set every batch (runner/schedule.cpp's formula), batch size,
+normalization, random crop and flip, on the same images (whittle's packed HDF5 copy, data/cache/).
+--epochs N shortens the schedule (the cosine then spans N epochs), for a comparison with
+  build/whittle run recipes/cifar10/resnet20_budget.yaml --set training.epochs=N --set outputs.dir=DIR
+Prints one line per epoch (test top-1 on the 10,000 test images, train top-1, seconds) and writes
+metrics.jsonl in whittle's format to --out, so `whittle report` can show both.
+
+usage: .venv/bin/python bench/fp32_reference.py [--recipe R] [--epochs N] [--threads T] [--out DIR]
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import micronet_cifar as mc  # noqa: E402  (the model, data loading, evaluation and augmentation)
+
+
+def learning_rate(s, base, e, total):
+    """runner/schedule.cpp: cosine from `base` to min_lr over `total` epochs, times e / warmup
+    during the warm-up epochs."""
+    lo = s.get("min_lr", 0.0)
+    rate = lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, e / total))))
+    w = s.get("warmup_epochs", 0)
+    return rate * e / w if w and e < w else rate
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", default="recipes/cifar10/resnet20_budget.yaml")
+    ap.add_argument("--epochs", type=int, help="epochs (default: the recipe's)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="runs/pytorch/resnet20_budget")
+    args = ap.parse_args()
+    os.chdir(mc.ROOT)
+    recipe = yaml.safe_load(open(args.recipe))
+    d, t = recipe["data"], recipe["training"]
+    o, s = t["optimizer"], t.get("lr_schedule", {})
+    if o["name"] != "sgd" or s.get("name") != "cosine":
+        sys.exit("fp32_reference.py: mirrors SGD with the cosine schedule only")
+    if t.get("label_smoothing"):
+        sys.exit("fp32_reference.py: label smoothing is not mirrored")
+    epochs = args.epochs or t["epochs"]
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    metrics = os.path.join(args.out, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    mean = torch.tensor(d["mean"]).view(1, -1, 1, 1)
+    std = torch.tensor(d["std"]).view(1, -1, 1, 1)
+    xtr, ytr = mc.load_split(recipe, "train")
+    xte, yte = mc.load_split(recipe, "test")
+    torch.manual_seed(t.get("seed", 0))
+    model = mc.ReLUResNet20(recipe["model"].get("num_classes", 10))
+    opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o.get("momentum", 0.9),
+                          nesterov=o.get("nesterov", False), weight_decay=o.get("weight_decay", 0.0))
+    gen = torch.Generator().manual_seed(t.get("seed", 0))
+    batch, pad = d["batch_size"], d.get("random_crop_padding", 0)
+    steps = xtr.shape[0] // batch
+    for epoch in range(epochs):
+        model.train()
+        t0 = time.perf_counter()
+        perm = torch.randperm(xtr.shape[0], generator=gen)
+        loss_sum, correct, seen = 0.0, 0, 0
+        for i in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = learning_rate(s, o["lr"], epoch + i / steps, epochs)
+            idx = perm[i * batch:(i + 1) * batch]
+            xb = mc.augment(xtr[idx], pad, bool(d.get("horizontal_flip")), gen)
+            logits = model((xb.float() / 255 - mean) / std)
+            loss = F.cross_entropy(logits, ytr[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += float(loss) * idx.numel()
+            correct += int((logits.argmax(1) == ytr[idx]).sum())
+            seen += idx.numel()
+        seconds = time.perf_counter() - t0
+        top1, top5, test_loss = mc.evaluate(model, xte, yte, mean, std)
+        line = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_top1": correct / seen, "test_top1": top1,
+                "test_top5": top5, "test_loss": test_loss, "lr": learning_rate(s, o["lr"], epoch + 1 - 1e-9, epochs),
+                "train_images_per_second": seen / seconds, "train_seconds": seconds}
+        with open(metrics, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(f"epoch {epoch + 1}/{epochs}: test top-1 {100 * top1:.2f} %  train top-1 {100 * correct / seen:.2f} %  "
+              f"({seconds:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
