@@ -84,7 +84,7 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            loss_sum += float(loss) * idx.numel()
+            loss_sum += float(loss.detach()) * idx.numel()
             correct += int((logits.argmax(1) == ytr[idx]).sum())
             seen += idx.numel()
         seconds = time.perf_counter() - t0
