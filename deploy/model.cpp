@@ -12,6 +12,7 @@
 #include "export/deploy.h"
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
+#include "kernels/isa.h"
 #include "quantize/quantize.h"
 
 namespace whittle::deploy {
@@ -61,6 +62,9 @@ std::string step_name(const Step& s) {
 
 Model::Model(const Graph& graph, const Options& options) {
   register_all();
+  // The kernels' instruction set (cpuid, or WHITTLE_KERNEL_ISA) is settled before any step: a bad
+  // setting is reported as itself, not as the first binary layer's failure.
+  if (options.use_kernels) kernels::active_isa();
   auto plan = std::make_shared<Plan>();
   plan->graph = deploy_form(graph);
   const Graph& g = plan->graph;

@@ -60,7 +60,11 @@ Isa active_isa() {
   if (v != kUnset) return static_cast<Isa>(v);
   Isa chosen = best_isa();
   if (const char* env = std::getenv("WHITTLE_KERNEL_ISA"); env && *env) {
-    chosen = parse_isa(env);
+    try {
+      chosen = parse_isa(env);
+    } catch (const Error& e) {
+      throw Error(std::string("environment variable WHITTLE_KERNEL_ISA: ") + e.what(), ErrorKind::kUsage);
+    }
     if (!isa_supported(chosen))
       throw Error("WHITTLE_KERNEL_ISA=" + std::string(env) + ": this CPU does not support it", ErrorKind::kUsage);
   }

@@ -14,8 +14,10 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "deploy/model.h"
 #include "kernels/isa.h"
 #include "runner/model_loader.h"
@@ -68,14 +70,18 @@ int run_bench(const std::vector<std::string>& args) {
       " float execution of the same fused model through ATen (oneDNN), per step and in total, on a\n"
       "random input of the model's input shape. Runs alternate between the two; medians are given.\n"
       "Both run the same fused, packed graph, so their outputs agree to float rounding (printed).\n"
-      "MODEL is a whittle checkpoint (.h5), a zoo model name or a TorchScript file (.pt).\n\n"
+      "MODEL is a whittle checkpoint (.h5), a zoo model name or a TorchScript file (.pt); zoo and\n"
+      "TorchScript models are float, so only a quantized checkpoint has layers on the packed kernels.\n"
+      "--json prints: model, batch, threads, isa, repeat, packed_layers, steps [{nodes, kernel,\n"
+      "deploy_ms, float_ms}], deploy_ms, float_ms, speedup, deploy_images_per_s, float_images_per_s,\n"
+      "max_relative_difference.\n\n"
       "example:\n  whittle bench runs/mnist/lenet5_bnn/model.h5 --batch 1 --threads 1\n\noptions");
   std::string model_spec, shape_text;
   int64_t batch = 1, threads = 0, repeat = 20;
   opts.add_options()("help,h", "this text")("batch", po::value<int64_t>(&batch)->default_value(1), "batch size")(
       "threads", po::value<int64_t>(&threads)->default_value(0), "intra-op threads (0: LibTorch's default)")(
       "repeat", po::value<int64_t>(&repeat)->default_value(20), "timed runs of each model (after 3 warm-up runs)")(
-      "input-shape", po::value<std::string>(&shape_text), "input shape of a TorchScript model, comma-separated")(
+      "input-shape", po::value<std::string>(&shape_text), "input shape of a TorchScript file or zoo model, comma-separated (the batch comes from --batch)")(
       "json", "print JSON");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model_spec}});
   if (vm.count("help")) {
@@ -89,9 +95,18 @@ int run_bench(const std::vector<std::string>& args) {
   std::optional<Shape> shape;
   if (vm.count("input-shape") && shape_text.empty()) throw Error("bench: --input-shape is empty", ErrorKind::kUsage);
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
+  const runner::ModelSource source = model_source(model_spec, shape, 10);
+  if (shape && !source.file.empty() && is_hdf5_file(source.file))
+    throw Error("bench: --input-shape applies to TorchScript files and zoo models; a checkpoint keeps the input shape "
+                "it was trained with (the batch comes from --batch)",
+                ErrorKind::kUsage);
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && threads > static_cast<int64_t>(cores))
+    std::cerr << "whittle bench: note: --threads " << threads << " is more than the " << cores
+              << " cores here; the timings will mostly measure contention\n";
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
-  const Graph graph = runner::load_model(model_source(model_spec, shape, 10));
+  const Graph graph = runner::load_model(source);
   if (graph.inputs().size() != 1 || graph.outputs().size() != 1)
     throw Error("bench: " + model_spec + " has " + std::to_string(graph.inputs().size()) + " inputs and " +
                 std::to_string(graph.outputs().size()) + " outputs; bench takes single-input, single-output models");
@@ -156,7 +171,7 @@ int run_bench(const std::vector<std::string>& args) {
   }
   std::cout << "whittle bench " << model_spec << ": batch " << batch << ", " << num_threads << " thread"
             << (num_threads == 1 ? "" : "s") << ", " << isa << " popcount kernels, " << fast.num_packed_layers()
-            << " packed layers; medians of " << repeat << " runs\n\n";
+            << " layers on packed kernels; medians of " << repeat << " run" << (repeat == 1 ? "" : "s") << "\n\n";
   size_t wn = 4, wk = 6;
   for (const Row& r : rows) {
     wn = std::max(wn, r.nodes.size());

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "data/loader.h"
 #include "deploy/model.h"
 #include "graph/graph_module.h"
@@ -43,6 +44,9 @@ int run_eval(const std::vector<std::string>& args) {
   }
   if (ckpt_path.empty()) throw Error("eval: missing CHECKPOINT (see whittle eval --help)", ErrorKind::kUsage);
   if (batch_size < 1) throw Error("eval: --batch-size must be ≥ 1", ErrorKind::kUsage);
+  if (is_regular_file(ckpt_path) && !is_hdf5_file(ckpt_path))
+    throw Error("eval: " + ckpt_path + " is not a whittle checkpoint (an HDF5 .h5 file); eval takes a checkpoint",
+                ErrorKind::kUsage);
   const bool use_deploy = vm.count("deploy") != 0;
   if (use_deploy && device.rfind("cpu", 0) != 0)
     throw Error("eval: --deploy runs on the CPU; drop --device " + device, ErrorKind::kUsage);

@@ -61,10 +61,17 @@ for args, code, words in [
     (["bench"], 2, "missing MODEL"),
     (["bench", os.path.join(OUT, "missing.h5")], None, "missing.h5"),
     (["eval", model, "--deploy", "--device", "cuda"], 2, "--deploy runs on the CPU"),
+    (["bench", model, "--input-shape", "1,1,32,32"], 2, "a checkpoint keeps the input shape"),
+    (["eval", os.path.join(SRC, "recipes", "mnist", "lenet5_bnn.yaml")], 2, "is not a whittle checkpoint"),
 ]:
     e = run(*args)
     ok_code = e.returncode == code if code is not None else e.returncode != 0
     check(ok_code and words in e.stderr, f"{' '.join(args[:1] + args[2:] if len(args) > 1 else args)}: exit "
           f"{e.returncode}, stderr names '{words}' ({e.stderr.strip()[-200:]})")
+
+e = subprocess.run([BIN, "bench", model, "--repeat", "1"], capture_output=True, text=True, cwd=SRC,
+                   env={**os.environ, "WHITTLE_KERNEL_ISA": "bogus"})
+check(e.returncode == 2 and "environment variable WHITTLE_KERNEL_ISA" in e.stderr and "bogus" in e.stderr,
+      f"bench with WHITTLE_KERNEL_ISA=bogus: exit {e.returncode}, names the variable ({e.stderr.strip()[-200:]})")
 
 finish()
