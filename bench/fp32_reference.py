@@ -21,7 +21,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,13 +78,9 @@ def main():
                 g["lr"] = learning_rate(s, o["lr"], epoch + i / steps, epochs)
             idx = perm[i * batch:(i + 1) * batch]
             xb = mc.augment(xtr[idx], pad, bool(d.get("horizontal_flip")), gen)
-            logits = model((xb.float() / 255 - mean) / std)
-            loss = F.cross_entropy(logits, ytr[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += float(loss.detach()) * idx.numel()
-            correct += int((logits.argmax(1) == ytr[idx]).sum())
+            loss, hits = mc.train_batch(model, opt, xb, ytr[idx], mean, std)
+            loss_sum += loss * idx.numel()
+            correct += hits
             seen += idx.numel()
         seconds = time.perf_counter() - t0
         top1, top5, test_loss = mc.evaluate(model, xte, yte, mean, std)

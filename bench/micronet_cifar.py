@@ -171,6 +171,16 @@ def augment(xb, pad, flip_images, gen):
     return out
 
 
+def train_batch(model, opt, xb, yb, mean, std):
+    """One SGD step on uint8 images `xb` (normalized here) and labels `yb`: (mean loss, correct predictions)."""
+    logits = model((xb.float() / 255 - mean) / std)
+    loss = F.cross_entropy(logits, yb)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach()), int((logits.argmax(1) == yb).sum())
+
+
 def finite_or_none(v):
     """NaN and infinities as JSON null (a diverged run stays readable by `whittle report`)."""
     return v if math.isfinite(v) else None
@@ -258,13 +268,9 @@ def main():
             xb = xtr[idx]
             if pad or d.get("horizontal_flip"):
                 xb = augment(xb, pad, bool(d.get("horizontal_flip")), gen)
-            logits = model((xb.float() / 255 - mean) / std)
-            loss = F.cross_entropy(logits, ytr[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += float(loss) * idx.numel()
-            correct += int((logits.argmax(1) == ytr[idx]).sum())
+            loss, hits = train_batch(model, opt, xb, ytr[idx], mean, std)
+            loss_sum += loss * idx.numel()
+            correct += hits
             seen += idx.numel()
         train_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()

@@ -20,18 +20,39 @@
 namespace whittle::deploy {
 namespace {
 
-// The ±1 float weight [O, C, kh, kw] or [O, C] of a packed sign-coded layer, from its 1-bit codes
-// (code 1 = +1, code 0 = −1); nullopt when the node holds no such weight. The float tensor only
-// lives while the kernels' words are packed from it.
-std::optional<at::Tensor> packed_signs(const Node& n) {
+// A packed layer's quantization and its integer codes (int64, the weight's shape [O, C, kh, kw]
+// or [O, C]); nullopt for a node without packed codes or with another output-channel axis.
+struct PackedCodes {
+  quantize::WeightQuantization q;
+  at::Tensor codes;
+};
+std::optional<PackedCodes> packed_codes(const Node& n) {
   if (n.weight_transforms != std::vector<std::string>{"packed"}) return std::nullopt;
-  const auto q = quantize::weight_quantization(n);
-  if (!q || q->encoding != quantize::Encoding::kSign || q->bits != 1 || q->axis != 0) return std::nullopt;
+  auto q = quantize::weight_quantization(n);
+  if (!q || q->axis != 0) return std::nullopt;
   const std::vector<int64_t> shape = n.attr_ints("weight_shape");
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
-  at::Tensor codes = quantize::unpack_codes(n.buffers.at("weight_codes"), 1, count);
-  return codes.to(at::kFloat).mul_(2).sub_(1).reshape(shape);
+  at::Tensor codes = quantize::unpack_codes(n.buffers.at("weight_codes"), quantize::storage_bits(q->bits), count);
+  return PackedCodes{std::move(*q), codes.to(at::kLong).reshape(shape)};
+}
+
+// The ±1 float weight of a packed 1-bit sign-coded layer (code 1 = +1, code 0 = −1) with its
+// quantization; nullopt for any other weight. The float tensor only lives while the kernels'
+// words are packed from it.
+std::optional<std::pair<at::Tensor, quantize::WeightQuantization>> packed_signs(const Node& n) {
+  auto pc = packed_codes(n);
+  if (!pc || pc->q.encoding != quantize::Encoding::kSign || pc->q.bits != 1) return std::nullopt;
+  return std::make_pair(pc->codes.to(at::kFloat).mul_(2).sub_(1), std::move(pc->q));
+}
+
+// The epilogue of a packed layer: scale·step per output channel (the encoding's scale, per tensor
+// or per output channel, times an activation step) and the layer's bias.
+kernels::BinaryEpilogue scale_and_bias(const Node& n, const at::Tensor& scale, int64_t out_channels, double step = 1.0) {
+  kernels::BinaryEpilogue e;
+  e.scale = (scale.to(at::kDouble).reshape({-1}).expand({out_channels}) * step).to(at::kFloat).contiguous();
+  if (const at::Tensor* b = n.params.find("bias"); b && b->defined()) e.bias = b->detach().to(at::kFloat).contiguous();
+  return e;
 }
 
 // Bit-plane layers pay one AND-popcount GEMM per pair of weight and activation planes, and a
@@ -43,79 +64,50 @@ std::optional<at::Tensor> packed_signs(const Node& n) {
 constexpr int64_t kMaxPlanePairs = 4;
 constexpr int64_t kMinBitplaneChannels = 64;
 
-// The bit-plane form of a packed layer's weight (DoReFa k-bit and 1-bit, TWN ternary), from its
-// codes; nullopt for other weights. The scale s of the encoding goes to the epilogue:
+// The bit-plane form of packed codes (DoReFa k-bit and 1-bit, TWN ternary); the scale s of the
+// encoding goes to the epilogue:
 //   DoReFa k ≥ 2: s·(2c/(2^k − 1) − 1)  → planes: the k bits of c, c_i = 2^(i+1)/(2^k − 1), w0 = −1
 //   sign (1 bit): s·(2c − 1)            → plane c, c_0 = 2, w0 = −1
 //   ternary:      s·(c − 1)             → planes [c = 2], [c = 0], coefficients +1, −1
-struct BitplaneForm {
-  kernels::PackedBitplaneWeight weight;
-  at::Tensor scale;  // float [1] or [O]
-};
-std::optional<BitplaneForm> bitplane_weight(const Node& n) {
-  if (n.weight_transforms != std::vector<std::string>{"packed"}) return std::nullopt;
-  const auto q = quantize::weight_quantization(n);
-  if (!q || q->axis != 0) return std::nullopt;
-  const std::vector<int64_t> shape = n.attr_ints("weight_shape");
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  const at::Tensor codes =
-      quantize::unpack_codes(n.buffers.at("weight_codes"), quantize::storage_bits(q->bits), count).to(at::kLong).reshape(shape);
+int64_t weight_planes(const quantize::WeightQuantization& q) {
+  return q.encoding == quantize::Encoding::kTernary ? 2 : q.bits;
+}
+kernels::PackedBitplaneWeight bitplane_weight(const PackedCodes& pc) {
   std::vector<at::Tensor> planes;
   std::vector<double> coefficients;
   double offset = 0;
-  switch (q->encoding) {
-    case quantize::Encoding::kTernary:
-      planes = {codes.eq(2).to(at::kFloat), codes.eq(0).to(at::kFloat)};
-      coefficients = {1.0, -1.0};
-      break;
-    case quantize::Encoding::kSign:
-    case quantize::Encoding::kDoReFa: {
-      const double levels = static_cast<double>((int64_t{1} << q->bits) - 1);
-      for (int64_t i = 0; i < q->bits; ++i) {
-        planes.push_back(codes.bitwise_right_shift(i).bitwise_and(1).to(at::kFloat));
-        coefficients.push_back(static_cast<double>(int64_t{2} << i) / levels);
-      }
-      offset = -1.0;
-      break;
+  if (pc.q.encoding == quantize::Encoding::kTernary) {
+    planes = {pc.codes.eq(2).to(at::kFloat), pc.codes.eq(0).to(at::kFloat)};
+    coefficients = {1.0, -1.0};
+  } else {  // kSign (bits 1) and kDoReFa share s·(2c/(2^k − 1) − 1)
+    const double levels = static_cast<double>((int64_t{1} << pc.q.bits) - 1);
+    for (int64_t i = 0; i < pc.q.bits; ++i) {
+      planes.push_back(pc.codes.bitwise_right_shift(i).bitwise_and(1).to(at::kFloat));
+      coefficients.push_back(static_cast<double>(int64_t{2} << i) / levels);
     }
+    offset = -1.0;
   }
-  if (planes.empty()) return std::nullopt;
-  return BitplaneForm{kernels::pack_bitplane_weight(planes, coefficients, offset), q->scale.to(at::kFloat)};
+  return kernels::pack_bitplane_weight(planes, coefficients, offset);
 }
 
-// A bit-plane layer reading DoReFa activation codes (`in`), when the weight has a bit-plane form
-// and the plane pairs are few enough.
-bool add_bitplane_layer(const Node& n, Lowering& l, const Form& in, BinaryLayer::Kind kind,
-                        const kernels::BinaryConv2dOptions& options) {
-  auto bp = bitplane_weight(n);
+// A bit-plane convolution reading DoReFa activation codes (`in`), where it beats the float one
+// (the limits above); the cheap checks run before any plane is packed.
+bool add_bitplane_conv(const Node& n, Lowering& l, const Form& in, const kernels::BinaryConv2dOptions& options) {
   if (kernels::active_isa() != kernels::Isa::kAvx512) return false;
-  if (!bp || static_cast<int64_t>(bp->weight.planes.size()) * in.code_bits > kMaxPlanePairs ||
-      bp->weight.in_channels < kMinBitplaneChannels)
+  const auto pc = packed_codes(n);
+  if (!pc || weight_planes(pc->q) * in.code_bits > kMaxPlanePairs || pc->codes.size(1) < kMinBitplaneChannels)
     return false;
   BinaryLayer b;
-  b.kind = kind;
+  b.kind = BinaryLayer::Kind::kBitplaneConv;
   b.options = options;
   b.activation_bits = in.code_bits;
   b.activation_clip = in.code_clip;
-  const int64_t O = bp->weight.out_channels;
   // y = s_w·(clip/(2^p − 1))·Σ a·w + bias: the activation step joins the weight scale.
   const double step = in.code_clip / static_cast<double>((int64_t{1} << in.code_bits) - 1);
-  b.epilogue.scale = (bp->scale.to(at::kDouble).reshape({-1}).expand({O}) * step).to(at::kFloat).contiguous();
-  if (const at::Tensor* bias = n.params.find("bias"); bias && bias->defined())
-    b.epilogue.bias = bias->detach().to(at::kFloat).contiguous();
-  b.bitplane = std::make_shared<kernels::PackedBitplaneWeight>(std::move(bp->weight));
+  b.epilogue = scale_and_bias(n, pc->q.scale, pc->codes.size(0), step);
+  b.bitplane = std::make_shared<kernels::PackedBitplaneWeight>(bitplane_weight(*pc));
   l.add_binary_step(n, std::move(b));
   return true;
-}
-
-// The epilogue of a binary layer: its α scale (per tensor or per output channel) and its bias.
-kernels::BinaryEpilogue scale_and_bias(const Node& n, int64_t out_channels) {
-  kernels::BinaryEpilogue e;
-  const auto q = quantize::weight_quantization(n);
-  e.scale = q->scale.to(at::kFloat).reshape({-1}).expand({out_channels}).contiguous();
-  if (const at::Tensor* b = n.params.find("bias"); b && b->defined()) e.bias = b->detach().to(at::kFloat).contiguous();
-  return e;
 }
 
 bool lower_conv2d(const Node& n, Lowering& l) {
@@ -125,15 +117,15 @@ bool lower_conv2d(const Node& n, Lowering& l) {
   if (n.attr_int("groups", 1) != 1 || n.attr_pair("dilation", 1) != std::vector<int64_t>{1, 1}) return false;
   const auto stride = n.attr_pair("stride", 1), padding = n.attr_pair("padding", 0);
   const kernels::BinaryConv2dOptions options{stride[0], stride[1], padding[0], padding[1]};
-  if (in.code_bits > 0) return add_bitplane_layer(n, l, in, BinaryLayer::Kind::kBitplaneConv, options);
+  if (in.code_bits > 0) return add_bitplane_conv(n, l, in, options);
   if (!in.signs) return false;
   const auto w = packed_signs(n);
   if (!w) return false;
   BinaryLayer b;
   b.kind = BinaryLayer::Kind::kConv;
-  b.weight = kernels::pack_binary_weight(*w);
+  b.weight = kernels::pack_binary_weight(w->first);
   b.options = options;
-  b.epilogue = scale_and_bias(n, w->size(0));
+  b.epilogue = scale_and_bias(n, w->second.scale, w->first.size(0));
   l.add_binary_step(n, std::move(b));
   return true;
 }
@@ -145,23 +137,24 @@ bool lower_linear(const Node& n, Lowering& l) {
   // sizes measured (LeNet-5's fc1 400 → 120 and fc2 120 → 84, batch 1 and 16: 0.6–0.85×), its
   // fixed costs (packing the planes, the epilogue) outweighing its popcounts.
   if (!in.signs) return false;
-  auto w = packed_signs(n);
-  if (!w || w->dim() != 2) return false;
+  const auto w = packed_signs(n);
+  if (!w || w->first.dim() != 2) return false;
+  const at::Tensor& signs = w->first;
   BinaryLayer b;
   if (in.packed_map) {
     // The input is the flatten of a packed [C, H, W] map: feature c·H·W + h·W + w is the weight's
     // column of the same index, so the weight viewed as [O, C, H, W] is a convolution covering the map.
     const Shape& m = in.map;
-    if (m.size() != 3 || m[0] * m[1] * m[2] != w->size(1)) return false;
+    if (m.size() != 3 || m[0] * m[1] * m[2] != signs.size(1)) return false;
     b.kind = BinaryLayer::Kind::kLinearOnMap;
     b.map = m;
-    b.weight = kernels::pack_binary_weight(w->reshape({w->size(0), m[0], m[1], m[2]}));
+    b.weight = kernels::pack_binary_weight(signs.reshape({signs.size(0), m[0], m[1], m[2]}));
   } else {
     if (l.graph().value(n.inputs[0]).shape.size() != 2) return false;
     b.kind = BinaryLayer::Kind::kLinear;
-    b.weight = kernels::pack_binary_weight(*w);
+    b.weight = kernels::pack_binary_weight(signs);
   }
-  b.epilogue = scale_and_bias(n, w->size(0));
+  b.epilogue = scale_and_bias(n, w->second.scale, signs.size(0));
   l.add_binary_step(n, std::move(b));
   return true;
 }

@@ -23,7 +23,6 @@ struct Model::Plan {
   std::vector<size_t> input_slots, output_slots;
   std::vector<std::vector<size_t>> release;  // per step: slots whose last use it is
   size_t num_slots = 0;
-  int64_t num_binary = 0;
 };
 
 namespace {
@@ -42,13 +41,15 @@ Graph deploy_form(const Graph& graph) {
   return quantize::pack_graph(g);
 }
 
-// A hook's or the generic step's error while the plan is built, with the node it concerns.
-[[noreturn]] void rethrow_for_node(const Node& n, const std::exception& e, ErrorKind kind = ErrorKind::kRuntime) {
+// An error of a hook (while the plan is built) or of a step (while it runs) as a whittle::Error
+// naming `where` ("node 'conv2' (conv2d)"), unless it names a node already; ATen's message
+// without its C++ backtrace.
+[[noreturn]] void rethrow_at(const std::string& where, const std::exception& e, ErrorKind kind = ErrorKind::kRuntime) {
   std::string msg = e.what();
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) msg = c->what_without_backtrace();
   if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
   if (msg.rfind("node '", 0) == 0) throw Error(msg, kind);
-  throw Error("node '" + n.name + "' (" + n.op + "): deploy: " + msg, kind);
+  throw Error(where + ": " + msg, kind);
 }
 
 // "node 'conv2' + 'bn2' (binary_conv2d + threshold)": a step in error messages.
@@ -75,9 +76,9 @@ Model::Model(const Graph& graph, const Options& options) {
     try {
       if (!traits.to_deploy || !traits.to_deploy(n, lowering)) lowering.add_generic_step(n);
     } catch (const Error& e) {
-      rethrow_for_node(n, e, e.kind());
+      rethrow_at("node '" + n.name + "' (" + n.op + "): deploy", e, e.kind());
     } catch (const c10::Error& e) {
-      rethrow_for_node(n, e);
+      rethrow_at("node '" + n.name + "' (" + n.op + "): deploy", e);
     }
   }
   for (const std::string& v : g.outputs()) plan->output_slots.push_back(lowering.slot(v));
@@ -91,7 +92,6 @@ Model::Model(const Graph& graph, const Options& options) {
   plan->release.resize(plan->steps.size());
   for (size_t s = 0; s < plan->num_slots; ++s)
     if (last[s] >= 0 && !outputs.count(s)) plan->release[static_cast<size_t>(last[s])].push_back(s);
-  for (const Step& s : plan->steps) plan->num_binary += s.binary ? 1 : 0;
   plan_ = std::move(plan);
 }
 
@@ -114,18 +114,13 @@ std::vector<at::Tensor> Model::forward(const std::vector<at::Tensor>& inputs, st
   if (step_seconds) step_seconds->assign(p.steps.size(), 0.0);
   for (size_t i = 0; i < p.steps.size(); ++i) {
     const Step& s = p.steps[i];
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = step_seconds ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     try {
       s.run(frame, s);
-    } catch (const c10::Error& e) {
-      // ATen's message without its C++ backtrace, with the nodes of the step that raised it.
-      std::string msg = e.what_without_backtrace();
-      if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-      throw Error(step_name(s) + ": " + msg);
     } catch (const Error& e) {
-      const std::string msg = e.what();
-      if (msg.rfind("node '", 0) == 0) throw;
-      throw Error(step_name(s) + ": " + msg, e.kind());
+      rethrow_at(step_name(s), e, e.kind());
+    } catch (const c10::Error& e) {
+      rethrow_at(step_name(s), e);
     }
     if (step_seconds) (*step_seconds)[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t r : p.release[i]) frame[r] = Value();
@@ -150,6 +145,10 @@ std::vector<StepInfo> Model::steps() const {
   return out;
 }
 
-int64_t Model::num_packed_layers() const { return plan_->num_binary; }
+int64_t Model::num_packed_layers() const {
+  int64_t k = 0;
+  for (const Step& s : plan_->steps) k += s.binary ? 1 : 0;
+  return k;
+}
 
 }  // namespace whittle::deploy

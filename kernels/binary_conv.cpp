@@ -111,23 +111,16 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
   int32_t* out_int = e.kind == Epilogue::kDot ? out.data_ptr<int32_t>() : nullptr;
   float* out_float = e.kind == Epilogue::kFloat ? out.data_ptr<float>() : nullptr;
   uint64_t* out_bits = e.kind == Epilogue::kSign ? reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()) : nullptr;
-  const bool direct = T == 1 && opt.stride_h == 1 && opt.stride_w == 1 && opt.pad_h == 0 && opt.pad_w == 0;
 
   // A thread gets at least kMinWordsPerTask popcount words (small layers run on one thread).
   const int64_t row_words = std::max<int64_t>(1, Wo * O * K);
   detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
-    std::vector<uint64_t> cols(direct ? 0 : static_cast<size_t>(Wo * K));
+    detail::RowInput input(H, W, Cw, KH, KW, opt, Wo);
     std::vector<int32_t> pop(static_cast<size_t>(Wo * O));
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / Ho, oh = r % Ho;
       const int64_t ih0 = oh * opt.stride_h - opt.pad_h;
-      const uint64_t* a = nullptr;
-      if (direct) {
-        a = xin + (n * H + oh) * W * Cw;
-      } else {
-        detail::gather_row(xin, H, W, Cw, KH, KW, opt, n, oh, Wo, cols.data());
-        a = cols.data();
-      }
+      const uint64_t* a = input.row(xin, n, oh);
       gemm(detail::BitOp::kXor, a, K, wts, O, Wo, O, K, pop.data(), O);
       // Popcounts → dots in place: d = C·(valid taps) − 2·(popcount − popcount of the padded taps' weights).
       for (int64_t ow = 0; ow < Wo; ++ow) {

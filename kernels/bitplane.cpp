@@ -165,10 +165,9 @@ at::Tensor bitplane_conv2d(const at::Tensor& activation_planes, const PackedBitp
   std::vector<const uint64_t*> wts;
   for (const auto& p : w.planes) wts.push_back(words_of(p.words));
   const detail::PopcountGemmFn gemm = detail::popcount_gemm();
-  const bool direct = KH * KW == 1 && opt.stride_h == 1 && opt.stride_w == 1 && opt.pad_h == 0 && opt.pad_w == 0;
   const int64_t row_words = std::max<int64_t>(1, Wo * O * K * P * Pw);
   detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
-    std::vector<uint64_t> cols(direct ? 0 : static_cast<size_t>(Wo * K));
+    detail::RowInput input(H, W, Cw, KH, KW, opt, Wo);
     std::vector<int32_t> pop(static_cast<size_t>(Wo * O)), acc(static_cast<size_t>(Pw * Wo * O));
     std::vector<int64_t> ones(static_cast<size_t>(Wo));
     for (int64_t r = begin; r < end; ++r) {
@@ -176,14 +175,7 @@ at::Tensor bitplane_conv2d(const at::Tensor& activation_planes, const PackedBitp
       std::fill(acc.begin(), acc.end(), 0);
       std::fill(ones.begin(), ones.end(), 0);
       for (int64_t j = 0; j < P; ++j) {
-        const uint64_t* plane = xin + j * plane_words;
-        const uint64_t* a = nullptr;
-        if (direct) {
-          a = plane + (n * H + oh) * W * Cw;
-        } else {
-          detail::gather_row(plane, H, W, Cw, KH, KW, opt, n, oh, Wo, cols.data());
-          a = cols.data();
-        }
+        const uint64_t* a = input.row(xin + j * plane_words, n, oh);
         // Σ_j 2^j·popcount(a_j) over each position's window: the offset's term.
         for (int64_t ow = 0; ow < Wo; ++ow) {
           int64_t c = 0;

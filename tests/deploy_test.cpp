@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <iostream>
 #include <limits>
 
 #include "core/error.h"
@@ -270,7 +271,12 @@ TEST_F(Deploy, TrainedBnnLenet5HasTheSameTop1OnMnist) {
   }
   EXPECT_EQ(samples, 2000);
   EXPECT_EQ(hits_deploy, hits_reference);
-  EXPECT_GT(hits_reference, 1600) << "the one-epoch model should reach 80 % (measured: see docs/kernels.md)";
+  // Floor 80 %: measured 85.10 % (2 threads, AVX-512), 86.00 % (OMP_NUM_THREADS=1), 86.20 % (one
+  // thread, ATEN_CPU_CAPABILITY=default, WHITTLE_KERNEL_ISA=avx2), 84.80 % (ATen avx2, scalar
+  // kernels): a margin of 4.8 points for other thread counts and instruction sets. The equality
+  // of the two top-1 counts holds on all four.
+  EXPECT_GT(hits_reference, 1600) << "the one-epoch model should reach 80 %";
+  std::cout << "trained LeNet-5 BNN: top-1 " << hits_reference << " / " << samples << "\n";
 }
 
 }  // namespace
