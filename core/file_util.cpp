@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -139,6 +140,43 @@ void sync_path(const std::string& path) noexcept {
   ::close(fd);
 }
 
+namespace {
+// "dir/name" → "dir/.name.tmp-<pid>-<n>": hidden, and recognisable by remove_stale_temporaries.
+std::string temporary_path(const std::string& path, uint64_t n) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  return dir + "." + name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n);
+}
+}  // namespace
+
+int remove_stale_temporaries(const std::string& dir) {
+  int removed = 0;
+  std::vector<std::string> names;
+  try {
+    names = list_directory(dir);
+  } catch (const Error&) {
+    return 0;
+  }
+  for (const std::string& name : names) {
+    // .<name>.tmp-<pid>-<n>
+    const size_t at = name.rfind(".tmp-");
+    if (name.size() < 2 || name[0] != '.' || at == std::string::npos || at < 2) continue;
+    const std::string tail = name.substr(at + 5);
+    const size_t dash = tail.find('-');
+    if (dash == std::string::npos || dash == 0 || dash + 1 == tail.size() ||
+        tail.find_first_not_of("0123456789-") != std::string::npos || tail.find('-', dash + 1) != std::string::npos)
+      continue;
+    const long pid = std::strtol(tail.substr(0, dash).c_str(), nullptr, 10);
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;  // its writer still runs
+    const std::string full = join_path(dir, name);
+    if (!is_regular_file(full)) continue;
+    remove_file(full);
+    ++removed;
+  }
+  return removed;
+}
+
 void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write) {
   // rename(2) would replace whatever `path` is: a device node (/dev/null), a FIFO, a socket. Only a
   // regular file (or a symlink to one) is ever replaced; anything else is refused before writing.
@@ -150,7 +188,7 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
   if (!parent.empty() && !is_directory(parent))
     throw Error("cannot write " + path + ": the folder " + parent + " is " + describe_path(parent));
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const std::string tmp = temporary_path(path, counter++);
   try {
     write(tmp);
     if (!is_regular_file(tmp)) throw Error("cannot write " + path + ": nothing was written");

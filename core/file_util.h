@@ -34,8 +34,8 @@ std::string join_path(const std::string& a, const std::string& b);
 std::string file_extension(const std::string& path);
 /// Whole file as bytes; throws whittle::Error naming the path.
 std::string read_file(const std::string& path);
-/// The one way whittle writes a file: `write` fills a temporary file beside `path` (its argument
-/// is the temporary's path), which is then flushed to disk (fsync), renamed over `path`, and the
+/// The one way whittle writes a file: `write` fills a temporary file beside `path`, hidden
+/// (`.<name>.tmp-<pid>-<n>`; the argument of `write` is its path), which is then flushed to disk (fsync), renamed over `path`, and the
 /// directory entry synced, so readers and a crash at any moment see either the old file or the
 /// whole new one. If `write` throws, or any step fails, the temporary is removed and `path` is left
 /// as it was; the error is a whittle::Error naming `path` ("cannot write PATH: why"), or what
@@ -43,6 +43,10 @@ std::string read_file(const std::string& path);
 /// file (or a symlink to one) — a directory, a device node such as /dev/null, a FIFO, a socket —
 /// is refused before anything is written.
 void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
+/// Removes the temporaries that write_atomic left in `dir` when its process was killed before the
+/// rename (`.<name>.tmp-<pid>-<n>` whose process no longer runs); the files they would have
+/// replaced are whole. Returns how many were removed; never throws.
+int remove_stale_temporaries(const std::string& dir);
 /// write_atomic with `content` as the file's bytes.
 void write_file_atomic(const std::string& path, const std::string& content);
 /// True when `path` starts with the HDF5 signature (at offset 0, 512, 1024, 2048, ... where the

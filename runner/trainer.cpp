@@ -240,6 +240,8 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     }
     if (is_directory(dir)) {
       run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
+      // A run killed while writing left a hidden temporary; the file it was for is whole.
+      remove_stale_temporaries(dir);
       check_previous_run();
     }
   }
@@ -457,9 +459,11 @@ void Trainer::check_previous_run() const {
   for (const std::string& f : run_files())
     if (path_exists(join_path(dir, f))) {
       found += (found.empty() ? "" : ", ") + f;
-      saved = saved || (f != "recipe.yaml" && f != "metrics.jsonl");
+      saved = saved || f == "train_state.pt" || f == "report.json";
     }
-  if (!saved) return;  // only the start of a run that never finished an epoch: run again
+  // Without a training state or a report, the run never finished an epoch (a checkpoint alone:
+  // killed between its first checkpoint and its first training state): run again.
+  if (!saved) return;
   const bool finished = path_exists(join_path(dir, "report.json"));
   throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found +
                   "): --resume continues it, --overwrite replaces it, --out DIR writes elsewhere",
@@ -725,6 +729,24 @@ void Trainer::save_state() {
   save_train_state(state_path_, recipe_.text, state_, model_, modifiers_, *optimizer_, scaler_);
 }
 
+void Trainer::write_metrics_line(int64_t epoch, const std::string& line) const {
+  // The file is rewritten whole (atomically): the lines of the epochs before this one, then this
+  // one. A run killed after an epoch's line but before its training state repeats that epoch on
+  // resume; its line then replaces the earlier one instead of appearing twice.
+  const std::string path = join_path(result_.run_dir, "metrics.jsonl");
+  std::string text;
+  if (is_regular_file(path)) {
+    std::istringstream in(read_file(path));
+    for (std::string l; std::getline(in, l);) {
+      const json old = json::parse(l, nullptr, false);
+      if (old.is_object() && old.contains("epoch") && old["epoch"].is_number_integer() && old["epoch"].get<int64_t>() < epoch)
+        text += l + "\n";
+    }
+  }
+  text += line + "\n";
+  write_file_atomic(path, text);
+}
+
 EvalMetrics Trainer::end_epoch() {
   const TrainingSpec& t = recipe_.training;
   const int64_t epoch = state_.epoch;
@@ -743,6 +765,7 @@ EvalMetrics Trainer::end_epoch() {
                             : "the checkpoint and training state in " + result_.run_dir + " are from epoch " +
                                   std::to_string(epoch)));
   result_.test = ev;
+  tested_ = true;
   result_.epochs_done = epoch + 1;
   const double seen = static_cast<double>(state_.seen);
   json line;
@@ -771,8 +794,7 @@ EvalMetrics Trainer::end_epoch() {
   }
   if (writer_) {
     start_writing();
-    std::ofstream f(join_path(result_.run_dir, "metrics.jsonl"), std::ios::app);
-    f << line.dump() << "\n";
+    write_metrics_line(epoch + 1, line.dump());
   }
   *log_ << "epoch " << epoch + 1 << "/" << t.epochs << ": test top-1 " << std::fixed << std::setprecision(2)
         << 100 * ev.top1 << "%  top-5 " << 100 * ev.top5 << "%  loss " << std::setprecision(4) << ev.loss;
@@ -812,6 +834,10 @@ RunResult Trainer::run() {
 }
 
 RunResult Trainer::finish() {
+  // A resume of a run whose training was over (killed while finishing) trained no epoch in this
+  // sitting: the test figures of the last epoch come from evaluating the saved model again, which
+  // is the model that epoch evaluated (the state is saved after its evaluation).
+  if (!tested_ && result_.epochs_done > 0) result_.test = evaluate();
   for (auto& m : modifiers_) m->on_finish(tc_);
   model_->eval();
   // The report describes the model as it is shipped (pruned, fused).

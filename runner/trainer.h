@@ -192,6 +192,9 @@ class Trainer {
     ~RunDirectory();
   } run_dir_;
   void start_writing();           // writes them, at the first save or metrics line
+  // Writes metrics.jsonl as the lines of the epochs before `epoch` (1-based) and then `line`.
+  void write_metrics_line(int64_t epoch, const std::string& line) const;
+  bool tested_ = false;  // an epoch ended (and was evaluated) in this sitting
   std::ostream* log_;
   std::ostream null_log_{nullptr};   // ranks other than 0 print nothing
   std::shared_ptr<ProcessGroup> group_;
