@@ -12,7 +12,7 @@ CTEST_ARGS ?=
 SANITIZE_DIR ?= build-sanitize
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
-SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:fast_unwind_on_malloc=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp
 
 .PHONY: all setup configure build test demo format install clean test-sanitize fuzz fuzz-build

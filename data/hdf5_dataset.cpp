@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <string_view>
 #include <mutex>
 
 #include "data/io_util.h"
@@ -50,8 +51,61 @@ void reclaim_vlen(hid_t memtype, hid_t space, void* buf) {
 #endif
 }
 
-// Reads a 0-D or 1-D string attribute (is_attr) or dataset into a vector of strings.
-std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string& where) {
+// Checks every global heap collection of the file at `path` before HDF5 reads variable-length
+// strings from one. HDF5 1.10 (Debian 12's libhdf5) loops forever on a collection holding a
+// free-space object of size 0 (found by fuzz_hdf5_dataset): such a file is refused here instead.
+// A collection is the bytes "GCOL", version 1, three zero bytes, its size (8 bytes, little
+// endian, at least 4096 and inside the file), then objects of [index u16, references u16, 4
+// reserved bytes, size u64, data padded to 8]; index 0 is the free space, whose size covers its
+// header. Data that merely contains "GCOL" is not mistaken for one: the header must fit too.
+struct DamagedHeap : Error {
+  using Error::Error;
+};
+
+void check_global_heaps(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open for reading");
+  in.seekg(0, std::ios::end);
+  const uint64_t file_bytes = static_cast<uint64_t>(in.tellg());
+  const auto u64 = [](const char* b) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = v << 8 | static_cast<uint8_t>(b[i]);
+    return v;
+  };
+  // Scanned in chunks that overlap by a header's 16 bytes; each candidate collection is read whole.
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::string chunk(kChunk + 16, '\0'), heap;
+  for (uint64_t base = 0; base < file_bytes; base += kChunk) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk + 16, file_bytes - base));
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(base));
+    in.read(chunk.data(), static_cast<std::streamsize>(n));
+    const std::string_view view(chunk.data(), n);
+    for (size_t at = view.find("GCOL"); at != std::string_view::npos && at < kChunk; at = view.find("GCOL", at + 1)) {
+      if (at + 16 > n || view[at + 4] != 1 || view[at + 5] != 0 || view[at + 6] != 0 || view[at + 7] != 0) continue;
+      const uint64_t size = u64(view.data() + at + 8);
+      if (size < 4096 || size > file_bytes - (base + at)) continue;
+      heap.assign(static_cast<size_t>(size), '\0');
+      in.clear();
+      in.seekg(static_cast<std::streamoff>(base + at));
+      in.read(heap.data(), static_cast<std::streamsize>(size));
+      for (size_t p = 16; p + 16 <= heap.size();) {
+        const unsigned index = static_cast<uint8_t>(heap[p]) | static_cast<unsigned>(static_cast<uint8_t>(heap[p + 1])) << 8;
+        const uint64_t object = u64(heap.data() + p + 8);
+        const uint64_t need = index > 0 ? 16 + ((object + 7) / 8) * 8 : object;
+        if (need == 0 || object > size)
+          throw DamagedHeap(path + ": the global heap at byte " + std::to_string(base + at) + " is damaged (an object of size " +
+                            std::to_string(object) + "): the file is corrupt");
+        p += static_cast<size_t>(need);
+      }
+    }
+  }
+}
+
+// Reads a 0-D or 1-D string attribute (is_attr) or dataset into a vector of strings. Before the
+// first variable-length read of the file `path`, its global heaps are checked (*heaps_checked).
+std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string& where, const std::string& path,
+                                      bool* heaps_checked) {
   Id type(is_attr ? H5Aget_type(obj) : H5Dget_type(obj), H5Tclose);
   Id space(is_attr ? H5Aget_space(obj) : H5Dget_space(obj), H5Sclose);
   if (!type.valid() || !space.valid()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
@@ -67,6 +121,10 @@ std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string
   Id memtype(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_cset(memtype.get(), H5Tget_cset(type.get()));
   if (H5Tis_variable_str(type.get()) > 0) {
+    if (!*heaps_checked) {
+      check_global_heaps(path);
+      *heaps_checked = true;
+    }
     H5Tset_size(memtype.get(), H5T_VARIABLE);
     std::vector<char*> buf(static_cast<size_t>(n), nullptr);
     read(memtype.get(), buf.data());
@@ -147,13 +205,16 @@ Dataset read_hdf5_dataset(const std::string& path) {
   QuietHdf5 quiet;
   Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
+  bool heaps_checked = false;  // see check_global_heaps
   // Another whittle file (a checkpoint) says what it is in its `format` attribute.
   if (H5Aexists(file.get(), "format") > 0 && H5Lexists(file.get(), "images", H5P_DEFAULT) <= 0) {
     std::string format;
     try {
       Id attr(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
-      const std::vector<std::string> v = read_strings(attr.get(), true, path);
+      const std::vector<std::string> v = read_strings(attr.get(), true, path, path, &heaps_checked);
       if (!v.empty()) format = v.front();
+    } catch (const DamagedHeap&) {
+      throw;
     } catch (const std::exception&) {
     }
     if (format == "whittle.checkpoint") throw Error(path + ": is a whittle checkpoint (a model), not a dataset");
@@ -206,11 +267,11 @@ Dataset read_hdf5_dataset(const std::string& path) {
   if (H5Aexists(file.get(), "class_names") > 0) {
     Id attr(H5Aopen(file.get(), "class_names", H5P_DEFAULT), H5Aclose);
     if (!attr.valid()) throw Error(path + ": attribute class_names: cannot open (" + hdf5_reason() + ")");
-    d.class_names = read_strings(attr.get(), true, path + ": attribute class_names");
+    d.class_names = read_strings(attr.get(), true, path + ": attribute class_names", path, &heaps_checked);
   } else if (H5Lexists(file.get(), "class_names", H5P_DEFAULT) > 0) {
     Id ds(H5Dopen2(file.get(), "class_names", H5P_DEFAULT), H5Dclose);
     if (!ds.valid()) throw Error(path + ": /class_names: cannot open (" + hdf5_reason() + ")");
-    d.class_names = read_strings(ds.get(), false, path + ": /class_names");
+    d.class_names = read_strings(ds.get(), false, path + ": /class_names", path, &heaps_checked);
   }
   H5Eclear2(H5E_DEFAULT);
   d.validate(path);

@@ -54,6 +54,15 @@ bool is_image_archive(const std::string& path) {
   return ends(".tar") || ends(".tar.gz") || ends(".tgz");
 }
 
+namespace {
+// libarchive's message for the last error; it may have none (found by fuzz_image_archive: a NULL
+// message was appended to a std::string).
+std::string archive_message(archive* a) {
+  const char* m = archive_error_string(a);
+  return m ? m : "unknown error (libarchive gives no message)";
+}
+}  // namespace
+
 Dataset read_image_archive(const std::string& path, const std::string& split, const ImageFolderOptions& options) {
   archive* a = archive_read_new();
   archive_read_support_filter_all(a);
@@ -63,7 +72,7 @@ Dataset read_image_archive(const std::string& path, const std::string& split, co
     ~Closer() { archive_read_free(a); }
   } closer{a};
   if (archive_read_open_filename(a, path.c_str(), 1 << 20) != ARCHIVE_OK)
-    throw Error(path + ": cannot open archive: " + archive_error_string(a));
+    throw Error(path + ": cannot open archive: " + archive_message(a));
   std::vector<Entry> entries;
   std::set<std::string> splits_seen;
   archive_entry* e = nullptr;
@@ -82,7 +91,7 @@ Dataset read_image_archive(const std::string& path, const std::string& split, co
     if (got != size) throw Error(path + ": entry " + name + " is truncated (archive damaged)");
     entries.push_back(std::move(en));
   }
-  if (rc != ARCHIVE_EOF) throw Error(path + ": cannot read archive: " + std::string(archive_error_string(a) ? archive_error_string(a) : "unknown error"));
+  if (rc != ARCHIVE_EOF) throw Error(path + ": cannot read archive: " + archive_message(a));
   if (entries.empty()) {
     std::string have;
     for (const auto& s : splits_seen) have += (have.empty() ? "" : ", ") + s;

@@ -30,12 +30,23 @@ std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, const cha
   if (bytes.size() < header)
     throw Error(path + ": truncated IDX header: " + std::to_string(bytes.size()) + " bytes, expected " +
                 std::to_string(header));
-  uint64_t payload = 1;
+  // The sizes are checked before they are multiplied out or allocated: an item (one image, one
+  // label) of at most 2^31 bytes, and a product that does not overflow.
+  uint64_t payload = 1, item = 1;
+  bool overflow = false;
   dims.clear();
   for (size_t d = 0; d < ndim; ++d) {
     uint32_t n = detail::load_be32(bytes.data() + 4 + 4 * d);
     dims.push_back(n);
-    payload *= n;
+    overflow = overflow || __builtin_mul_overflow(payload, uint64_t{n}, &payload);
+    if (d > 0) overflow = overflow || __builtin_mul_overflow(item, uint64_t{n}, &item);
+  }
+  if (overflow || item > (uint64_t{1} << 31)) {
+    std::ostringstream os;
+    os << path << ": header gives " << what << " of size [";
+    for (size_t d = 0; d < dims.size(); ++d) os << (d ? ", " : "") << dims[d];
+    os << "]: implausibly large (damaged header?)";
+    throw Error(os.str());
   }
   const uint64_t expected = header + payload;
   if (bytes.size() != expected) {

@@ -179,7 +179,12 @@ struct Reader {
     return ds;
   }
 
-  bool has_attr(hid_t obj, const char* name) const { return H5Aexists(obj, name) > 0; }
+  // False when absent; a failure to look (damaged object header: HDF5's checksum) is an error.
+  bool has_attr(hid_t obj, const char* name) const {
+    const htri_t found = H5Aexists(obj, name);
+    if (found < 0) fail(std::string("cannot read the attributes (looking for '") + name + "'): the file is damaged");
+    return found > 0;
+  }
 
   int64_t read_attr_int(hid_t obj, const char* name, const std::string& where) const {
     if (!has_attr(obj, name)) fail(where + ": missing attribute '" + name + "'");
@@ -274,6 +279,10 @@ struct Reader {
     H5Sget_simple_extent_dims(space.get(), &n, nullptr);
     const hsize_t storage = H5Dget_storage_size(ds.get());
     if (storage != n) fail("tensor data truncated (" + std::to_string(storage) + " of " + std::to_string(n) + " bytes stored)");
+    // The data are stored uncompressed: they cannot be larger than the file (a damaged size would
+    // otherwise ask for any amount of memory).
+    if (n > static_cast<hsize_t>(file_size(path)))
+      fail("tensor data declared as " + std::to_string(n) + " bytes, more than the file's " + std::to_string(file_size(path)));
     data.assign(static_cast<size_t>(n), '\0');
     if (n > 0 && H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
       fail("cannot read the tensor data (file truncated or damaged)");
@@ -315,6 +324,14 @@ struct Reader {
     if (crc_of(src, static_cast<size_t>(st.nbytes)) != st.crc) fail(where + " is corrupted (CRC-32 mismatch)");
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(stored_as));
     if (st.nbytes > 0) std::memcpy(t.data_ptr(), src, static_cast<size_t>(st.nbytes));
+    // A weight that is NaN or infinite was saved from a model that had diverged (the CRC only says
+    // the bytes are the ones written): such a model is refused, not loaded.
+    if (at::isFloatingType(stored_as) && t.numel() > 0) {
+      const int64_t bad = (~at::isfinite(t)).sum().item<int64_t>();
+      if (bad > 0)
+        fail(where + " holds " + std::to_string(bad) + " non-finite value" + (bad == 1 ? "" : "s") +
+             " (NaN or infinity): the model was saved after it diverged");
+    }
     return dtype == at::kBool ? t.to(at::kBool) : t;
   }
 };
@@ -403,7 +420,17 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
-  if (r.read_attr_string(file.get(), "format", "file") != "whittle.checkpoint") r.fail("not a whittle checkpoint (format attribute)");
+  if (!r.has_attr(file.get(), "format")) r.fail("an HDF5 file without whittle's format attribute: not a whittle checkpoint");
+  {
+    std::string format;
+    try {
+      format = r.read_attr_string(file.get(), "format", "file");
+    } catch (const Error&) {
+      r.fail("an HDF5 file whose format attribute is not whittle's: not a whittle checkpoint");
+    }
+    if (format != "whittle.checkpoint")
+      r.fail("an HDF5 file of format '" + format + "', not a whittle checkpoint (format 'whittle.checkpoint')");
+  }
   Checkpoint ck;
   ck.format_version = static_cast<int>(r.read_attr_int(file.get(), "format_version", "file"));
   if (ck.format_version > kCheckpointFormatVersion)

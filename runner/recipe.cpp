@@ -97,8 +97,10 @@ bool scalar_is(const YAML::Node& n, KeyType t) {
     switch (t) {
       case KeyType::kString: return true;
       case KeyType::kInt: {
+        // As the typed getters read it (yaml-cpp: "09" is not an integer, a bad octal), and all of it.
         size_t used = 0;
         (void)std::stoll(s, &used);
+        (void)n.as<int64_t>();
         return used == s.size();
       }
       case KeyType::kFloat: {
@@ -234,7 +236,15 @@ std::vector<KeySpec> modifier_common_keys() {
 template <typename T>
 void get(const YAML::Node& parent, const char* name, T& out) {
   const YAML::Node n = parent[name];
-  if (n && !n.IsNull()) out = n.as<T>();
+  if (!n || n.IsNull()) return;
+  try {
+    out = n.as<T>();
+  } catch (const YAML::Exception&) {
+    // The schema check before accepts only convertible values; a value it let through that the
+    // conversion still refuses (an integer too large for its field) is named here.
+    usage_error("line " + std::to_string(n.Mark().line + 1) + ": '" + name + "' cannot be read as the type it needs" +
+                (n.IsScalar() ? ": '" + n.Scalar() + "'" : std::string()));
+  }
 }
 
 void get_path(const YAML::Node& parent, const char* name, std::string& out) { get(parent, name, out); }

@@ -313,10 +313,10 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
                 ErrorKind::kUsage);
 
   // Model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
-  std::optional<SavedTrainState> saved;
+  std::unique_ptr<SavedTrainState> saved;  // (not std::optional: clang 14 rejects it for this type)
   if (options.resume) {
     try {
-      saved.emplace(SavedTrainState::read(state_path_, r.text));
+      saved = std::make_unique<SavedTrainState>(SavedTrainState::read(state_path_, r.text));
     } catch (const Error& e) {
       if (writer_) throw;
       throw Error(std::string(e.what()) + " (on resume every rank reads the training state: the run directory must be on a "

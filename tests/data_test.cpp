@@ -238,6 +238,20 @@ TEST_F(DataIdx, TruncatedAndOverlongFilesNameTheFile) {
   expect_error([&] { read_idx_labels(dir + "/labcut"); }, {dir + "/labcut", "truncated"});
 }
 
+TEST_F(DataIdx, ImplausibleSizesAreRefusedBeforeAllocating) {
+  // Found by fuzz_idx (tests/fuzz/regressions/idx/): zero images of 4278190079 × 4294967295
+  // pixels matched the 16-byte file and then overflowed the tensor's strides (a c10::Error).
+  const std::string dir = scratch_dir();
+  write_bytes(dir + "/zero", idx_images(0, 0xfeffffffu, 0xffffffffu, {}));
+  expect_error([&] { read_idx_images(dir + "/zero"); }, {dir + "/zero", "[0, 4278190079, 4294967295]", "implausibly large"});
+  // Three images of 2^31 × 2^31 pixels (their product wraps around 2^64).
+  write_bytes(dir + "/wrap", idx_images(3, 0x80000000u, 0x80000000u, {}));
+  expect_error([&] { read_idx_images(dir + "/wrap"); }, {dir + "/wrap", "implausibly large"});
+  // An empty file of 28×28 images is still read.
+  write_bytes(dir + "/empty", idx_images(0, 28, 28, {}));
+  EXPECT_EQ(read_idx_images(dir + "/empty").sizes(), (std::vector<int64_t>{0, 1, 28, 28}));
+}
+
 TEST_F(DataIdx, TruncatedGzipNamesTheFile) {
   const std::string dir = scratch_dir();
   // 2000 pseudo-random pixels compress poorly, so cutting the stream in half loses data.

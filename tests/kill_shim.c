@@ -8,8 +8,14 @@
  * <call> is write (write, writev, pwrite, pwrite64: the n-th one writes half of its bytes, then the
  * process is killed), fsync (fsync, fdatasync: killed before it), or rename (killed before it).
  * Only calls on a file whose path contains <substring> count (for write and fsync the path of the
- * descriptor, for rename the new name); the n-th (1-based) such call is the one. Without the
- * variable the library only passes calls on. Test code only: never linked into whittle. */
+ * descriptor, for rename the new name); the n-th (1-based) such call is the one.
+ *
+ *   WHITTLE_ENOSPC=<substring>
+ *
+ * makes every write to a file whose path contains <substring> fail with ENOSPC, as on a full disk
+ * (the bad-input test, tests/reference/reliability_test.py). Without either variable the library
+ * only passes calls on. Test code only: never linked into whittle. */
+#include <errno.h>
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <signal.h>
@@ -59,6 +65,25 @@ static int hit(const char* call, int fd, const char* name) {
   return ++g_count == g_target;
 }
 
+/* True when writes to `fd` are to fail as on a full disk. */
+static int full_disk(int fd) {
+  static const char* substring = NULL;
+  static int parsed = 0;
+  if (!parsed) {
+    substring = getenv("WHITTLE_ENOSPC");
+    parsed = 1;
+  }
+  if (!substring || fd <= 2) return 0;
+  char link[64], path[4096];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, path, sizeof path - 1);
+  if (n <= 0) return 0;
+  path[n] = 0;
+  if (!strstr(path, substring)) return 0;
+  errno = ENOSPC;
+  return 1;
+}
+
 static void die(void) {
   kill(getpid(), SIGKILL);
   for (;;) pause();
@@ -74,6 +99,7 @@ ssize_t write(int fd, const void* buf, size_t count) {
     real_write(fd, buf, count / 2);
     die();
   }
+  if (full_disk(fd)) return -1;
   return real_write(fd, buf, count);
 }
 
@@ -83,6 +109,7 @@ ssize_t pwrite(int fd, const void* buf, size_t count, off_t offset) {
     real_pwrite(fd, buf, count / 2, offset);
     die();
   }
+  if (full_disk(fd)) return -1;
   return real_pwrite(fd, buf, count, offset);
 }
 
@@ -92,6 +119,7 @@ ssize_t pwrite64(int fd, const void* buf, size_t count, off_t offset) {
     real_pwrite64(fd, buf, count / 2, offset);
     die();
   }
+  if (full_disk(fd)) return -1;
   return real_pwrite64(fd, buf, count, offset);
 }
 
@@ -101,6 +129,7 @@ ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
     if (iovcnt > 0) real_writev(fd, iov, 1);
     die();
   }
+  if (full_disk(fd)) return -1;
   return real_writev(fd, iov, iovcnt);
 }
 

@@ -83,6 +83,10 @@ TEST_F(RecipeTest, WrongTypesAndChoicesAreNamed) {
   EXPECT_NE(msg.find("'data.mean' must be a list of numbers"), std::string::npos) << msg;
   msg = error_of(base_recipe(), {"data.horizontal_flip=maybe"});
   EXPECT_NE(msg.find("'data.horizontal_flip' must be a boolean"), std::string::npos) << msg;
+  // Found by fuzz_recipe (tests/fuzz/regressions/recipe/): "09" passed the integer check, then
+  // yaml-cpp's conversion (a bad octal) threw YAML::TypedBadConversion out of the parser.
+  msg = error_of(base_recipe(), {"training.epochs=09"});
+  EXPECT_NE(msg.find("'training.epochs' must be an integer, got '09'"), std::string::npos) << msg;
 }
 
 TEST_F(RecipeTest, MissingDataPathIsNamed) {

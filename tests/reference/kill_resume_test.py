@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli_harness import BIN, MNIST, SRC, check, failures, finish, out_dir  # noqa: E402
 
-SHIM = sys.argv[1]
+SHIM = os.path.abspath(sys.argv[1])
 OUT = out_dir("kill_resume")
 EPOCHS = 30
 TEMP = re.compile(r"^\..+\.tmp-(\d+)-\d+$")
