@@ -58,6 +58,23 @@ void reclaim_vlen(hid_t memtype, hid_t space, void* buf) {
 // endian, at least 4096 and inside the file), then objects of [index u16, references u16, 4
 // reserved bytes, size u64, data padded to 8]; index 0 is the free space, whose size covers its
 // header. Data that merely contains "GCOL" is not mistaken for one: the header must fit too.
+// Refuses a dataset whose declared size cannot come from this file before it is allocated (found
+// by fuzz_hdf5_dataset: a damaged /images shape asked for 15 TB). Stored data are at most the
+// file's bytes, or about 1032 times that when deflated (deflate's largest ratio).
+void check_declared_bytes(const std::vector<hsize_t>& dims, uint64_t element_bytes, const std::string& path,
+                          const std::string& where) {
+  uint64_t bytes = element_bytes;
+  bool overflow = false;
+  for (hsize_t d : dims) overflow = overflow || __builtin_mul_overflow(bytes, uint64_t{d}, &bytes);
+  const uint64_t limit = static_cast<uint64_t>(file_size(path)) * 1100;
+  if (overflow || bytes > limit) {
+    std::string shape;
+    for (hsize_t d : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    throw Error(where + ": declares [" + shape + "], more data than a file of " + std::to_string(file_size(path)) +
+                " bytes can hold (damaged?)");
+  }
+}
+
 struct DamagedHeap : Error {
   using Error::Error;
 };
@@ -244,6 +261,7 @@ Dataset read_hdf5_dataset(const std::string& path) {
       throw Error(where + ": element type must be uint8");
     if (dims[1] != 1 && dims[1] != 3)
       throw Error(where + ": has " + std::to_string(dims[1]) + " channels, expected 1 (gray) or 3 (RGB)");
+    check_declared_bytes(dims, 1, path, where);
     d.images = at::empty({static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1]), static_cast<int64_t>(dims[2]),
                           static_cast<int64_t>(dims[3])},
                          at::kByte);
@@ -259,6 +277,7 @@ Dataset read_hdf5_dataset(const std::string& path) {
     if (static_cast<int64_t>(dims[0]) != d.images.size(0))
       throw Error(path + ": count mismatch: /images holds " + std::to_string(d.images.size(0)) +
                   " images but /labels holds " + std::to_string(dims[0]) + " labels");
+    check_declared_bytes(dims, 8, path, where);
     d.labels = at::empty({static_cast<int64_t>(dims[0])}, at::kLong);
     if (dims[0] > 0 &&
         H5Dread(ds.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.labels.data_ptr<int64_t>()) < 0)

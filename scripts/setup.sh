@@ -16,6 +16,7 @@ APT_PACKAGES=(
   libgloo-dev
   chromium
   clang-format clang-tidy
+  clang libclang-rt-14-dev llvm
 )
 # The pinned LibTorch version and the reference-test packages (see requirements.txt).
 REQUIREMENTS=requirements.txt

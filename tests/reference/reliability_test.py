@@ -166,6 +166,14 @@ def h5_dataset(name, images, labels):
     return name
 
 
+def huge_h5(name):
+    """/images declared as 10^9 RGB 32×32 images in chunks, none written: a small file."""
+    with h5py.File(os.path.join(W, name), "w") as f:
+        f.create_dataset("images", shape=(10**9, 3, 32, 32), dtype=np.uint8, chunks=(1, 3, 32, 32))
+        f.create_dataset("labels", shape=(10**9,), dtype=np.int64, chunks=(1024,))
+    return name
+
+
 r = whittle("data", "pack", idx_dir("digits", with_count(raw_images, 8), with_count(raw_labels, 8)), "--to", "digits.h5")
 check(r.returncode == 0, "a good HDF5 dataset is packed" + ("" if r.returncode == 0 else ": " + r.stderr[-500:]))
 
@@ -190,6 +198,7 @@ CASES = [
     ("huge declared size", "IDX header declares 2,147,483,647 images", ["data", "pack", idx_dir("idx_huge", with_count(raw_images, 2**31 - 1), with_count(raw_labels, 8)), "--to", "out.h5"], 1),
     ("mismatched shapes", "IDX labels for 7 of 8 images", ["data", "pack", idx_dir("idx_count", with_count(raw_images, 8), with_count(raw_labels, 7)[:15]), "--to", "out.h5"], 1),
     ("wrong dtype", "HDF5 dataset with float32 images", ["data", "pack", h5_dataset("float.h5", np.zeros((2, 1, 4, 4), np.float32), np.zeros(2, np.int64)), "--to", "out.h5"], 1),
+    ("huge declared size", "HDF5 dataset declaring 10^9 images, none stored", ["data", "pack", huge_h5("huge_images.h5"), "--to", "out.h5"], 1),
     ("mismatched shapes", "HDF5 dataset with 2 images and 3 labels", ["data", "pack", h5_dataset("labels.h5", np.zeros((2, 1, 4, 4), np.uint8), np.zeros(3, np.int64)), "--to", "out.h5"], 1),
     ("wrong recipe type", "training.epochs: ten", ["run", write("type.yaml", open(os.path.join(W, "good.yaml")).read().replace("epochs: 1", "epochs: ten"))], 2),
     ("wrong recipe type", "--set training.epochs=[1, 2]", ["run", "good.yaml", "--set", "training.epochs=[1, 2]", "--out", "never"], 2),
