@@ -11,6 +11,8 @@
 
 #include "kernels/popcount_gemm.h"
 
+#include <algorithm>
+
 namespace whittle::kernels::detail {
 namespace {
 
@@ -97,6 +99,12 @@ void gemm(const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_
 
 void popcount_gemm_avx2(BitOp op, const uint64_t* A, int64_t lda, const uint64_t* B, int64_t ldb, int64_t M,
                         int64_t N, int64_t K, int32_t* C, int64_t ldc) {
+  // Empty operands may come as null pointers, which the blocks below must not offset (UBSan).
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0);
+    return;
+  }
   if (op == BitOp::kXor) gemm<BitOp::kXor>(A, lda, B, ldb, M, N, K, C, ldc);
   else gemm<BitOp::kAnd>(A, lda, B, ldb, M, N, K, C, ldc);
 }

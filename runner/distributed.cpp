@@ -131,9 +131,12 @@ struct ProcessGroup::Impl {
   ~Impl() {
     if (!poisoned) return;
     // A collective still in flight holds c10d's worker thread: destroying the group would wait for
-    // it until the timeout. The process is about to exit; the objects are left to it.
-    (void)pg.release();
-    (void)store.release();
+    // it until the timeout. The process is about to exit; the objects are left to it, kept
+    // reachable from a list that is never destroyed (so that leak checkers see them owned).
+    static auto* abandoned_groups = new std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>();
+    static auto* abandoned_stores = new std::vector<c10::intrusive_ptr<c10d::Store>>();
+    abandoned_groups->push_back(std::move(pg));
+    abandoned_stores->push_back(std::move(store));
   }
 
   // Waits for `work`, every second looking for a failure another rank reported. Throws
