@@ -48,20 +48,21 @@ static void parse(void) {
   g_target = atol(b + 1);
 }
 
-static int fd_matches(int fd) {
+/* True when the file open on `fd` has a path containing `substring`. */
+static int fd_path_contains(int fd, const char* substring) {
   char link[64], path[4096];
   snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
   ssize_t n = readlink(link, path, sizeof path - 1);
   if (n <= 0) return 0;
   path[n] = 0;
-  return strstr(path, g_substring) != NULL;
+  return strstr(path, substring) != NULL;
 }
 
 /* True when this call is the one to die at. */
 static int hit(const char* call, int fd, const char* name) {
   parse();
   if (g_target < 0 || strcmp(call, g_call) != 0) return 0;
-  if (!(name ? strstr(name, g_substring) != NULL : fd_matches(fd))) return 0;
+  if (!(name ? strstr(name, g_substring) != NULL : fd_path_contains(fd, g_substring))) return 0;
   return ++g_count == g_target;
 }
 
@@ -73,13 +74,7 @@ static int full_disk(int fd) {
     substring = getenv("WHITTLE_ENOSPC");
     parsed = 1;
   }
-  if (!substring || fd <= 2) return 0;
-  char link[64], path[4096];
-  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(link, path, sizeof path - 1);
-  if (n <= 0) return 0;
-  path[n] = 0;
-  if (!strstr(path, substring)) return 0;
+  if (!substring || fd <= 2 || !fd_path_contains(fd, substring)) return 0;
   errno = ENOSPC;
   return 1;
 }
