@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/parallel.h"
+#include "core/parallel.h"
 #include "kernels/bitpack.h"
 #include "kernels/im2col.h"
 #include "kernels/popcount_gemm.h"
@@ -114,7 +114,7 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
 
   // A thread gets at least kMinWordsPerTask popcount words (small layers run on one thread).
   const int64_t row_words = std::max<int64_t>(1, Wo * O * K);
-  detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
+  whittle::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
     detail::RowInput input(H, W, Cw, KH, KW, opt, Wo);
     std::vector<int32_t> pop(static_cast<size_t>(Wo * O));
     for (int64_t r = begin; r < end; ++r) {
@@ -179,7 +179,7 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
   const uint64_t* wts = words_of(w.words);
   int32_t* p = pop.data_ptr<int32_t>();
   // Blocks of output channels, so that batch 1 also spreads over the threads.
-  detail::parallel_for(0, O, std::max<int64_t>(16, kMinWordsPerTask / std::max<int64_t>(1, N * Cw)), [&](int64_t o0, int64_t o1) {
+  whittle::parallel_for(0, O, std::max<int64_t>(16, kMinWordsPerTask / std::max<int64_t>(1, N * Cw)), [&](int64_t o0, int64_t o1) {
     gemm(detail::BitOp::kXor, xin, Cw, wts + o0, O, N, o1 - o0, Cw, p + o0, O);
   });
   // dot = C − 2·popcount, in place (int32 [N, O]).

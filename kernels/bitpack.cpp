@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
-#include "kernels/parallel.h"
+#include "core/parallel.h"
 
 namespace whittle::kernels {
 
@@ -57,7 +57,7 @@ at::Tensor pack_signs_nchw(const at::Tensor& x) {
   // Tasks: one image and a block of positions (whose words stay in cache across channels).
   constexpr int64_t kBlock = 1024;
   const int64_t blocks = (HW + kBlock - 1) / kBlock;
-  detail::parallel_for(0, N * blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, C * std::min(HW, kBlock))),
+  whittle::parallel_for(0, N * blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, C * std::min(HW, kBlock))),
                        [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / blocks, p0 = (t % blocks) * kBlock, p1 = std::min(HW, p0 + kBlock);
@@ -79,7 +79,7 @@ at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
   at::Tensor out = at::empty(cl.packed_shape, at::kLong);
   const float* src = cl.rows.data_ptr<float>();
   auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
-  detail::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, channels)), [&](int64_t begin, int64_t end) {
+  whittle::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, channels)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* v = src + r * channels;
       uint64_t* w = dst + r * words;
@@ -166,7 +166,7 @@ at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& o
   const auto* src = reinterpret_cast<const uint64_t*>(in.data_ptr<int64_t>());
   auto* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, Wo * Cw * o.kernel_h * o.kernel_w));
-  detail::parallel_for(0, N * Ho, grain, [&](int64_t begin, int64_t end) {
+  whittle::parallel_for(0, N * Ho, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / Ho, ho = r % Ho;
       const int64_t h0 = std::max<int64_t>(0, ho * o.stride_h - o.pad_h);

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "kernels/bitpack.h"
 #include "kernels/im2col.h"
-#include "kernels/parallel.h"
+#include "core/parallel.h"
 #include "kernels/popcount_gemm.h"
 
 namespace whittle::kernels {
@@ -118,7 +118,7 @@ at::Tensor pack_bitplanes(const at::Tensor& codes, int64_t bits) {
   std::atomic<bool> bad{false};
   constexpr int64_t kBlock = 1024;
   const int64_t blocks = (HW + kBlock - 1) / kBlock;
-  detail::parallel_for(0, N * blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, C * std::min(HW, kBlock))),
+  whittle::parallel_for(0, N * blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, C * std::min(HW, kBlock))),
                        [&](int64_t begin, int64_t end) {
     bool local_bad = false;
     for (int64_t t = begin; t < end; ++t) {
@@ -166,7 +166,7 @@ at::Tensor bitplane_conv2d(const at::Tensor& activation_planes, const PackedBitp
   for (const auto& p : w.planes) wts.push_back(words_of(p.words));
   const detail::PopcountGemmFn gemm = detail::popcount_gemm();
   const int64_t row_words = std::max<int64_t>(1, Wo * O * K * P * Pw);
-  detail::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
+  whittle::parallel_for(0, N * Ho, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t begin, int64_t end) {
     detail::RowInput input(H, W, Cw, KH, KW, opt, Wo);
     std::vector<int32_t> pop(static_cast<size_t>(Wo * O)), acc(static_cast<size_t>(Pw * Wo * O));
     std::vector<int64_t> ones(static_cast<size_t>(Wo));
@@ -222,7 +222,7 @@ at::Tensor bitplane_linear(const at::Tensor& activation_planes, const PackedBitp
   const detail::PopcountGemmFn gemm = detail::popcount_gemm();
   // Blocks of rows (samples); each block runs every plane pair.
   const int64_t row_words = std::max<int64_t>(1, O * Cw * P * Pw);
-  detail::parallel_for(0, N, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t n0, int64_t n1) {
+  whittle::parallel_for(0, N, std::max<int64_t>(1, kMinWordsPerTask / row_words), [&](int64_t n0, int64_t n1) {
     const int64_t M = n1 - n0;
     std::vector<int32_t> pop(static_cast<size_t>(M * O)), acc(static_cast<size_t>(Pw * M * O), 0);
     std::vector<int64_t> ones(static_cast<size_t>(M), 0);

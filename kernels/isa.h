@@ -1,32 +1,16 @@
 #pragma once
-// The instruction-set variants of the bitpacked kernels and the choice among them at run time.
+// The instruction-set variants of the bitpacked kernels: core/isa.h's, under the kernels' names.
 
-#include <string>
-#include <vector>
+#include "core/isa.h"
 
 namespace whittle::kernels {
 
-/// A variant of the popcount microkernels (kernels/popcount_gemm.h).
-enum class Isa {
-  kScalar,  ///< portable C++ (one 64-bit popcount at a time)
-  kAvx2,    ///< AVX2 + POPCNT: nibble-table popcount on 256-bit vectors
-  kAvx512,  ///< AVX-512F + AVX512_VPOPCNTDQ: vpopcntq on 512-bit vectors
-};
-
-/// "scalar", "avx2" or "avx512".
-std::string isa_name(Isa isa);
-/// The Isa named "scalar", "avx2" or "avx512". Throws whittle::Error (usage) for another name.
-Isa parse_isa(const std::string& name);
-/// Whether this CPU runs `isa` (cpuid through __builtin_cpu_supports).
-bool isa_supported(Isa isa);
-/// Every variant this CPU runs, portable first.
-std::vector<Isa> supported_isas();
-/// The variant the kernels use: set_isa's, else the environment variable WHITTLE_KERNEL_ISA
-/// (read once; an unknown or unsupported name throws whittle::Error naming it), else the best
-/// this CPU supports.
-Isa active_isa();
-/// Makes the kernels use `isa` from now on (all threads). Throws whittle::Error when this CPU does
-/// not support it.
-void set_isa(Isa isa);
+using whittle::active_isa;
+using whittle::Isa;
+using whittle::isa_name;
+using whittle::isa_supported;
+using whittle::parse_isa;
+using whittle::set_isa;
+using whittle::supported_isas;
 
 }  // namespace whittle::kernels

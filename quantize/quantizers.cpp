@@ -3,10 +3,14 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "graph/graph.h"
+#include "quantize/fused_quantizers.h"
 
 namespace whittle::quantize {
 
@@ -37,6 +41,28 @@ Encoding encoding_from_name(const std::string& text) {
   if (text == "ternary") return Encoding::kTernary;
   throw Error("unknown weight encoding '" + text + "' (dorefa, sign, ternary)");
 }
+
+namespace {
+
+std::atomic<int> g_fused{-1};  // -1: not yet read from the environment
+
+// Whether the quantizers run the fused kernels on `t`.
+bool use_fused(const at::Tensor& t) { return fused_quantizers_enabled() && fused::fused_supported(t); }
+
+}  // namespace
+
+bool fused_quantizers_enabled() {
+  int v = g_fused.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("WHITTLE_FUSED_QUANTIZERS");
+    int expected = -1;
+    g_fused.compare_exchange_strong(expected, env && std::strcmp(env, "0") == 0 ? 0 : 1);
+    v = g_fused.load();
+  }
+  return v == 1;
+}
+
+void set_fused_quantizers(bool on) { g_fused.store(on ? 1 : 0); }
 
 namespace {
 
@@ -85,6 +111,27 @@ at::Tensor dorefa_activation_values(const at::Tensor& x, int64_t bits, double cl
   return quantize_k(x.clamp(0.0, clip) / clip, bits) * clip;
 }
 
+// ±1 (sign(0) = +1, NaN → −1) with ATen ops.
+at::Tensor sign_values(const at::Tensor& x) {
+  return at::where(x >= 0, at::ones({}, x.options()), at::full({}, -1.0, x.options()));
+}
+
+// The fused DoReFa weight (k ≥ 2): tanh(w) through ATen, its max per tensor or channel and the
+// values in one pass each; t and m are what the backward needs.
+struct FusedDoReFaWeight {
+  at::Tensor values, t, m;
+};
+FusedDoReFaWeight fused_dorefa_weight(const at::Tensor& w_in, int64_t bits, Granularity g, int64_t axis) {
+  at::NoGradGuard no_grad;
+  FusedDoReFaWeight f;
+  f.t = at::tanh(w_in.detach());
+  f.m = fused::abs_max(f.t, g == Granularity::kPerChannel, axis).clamp_min(1e-12);
+  f.values = fused::dorefa_weight_values(f.t, f.m, bits, axis);
+  return f;
+}
+
+at::Tensor twn_values(const at::Tensor& w, Granularity g, int64_t axis);
+
 // ---- autograd functions: forward rounds, backward is each method's straight-through surrogate.
 
 // DoReFa weights, k = 1..8. k ≥ 2: d w_q / d w = (1 − tanh²w) / max|tanh w| (max held constant);
@@ -92,16 +139,29 @@ at::Tensor dorefa_activation_values(const at::Tensor& x, int64_t bits, double cl
 struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
   static Variable forward(AutogradContext* ctx, const Variable& w, int64_t bits, int64_t granularity, int64_t axis) {
     const auto g = static_cast<Granularity>(granularity);
-    EncodedWeight e = dorefa_encode(w, bits, g, axis);
     ctx->saved_data["bits"] = bits;
     ctx->saved_data["granularity"] = granularity;
     ctx->saved_data["axis"] = axis;
+    const bool fused = bits >= 2 && w.numel() > 0 && use_fused(w);
+    ctx->saved_data["fused"] = fused;
+    if (fused) {
+      // Saves tanh(w) and the max, which the backward needs, instead of w (recomputing them).
+      FusedDoReFaWeight f = fused_dorefa_weight(w, bits, g, axis);
+      ctx->save_for_backward({f.t, f.m});
+      return f.values;
+    }
+    EncodedWeight e = dorefa_encode(w, bits, g, axis);
     if (bits >= 2) ctx->save_for_backward({w});
     return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const int64_t bits = ctx->saved_data["bits"].toInt();
     if (bits < 2) return {grad[0], Variable(), Variable(), Variable()};
+    if (ctx->saved_data["fused"].toBool()) {
+      const auto saved = ctx->get_saved_variables();
+      return {fused::dorefa_weight_grad(grad[0], saved[0], saved[1], ctx->saved_data["axis"].toInt()), Variable(),
+              Variable(), Variable()};
+    }
     const Variable w = ctx->get_saved_variables()[0];
     const auto g = static_cast<Granularity>(ctx->saved_data["granularity"].toInt());
     const int64_t axis = ctx->saved_data["axis"].toInt();
@@ -114,11 +174,20 @@ struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
 // DoReFa activations: gradient 1 on [0, clip], 0 outside.
 struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn> {
   static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits, double clip) {
-    ctx->save_for_backward({x});
     ctx->saved_data["clip"] = clip;
+    const bool fused = use_fused(x);
+    ctx->saved_data["fused"] = fused;
+    if (fused) {  // one pass; keeps one bit an element for the backward instead of x
+      fused::MaskedOutput r = fused::dorefa_activation(x, bits, clip, /*with_mask=*/true);
+      ctx->save_for_backward({r.mask});
+      return r.output;
+    }
+    ctx->save_for_backward({x});
     return dorefa_activation_values(x, bits, clip);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    if (ctx->saved_data["fused"].toBool())
+      return {fused::mask_multiply(grad[0], ctx->get_saved_variables()[0]), Variable(), Variable()};
     const Variable x = ctx->get_saved_variables()[0];
     const double clip = ctx->saved_data["clip"].toDouble();
     return {grad[0] * at::logical_and(x >= 0, x <= clip), Variable(), Variable()};
@@ -128,8 +197,7 @@ struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn>
 // TWN: gradient passed straight through.
 struct TwnFn : public torch::autograd::Function<TwnFn> {
   static Variable forward(AutogradContext*, const Variable& w, int64_t granularity, int64_t axis) {
-    EncodedWeight e = twn_encode(w, static_cast<Granularity>(granularity), axis);
-    return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+    return twn_values(w, static_cast<Granularity>(granularity), axis);
   }
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], Variable(), Variable()}; }
 };
@@ -137,10 +205,18 @@ struct TwnFn : public torch::autograd::Function<TwnFn> {
 // BNN sign: +1 for x ≥ 0, −1 otherwise; gradient 1 where |x| ≤ 1.
 struct SignFn : public torch::autograd::Function<SignFn> {
   static Variable forward(AutogradContext* ctx, const Variable& x) {
+    const bool fused = use_fused(x);
+    ctx->saved_data["fused"] = fused;
+    if (fused) {  // one pass; keeps the bits of |x| ≤ 1 instead of x
+      fused::MaskedOutput r = fused::sign(x, /*with_mask=*/true);
+      ctx->save_for_backward({r.mask});
+      return r.output;
+    }
     ctx->save_for_backward({x});
-    return at::where(x >= 0, at::ones({}, x.options()), at::full({}, -1.0, x.options()));
+    return sign_values(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    if (ctx->saved_data["fused"].toBool()) return {fused::mask_multiply(grad[0], ctx->get_saved_variables()[0])};
     const Variable x = ctx->get_saved_variables()[0];
     return {grad[0] * (x.abs() <= 1)};
   }
@@ -202,6 +278,7 @@ at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granular
   check_bits(bits, 1, 8, true, "DoReFa weights");
   if (bits == 32) return w;
   if (!needs_grad(w)) {
+    if (bits >= 2 && w.numel() > 0 && use_fused(w)) return fused_dorefa_weight(w, bits, granularity, axis).values;
     EncodedWeight e = dorefa_encode(w, bits, granularity, axis);
     return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
   }
@@ -212,7 +289,10 @@ at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip) {
   check_bits(bits, 1, 8, true, "DoReFa activations");
   check_activation_clip(clip);
   if (bits == 32) return x;
-  if (!needs_grad(x)) return dorefa_activation_values(x, bits, clip);
+  if (!needs_grad(x)) {
+    if (use_fused(x)) return fused::dorefa_activation(x, bits, clip, /*with_mask=*/false).output;
+    return dorefa_activation_values(x, bits, clip);
+  }
   return DoReFaActivationFn::apply(x, bits, clip);
 }
 
@@ -249,11 +329,24 @@ EncodedWeight twn_encode(const at::Tensor& w_in, Granularity granularity, int64_
   return e;
 }
 
-at::Tensor twn_weight(const at::Tensor& w, Granularity granularity, int64_t axis) {
-  if (!needs_grad(w)) {
-    EncodedWeight e = twn_encode(w, granularity, axis);
-    return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+namespace {
+
+// decode_weight(twn_encode(w)): fused after the threshold where the kernels take w.
+at::Tensor twn_values(const at::Tensor& w, Granularity g, int64_t axis) {
+  if (w.numel() > 0 && use_fused(w)) {
+    check_axis(w, axis, "TWN");
+    TwnThreshold th = twn_threshold(w, g, axis);
+    at::NoGradGuard no_grad;
+    return fused::ternary_values(w.detach(), th.delta, th.alpha, axis);
   }
+  EncodedWeight e = twn_encode(w, g, axis);
+  return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor twn_weight(const at::Tensor& w, Granularity granularity, int64_t axis) {
+  if (!needs_grad(w)) return twn_values(w, granularity, axis);
   return TwnFn::apply(w, static_cast<int64_t>(granularity), axis);
 }
 
@@ -275,7 +368,7 @@ EncodedWeight bnn_encode(const at::Tensor& w, int64_t axis) {
 }
 
 at::Tensor bnn_sign(const at::Tensor& x) {
-  if (!needs_grad(x)) return at::where(x >= 0, at::ones({}, x.options()), at::full({}, -1.0, x.options()));
+  if (!needs_grad(x)) return use_fused(x) ? fused::sign(x, /*with_mask=*/false).output : sign_values(x);
   return SignFn::apply(x);
 }
 

@@ -1,0 +1,241 @@
+#include "quantize/fused_quantizers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/isa.h"
+#include "core/parallel.h"
+#include "graph/graph.h"
+#include "quantize/quantize_simd.h"
+
+namespace whittle::quantize::detail {
+
+const QuantizeSimd& quantize_simd() {
+  switch (active_isa()) {
+#if defined(__x86_64__) || defined(_M_X64)
+    case Isa::kAvx512: return kQuantizeSimdAvx512;
+    case Isa::kAvx2: return kQuantizeSimdAvx2;
+#endif
+    default: return kQuantizeSimdScalar;
+  }
+}
+
+}  // namespace whittle::quantize::detail
+
+namespace whittle::quantize::fused {
+
+namespace {
+
+std::string sizes_of(const at::Tensor& t) { return shape_str(t.sizes().vec()); }
+
+// Elements a task takes: a multiple of 64, so that every task starts on a mask byte of its own.
+constexpr int64_t kBlock = 64;
+constexpr int64_t kGrainBlocks = 32768 / kBlock;
+
+void check_input(const at::Tensor& t, const char* who) {
+  if (!fused_supported(t))
+    throw Error(std::string(who) + ": needs a contiguous float32 CPU tensor, got " +
+                (t.defined() ? std::string(c10::toString(t.scalar_type())) + " " + sizes_of(t) + " on " + t.device().str()
+                             : std::string("an undefined tensor")));
+}
+
+at::Tensor new_mask(int64_t n) { return at::empty({(n + 7) / 8}, at::TensorOptions().dtype(at::kByte)); }
+
+// f(begin, end) over [0, n) in tasks of whole 64-element blocks.
+template <class F>
+void for_blocks(int64_t n, F f) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  whittle::parallel_for(0, blocks, kGrainBlocks, [&](int64_t b, int64_t e) {
+    const int64_t begin = b * kBlock, end = std::min(n, e * kBlock);
+    if (begin < end) f(begin, end);
+  });
+}
+
+// A weight as [outer, C, inner] around its channel axis, and a [1] or [C] per-channel vector.
+struct ChannelView {
+  int64_t outer = 1, channels = 1, inner = 1;
+};
+
+ChannelView channel_view(const at::Tensor& t, int64_t axis, const char* who) {
+  if (t.dim() < 1 || axis < 0 || axis >= t.dim())
+    throw Error(std::string(who) + ": channel axis " + std::to_string(axis) + " out of range for a tensor of shape " +
+                sizes_of(t));
+  ChannelView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= t.size(d);
+  v.channels = t.size(axis);
+  for (int64_t d = axis + 1; d < t.dim(); ++d) v.inner *= t.size(d);
+  return v;
+}
+
+// The [1] or [C] vector `s` as contiguous float32, checked against the view.
+at::Tensor channel_vector(const at::Tensor& s, const ChannelView& v, const char* who, const char* what) {
+  if (!s.defined() || !s.is_cpu() || (s.numel() != 1 && s.numel() != v.channels))
+    throw Error(std::string(who) + ": " + what + " must be a CPU tensor of 1 or " + std::to_string(v.channels) +
+                " elements, got " + (s.defined() ? sizes_of(s) : std::string("an undefined tensor")));
+  return s.to(at::kFloat).contiguous();
+}
+
+// f(row_begin, row_end, c, offset) for every row (o, c) of `inner` contiguous elements, in tasks
+// of whole rows.
+template <class F>
+void for_rows(const ChannelView& v, F f) {
+  const int64_t rows = v.outer * v.channels;
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, v.inner));
+  whittle::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) f(r % v.channels, r * v.inner, v.inner);
+  });
+}
+
+}  // namespace
+
+bool fused_supported(const at::Tensor& t) {
+  return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_sparse();
+}
+
+MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask) {
+  check_input(x, "fused DoReFa activation");
+  if (bits < 1 || bits > 16)
+    throw Error("fused DoReFa activation: unsupported bit width " + std::to_string(bits) + " (1..16)");
+  if (!(clip > 0) || !std::isfinite(clip))
+    throw Error("fused DoReFa activation: clip " + std::to_string(clip) + " (expected a finite value > 0)");
+  const int64_t n = x.numel();
+  MaskedOutput out{at::empty_like(x), with_mask ? new_mask(n) : at::Tensor()};
+  const float* src = x.data_ptr<float>();
+  float* dst = out.output.data_ptr<float>();
+  uint8_t* mask = with_mask ? out.mask.data_ptr<uint8_t>() : nullptr;
+  const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
+  const auto c = static_cast<float>(clip);
+  const bool unit = clip == 1.0;
+  const auto& k = detail::quantize_simd();
+  for_blocks(n, [&](int64_t b, int64_t e) {
+    k.dorefa_activation(src + b, dst + b, mask ? mask + b / 8 : nullptr, e - b, c, levels, unit);
+  });
+  return out;
+}
+
+MaskedOutput sign(const at::Tensor& x, bool with_mask) {
+  check_input(x, "fused sign");
+  const int64_t n = x.numel();
+  MaskedOutput out{at::empty_like(x), with_mask ? new_mask(n) : at::Tensor()};
+  const float* src = x.data_ptr<float>();
+  float* dst = out.output.data_ptr<float>();
+  uint8_t* mask = with_mask ? out.mask.data_ptr<uint8_t>() : nullptr;
+  const auto& k = detail::quantize_simd();
+  for_blocks(n, [&](int64_t b, int64_t e) { k.sign(src + b, dst + b, mask ? mask + b / 8 : nullptr, e - b); });
+  return out;
+}
+
+at::Tensor mask_multiply(const at::Tensor& grad_in, const at::Tensor& mask) {
+  const int64_t n = grad_in.numel();
+  if (!mask.defined() || !mask.is_cpu() || mask.scalar_type() != at::kByte || mask.numel() != (n + 7) / 8)
+    throw Error("fused mask multiply: the mask must be uint8 [" + std::to_string((n + 7) / 8) + "] for a gradient of " +
+                std::to_string(n) + " elements, got " +
+                (mask.defined() ? std::string(c10::toString(mask.scalar_type())) + " " + sizes_of(mask)
+                                : std::string("an undefined tensor")));
+  const at::Tensor g = grad_in.to(at::kFloat).contiguous();
+  const at::Tensor m = mask.contiguous();
+  at::Tensor dx = at::empty_like(g);
+  const float* gp = g.data_ptr<float>();
+  const uint8_t* mp = m.data_ptr<uint8_t>();
+  float* out = dx.data_ptr<float>();
+  const auto& k = detail::quantize_simd();
+  for_blocks(n, [&](int64_t b, int64_t e) { k.mask_multiply(gp + b, mp + b / 8, out + b, e - b); });
+  return dx;
+}
+
+at::Tensor abs_max(const at::Tensor& t, bool per_channel, int64_t axis) {
+  check_input(t, "fused abs max");
+  if (t.numel() == 0) throw Error("fused abs max: empty tensor " + sizes_of(t));
+  ChannelView v = channel_view(t, axis, "fused abs max");
+  const float* p = t.data_ptr<float>();
+  if (!per_channel) v = ChannelView{1, 1, t.numel()};
+  at::Tensor out = at::empty({v.channels}, at::TensorOptions().dtype(at::kFloat));
+  float* m = out.data_ptr<float>();
+  // One task a channel: the maximum over its outer × inner elements; NaN wins, as ATen's max.
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, v.outer * v.inner));
+  whittle::parallel_for(0, v.channels, grain, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      float best = 0.0f;
+      bool nan = false;
+      for (int64_t o = 0; o < v.outer; ++o) {
+        const float* row = p + (o * v.channels + c) * v.inner;
+        for (int64_t i = 0; i < v.inner; ++i) {
+          const float a = std::fabs(row[i]);
+          nan |= a != a;
+          best = a > best ? a : best;
+        }
+      }
+      m[c] = nan ? std::numeric_limits<float>::quiet_NaN() : best;
+    }
+  });
+  return out;
+}
+
+at::Tensor dorefa_weight_values(const at::Tensor& t, const at::Tensor& m_in, int64_t bits, int64_t axis) {
+  check_input(t, "fused DoReFa weight");
+  if (bits < 2 || bits > 8) throw Error("fused DoReFa weight: unsupported bit width " + std::to_string(bits) + " (2..8)");
+  const ChannelView v = channel_view(t, axis, "fused DoReFa weight");
+  const at::Tensor m = channel_vector(m_in, v, "fused DoReFa weight", "the max");
+  const bool per_channel = m.numel() > 1;
+  at::Tensor out = at::empty_like(t);
+  const float* src = t.data_ptr<float>();
+  const float* mp = m.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const auto n = static_cast<float>((int64_t{1} << bits) - 1);
+  for_rows(v, [&](int64_t c, int64_t offset, int64_t len) {
+    const float m2 = mp[per_channel ? c : 0] * 2.0f;
+    for (int64_t i = offset; i < offset + len; ++i) {
+      // dorefa_encode: round((t / (2m) + 0.5)·n) clamped to [0, n]; decode_weight: c / n · 2 − 1.
+      float code = std::nearbyint((src[i] / m2 + 0.5f) * n);
+      code = std::min(std::max(code, 0.0f), n);
+      dst[i] = code / n * 2.0f - 1.0f;
+    }
+  });
+  return out;
+}
+
+at::Tensor dorefa_weight_grad(const at::Tensor& grad_in, const at::Tensor& t, const at::Tensor& m_in, int64_t axis) {
+  check_input(t, "fused DoReFa weight gradient");
+  if (grad_in.numel() != t.numel())
+    throw Error("fused DoReFa weight gradient: gradient " + sizes_of(grad_in) + " for a weight " + sizes_of(t));
+  const ChannelView v = channel_view(t, axis, "fused DoReFa weight gradient");
+  const at::Tensor m = channel_vector(m_in, v, "fused DoReFa weight gradient", "the max");
+  const at::Tensor g = grad_in.to(at::kFloat).contiguous();
+  const bool per_channel = m.numel() > 1;
+  at::Tensor out = at::empty_like(t);
+  const float* gp = g.data_ptr<float>();
+  const float* tp = t.data_ptr<float>();
+  const float* mp = m.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for_rows(v, [&](int64_t c, int64_t offset, int64_t len) {
+    const float mc = mp[per_channel ? c : 0];
+    for (int64_t i = offset; i < offset + len; ++i) dst[i] = gp[i] * (1.0f - tp[i] * tp[i]) / mc;
+  });
+  return out;
+}
+
+at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const at::Tensor& alpha_in, int64_t axis) {
+  check_input(w, "fused TWN weight");
+  const ChannelView v = channel_view(w, axis, "fused TWN weight");
+  const at::Tensor delta = channel_vector(delta_in, v, "fused TWN weight", "the threshold");
+  const at::Tensor alpha = channel_vector(alpha_in, v, "fused TWN weight", "the scale");
+  const bool per_channel_delta = delta.numel() > 1, per_channel_alpha = alpha.numel() > 1;
+  at::Tensor out = at::empty_like(w);
+  const float* src = w.data_ptr<float>();
+  const float* dp = delta.data_ptr<float>();
+  const float* ap = alpha.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for_rows(v, [&](int64_t c, int64_t offset, int64_t len) {
+    const float d = dp[per_channel_delta ? c : 0], a = ap[per_channel_alpha ? c : 0];
+    for (int64_t i = offset; i < offset + len; ++i) {
+      const float code = (src[i] > d ? 1.0f : 0.0f) - (src[i] < -d ? 1.0f : 0.0f) + 1.0f;
+      dst[i] = (code - 1.0f) * a;
+    }
+  });
+  return out;
+}
+
+}  // namespace whittle::quantize::fused

@@ -1,0 +1,71 @@
+#pragma once
+// Fused quantizer kernels of quantization-aware training: each quantizer of quantize/quantizers.h
+// as one pass over its tensor forward, writing with the output the smallest thing the backward
+// needs (a bit mask, one bit an element), and one pass backward. Same values as the ATen-op
+// forms in quantize/quantizers.cpp: the same float operations in the same order, rounding half to
+// even; equal as values (NaN is NaN; the sign of a zero result may differ, as it already does
+// between ATen's own vector and scalar loops).
+//
+// CPU, float32, contiguous tensors (fused_supported); the callers (quantize/quantizers.cpp) keep
+// the ATen-op forms for everything else (CUDA, other dtypes). Multi-threaded over blocks of
+// elements (activations) or output channels (weights) with ATen's intra-op thread pool; the
+// element-wise loops are vectorized per instruction set (quantize/quantize_simd.h, chosen by
+// kernels/isa.h).
+//
+// Mask layout: uint8 [⌈n/8⌉], element i (in the tensor's contiguous order) at bit i mod 8 of byte
+// i / 8, least significant bit first; bits past n are 0.
+//
+// Methods: DoReFa (Zhou et al., 2016, arXiv:1606.06160), BNN (Hubara et al., 2016,
+// arXiv:1602.02830), TWN (Li & Liu, 2016, arXiv:1605.04711).
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+namespace whittle::quantize::fused {
+
+/// Whether the fused kernels take `t`: a defined, contiguous float32 CPU tensor.
+bool fused_supported(const at::Tensor& t);
+
+/// A quantized tensor and the mask its straight-through gradient needs.
+struct MaskedOutput {
+  at::Tensor output;  ///< same shape as the input, float32
+  at::Tensor mask;    ///< uint8 [⌈n/8⌉] (layout above); undefined when not asked for
+};
+
+/// DoReFa activation c·round(clip(x, 0, c)/c·(2^bits − 1))/(2^bits − 1) (c = `clip`; for c = 1
+/// round(clip(x, 0, 1)·(2^bits − 1))/(2^bits − 1) exactly), with, when `with_mask`, the mask of
+/// 0 ≤ x ≤ c (the elements whose gradient passes). bits 1..16; x as fused_supported. Throws
+/// whittle::Error for another tensor, bit width or a clip that is not finite and > 0.
+MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask);
+
+/// BNN sign: +1 where x ≥ 0 (−0.0 included), −1 elsewhere (NaN too), with, when `with_mask`, the
+/// mask of |x| ≤ 1 (BNN's straight-through gradient). Throws whittle::Error for a tensor that is
+/// not fused_supported.
+MaskedOutput sign(const at::Tensor& x, bool with_mask);
+
+/// The backward of both: grad · mask (elements whose bit is 0 get grad · 0). `grad` any float
+/// tensor of n elements (made contiguous float32), `mask` as returned for n elements. Returns
+/// float32 of grad's shape. Throws whittle::Error when the sizes disagree.
+at::Tensor mask_multiply(const at::Tensor& grad, const at::Tensor& mask);
+
+/// max |t| per output channel along `axis` (float32 [C], C = t.size(axis)) or over the whole tensor
+/// ([1]) when !per_channel; t as fused_supported. Exact (a maximum does not depend on the order).
+/// Throws whittle::Error for an axis out of range or an empty tensor.
+at::Tensor abs_max(const at::Tensor& t, bool per_channel, int64_t axis);
+
+/// DoReFa weight values from t = tanh(w) and m = max|t| ([1] or [C] along `axis`, already clamped
+/// away from 0): 2·round_clamped((t/(2m) + 1/2)·n)/n − 1 with n = 2^bits − 1, the decoding of
+/// quantize::dorefa_encode's codes. bits 2..8. Throws whittle::Error for bad sizes.
+at::Tensor dorefa_weight_values(const at::Tensor& t, const at::Tensor& m, int64_t bits, int64_t axis);
+
+/// The DoReFa weight gradient grad·(1 − t²)/m (m broadcast along `axis` as above; the max held
+/// constant, as DoReFa's straight-through estimator). Throws whittle::Error for bad sizes.
+at::Tensor dorefa_weight_grad(const at::Tensor& grad, const at::Tensor& t, const at::Tensor& m, int64_t axis);
+
+/// TWN weight values, the decoding of quantize::twn_encode's codes: (code − 1)·α with
+/// code = [w > Δ] − [w < −Δ] + 1, so +α, 0 or −α; Δ and α float32 [1] or [C] along `axis`.
+/// Throws whittle::Error for bad sizes.
+at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta, const at::Tensor& alpha, int64_t axis);
+
+}  // namespace whittle::quantize::fused

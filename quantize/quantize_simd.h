@@ -1,0 +1,78 @@
+#pragma once
+// Element-wise microkernels of the fused activation quantizers (quantize/fused_quantizers.h):
+// plain C++ with intrinsics, no LibTorch, each instruction-set variant compiled in its own unit
+// with its own target flags (quantize/CMakeLists.txt) and chosen at run time (core/isa.h), as
+// the popcount GEMMs of kernels/ are. Every variant computes exactly the same values: the same float
+// operations in the same order (no fused multiply-add: the units are compiled with
+// -ffp-contract=off), rounding half to even.
+//
+// Masks: one bit an element, least significant bit first (element i is bit i mod 8 of byte i / 8),
+// bits past n zero. A kernel called on part of a tensor starts at an element index that is a
+// multiple of 8, so that its mask bytes are its own.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace whittle::quantize::detail {
+
+/// The DoReFa activation of one value: c·round(clip(x, 0, c)/c · n)/n, or round(clip(x, 0, 1)·n)/n
+/// when `unit_clip` (c = 1, the paper's form, without the two scalings); NaN stays NaN.
+inline float dorefa_activation_value(float x, float clip, float levels, bool unit_clip) {
+  float t = std::min(std::max(x, 0.0f), clip);  // NaN: std::max and std::min return their first argument
+  if (!unit_clip) t = t / clip;
+  float q = std::nearbyint(t * levels) / levels;
+  if (!unit_clip) q = q * clip;
+  return q;
+}
+
+/// Kernel table of one instruction set. n ≥ 0 elements, contiguous; `mask` may be null (no mask
+/// written).
+struct QuantizeSimd {
+  /// y[i] = dorefa_activation_value(x[i]); mask bit i = (0 ≤ x[i] ≤ clip) (false for NaN).
+  void (*dorefa_activation)(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels,
+                            bool unit_clip);
+  /// y[i] = x[i] ≥ 0 ? +1 : −1 (NaN: −1); mask bit i = (|x[i]| ≤ 1) (false for NaN).
+  void (*sign)(const float* x, float* y, uint8_t* mask, int64_t n);
+  /// dx[i] = g[i] · (mask bit i ? 1.0f : 0.0f): the product, as ATen's grad * bool mask gives it
+  /// (a NaN or infinite g times 0 is NaN).
+  void (*mask_multiply)(const float* g, const uint8_t* mask, float* dx, int64_t n);
+};
+
+extern const QuantizeSimd kQuantizeSimdScalar;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const QuantizeSimd kQuantizeSimdAvx2;
+extern const QuantizeSimd kQuantizeSimdAvx512;
+#endif
+
+/// The table of core/isa.h's active_isa().
+const QuantizeSimd& quantize_simd();
+
+// ---- the scalar loops every variant uses for what is left past its last full vector
+
+inline void dorefa_activation_tail(const float* x, float* y, uint8_t* mask, int64_t begin, int64_t n, float clip,
+                                   float levels, bool unit_clip) {
+  for (int64_t i = begin; i < n; ++i) {
+    y[i] = dorefa_activation_value(x[i], clip, levels, unit_clip);
+    if (mask) {
+      if (i % 8 == 0) mask[i / 8] = 0;
+      if (x[i] >= 0.0f && x[i] <= clip) mask[i / 8] = static_cast<uint8_t>(mask[i / 8] | (1u << (i % 8)));
+    }
+  }
+}
+
+inline void sign_tail(const float* x, float* y, uint8_t* mask, int64_t begin, int64_t n) {
+  for (int64_t i = begin; i < n; ++i) {
+    y[i] = x[i] >= 0.0f ? 1.0f : -1.0f;
+    if (mask) {
+      if (i % 8 == 0) mask[i / 8] = 0;
+      if (std::fabs(x[i]) <= 1.0f) mask[i / 8] = static_cast<uint8_t>(mask[i / 8] | (1u << (i % 8)));
+    }
+  }
+}
+
+inline void mask_multiply_tail(const float* g, const uint8_t* mask, float* dx, int64_t begin, int64_t n) {
+  for (int64_t i = begin; i < n; ++i) dx[i] = g[i] * (((mask[i / 8] >> (i % 8)) & 1u) ? 1.0f : 0.0f);
+}
+
+}  // namespace whittle::quantize::detail
