@@ -18,8 +18,8 @@
 // interleaved so that a slow minute of the machine does not fall on one method):
 //   .venv/bin/python bench/qat_ratio.py --build build
 // or by hand:
-//   build/bench/bench_qat --benchmark_filter=BM_TrainStep/ --benchmark_repetitions=5 \
-//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+//   build/bench/bench_qat --benchmark_filter=BM_TrainStep/ --benchmark_repetitions=5
+//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true (one line)
 // WHITTLE_BENCH_BATCH overrides the batch size (e.g. 32 for a quick look).
 
 #include <ATen/ATen.h>

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <mutex>
+#include <unordered_map>
 
 namespace whittle::bench {
 
@@ -21,6 +23,7 @@ class PeakMemory final : public c10::Allocator {
   static PeakMemory& install() {
     static PeakMemory* self = [] {
       auto* p = new PeakMemory(c10::GetCPUAllocator());
+      instance() = p;
       c10::SetCPUAllocator(p, /*priority=*/100);
       return p;
     }();
@@ -28,13 +31,20 @@ class PeakMemory final : public c10::Allocator {
   }
 
   c10::DataPtr allocate(size_t n) override {
-    auto* ctx = new Block{inner_->allocate(n), n, this};
+    c10::DataPtr inner = inner_->allocate(n);
+    void* data = inner.get();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_[data] = Block{std::move(inner), n};
+    }
     const size_t now = live_.fetch_add(n) + n;
     size_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    return {ctx->data.get(), ctx, &PeakMemory::release, c10::Device(c10::kCPU)};
+    // data as its own context, as raw_allocate() requires
+    return {data, data, &PeakMemory::release, c10::Device(c10::kCPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &PeakMemory::release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   /// Bytes of the counted storages alive now.
@@ -47,16 +57,29 @@ class PeakMemory final : public c10::Allocator {
  private:
   struct Block {
     c10::DataPtr data;
-    size_t bytes;
-    PeakMemory* owner;
+    size_t bytes = 0;
   };
   explicit PeakMemory(c10::Allocator* inner) : inner_(inner) {}
-  static void release(void* p) {
-    auto* b = static_cast<Block*>(p);
-    b->owner->live_.fetch_sub(b->bytes);
-    delete b;
+  static PeakMemory*& instance() {
+    static PeakMemory* self = nullptr;
+    return self;
   }
+  static void release(void* p) {
+    if (!p) return;
+    PeakMemory* self = instance();
+    Block b;
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto it = self->blocks_.find(p);
+      if (it == self->blocks_.end()) return;
+      b = std::move(it->second);
+      self->blocks_.erase(it);
+    }
+    self->live_.fetch_sub(b.bytes);
+  }  // b.data frees the memory through the wrapped allocator
   c10::Allocator* inner_;
+  std::mutex mutex_;
+  std::unordered_map<void*, Block> blocks_;
   std::atomic<size_t> live_{0}, peak_{0};
 };
 

@@ -354,7 +354,8 @@ void attach_quantized() {
     if (method == "sign") return e.sign_plus_one(n, n.inputs[0], n.outputs[0], "");
     if (method != "dorefa") e.unsupported(n, "activation quantizer method '" + method + "'");
     const int64_t bits = n.attr_int("activation_bits");
-    if (bits == 32) return e.node(n, "Identity", {n.inputs[0]}, {n.outputs[0]});
+    // relu = 1: the quantizer stands for a ReLU then itself (same values below 32 bits).
+    if (bits == 32) return e.node(n, n.attr_int("relu", 0) ? "Relu" : "Identity", {n.inputs[0]}, {n.outputs[0]});
     // c·round(clip(x, 0, c)/c·(2^k − 1))/(2^k − 1) = DequantizeLinear(QuantizeLinear(clip(x, 0, c))) with
     // scale c/(2^k − 1), uint8 codes 0..2^k − 1, zero point 0. QuantizeLinear saturates at 255, so
     // 8 bits need no Clip.

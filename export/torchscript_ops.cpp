@@ -169,7 +169,8 @@ void attach_quantized() {
     if (method == "sign") return e.line(y + " = " + plus_minus_one(x + " >= 0", x));
     if (method != "dorefa") e.unsupported(n, "activation quantizer method '" + method + "'");
     const int64_t bits = n.attr_int("activation_bits");
-    if (bits == 32) return e.line(y + " = " + x);
+    // relu = 1: the quantizer stands for a ReLU then itself (same values below 32 bits).
+    if (bits == 32) return e.line(y + " = " + (n.attr_int("relu", 0) ? "torch.relu(" + x + ")" : x));
     // dorefa_activation_values: quantize_k(clamp(x, 0, 1)), or quantize_k(clamp(x, 0, c) / c)·c.
     const std::string levels = E::number(static_cast<double>((int64_t{1} << bits) - 1));
     const double c = n.attr_float("activation_clip", 1.0);

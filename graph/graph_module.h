@@ -42,6 +42,21 @@ class GraphModuleImpl : public torch::nn::Module {
                                                      const std::vector<std::string>& capture,
                                                      std::map<std::string, at::Tensor>* captured);
 
+  /// Activation checkpointing (Chen et al., 2016, arXiv:1604.06174; torch.utils.checkpoint): in a
+  /// training-mode forward with gradients on, each segment, the nodes named `prefix` or
+  /// `prefix.<anything>` (e.g. "layer2" for a ResNet stage, "layer2.1" for one block), runs keeping
+  /// only its inputs for the backward, not its intermediate values (the activations, and what the
+  /// quantizers' straight-through estimators hold); the backward runs it once more to get them.
+  /// The recomputation sees the forward's random state (dropout draws the same mask) and autocast
+  /// setting, and leaves the segment's buffers as the forward left them (batch-norm running
+  /// statistics are updated once), so outputs and gradients are those of the plain forward. A
+  /// forward that captures intermediates (forward_with_intermediates) runs without it. An empty
+  /// list turns it off; sync() resolves the prefixes again. Throws whittle::Error for a prefix that
+  /// names no node, or whose nodes are not one run in graph order.
+  void set_checkpoint_segments(const std::vector<std::string>& prefixes);
+  /// The prefixes of set_checkpoint_segments.
+  const std::vector<std::string>& checkpoint_segments() const { return checkpoint_prefixes_; }
+
   const Graph& graph() const { return graph_; }
   Graph& graph() { return graph_; }
   /// Re-registers every node's tensors after the graph was changed (nodes added, removed, or
@@ -62,7 +77,25 @@ class GraphModuleImpl : public torch::nn::Module {
     std::shared_ptr<Node> shadow;  ///< copy of the node whose weight is the transformed one, for the op's forward
     std::vector<size_t> release;   ///< slots whose last use is this step (dropped after it runs)
   };
+  /// Plan steps [begin, end) run as one checkpointed segment; `inputs` the slots they read that are
+  /// produced before them, `outputs` the slots they produce that are read after them (or are graph
+  /// outputs), `params` the trainable parameters of their nodes.
+  struct Segment {
+    std::string prefix;
+    size_t begin = 0, end = 0;
+    std::vector<size_t> inputs, outputs;
+  };
+  friend struct CheckpointFn;
   void build_plan();
+  void build_segments();
+  /// Runs one plan step on env (inputs read from, outputs written to their slots).
+  void run_step(const Step& step, std::vector<at::Tensor>& env, bool training) const;
+  /// Runs segment `s` on its input values; returns its output values.
+  std::vector<at::Tensor> run_segment(const Segment& s, const std::vector<at::Tensor>& inputs, bool training) const;
+  /// Runs segment `index` through the checkpointing autograd function, from and into env.
+  void run_checkpointed(int index, std::vector<at::Tensor>& env) const;
+  /// The trainable parameters of segment `s`'s nodes, in node order.
+  std::vector<at::Tensor> segment_params(const Segment& s) const;
   void register_tensors();
   void convert(std::optional<torch::Device> device, std::optional<torch::Dtype> dtype, bool non_blocking);
 
@@ -73,6 +106,9 @@ class GraphModuleImpl : public torch::nn::Module {
   std::map<std::string, size_t> slot_of_;
   size_t num_slots_ = 0;
   std::vector<std::string> top_children_;
+  std::vector<std::string> checkpoint_prefixes_;
+  std::vector<Segment> segments_;
+  std::vector<int> segment_at_;  ///< per plan step: index into segments_ of the segment starting there, or −1
 };
 
 TORCH_MODULE(GraphModule);

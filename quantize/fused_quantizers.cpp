@@ -95,7 +95,7 @@ bool fused_supported(const at::Tensor& t) {
   return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_sparse();
 }
 
-MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask) {
+MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask, bool after_relu) {
   check_input(x, "fused DoReFa activation");
   if (bits < 1 || bits > 16)
     throw Error("fused DoReFa activation: unsupported bit width " + std::to_string(bits) + " (1..16)");
@@ -111,7 +111,7 @@ MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, b
   const bool unit = clip == 1.0;
   const auto& k = detail::quantize_simd();
   for_blocks(n, [&](int64_t b, int64_t e) {
-    k.dorefa_activation(src + b, dst + b, mask ? mask + b / 8 : nullptr, e - b, c, levels, unit);
+    k.dorefa_activation(src + b, dst + b, mask ? mask + b / 8 : nullptr, e - b, c, levels, unit, after_relu);
   });
   return out;
 }

@@ -35,9 +35,11 @@ struct MaskedOutput {
 
 /// DoReFa activation c·round(clip(x, 0, c)/c·(2^bits − 1))/(2^bits − 1) (c = `clip`; for c = 1
 /// round(clip(x, 0, 1)·(2^bits − 1))/(2^bits − 1) exactly), with, when `with_mask`, the mask of
-/// 0 ≤ x ≤ c (the elements whose gradient passes). bits 1..16; x as fused_supported. Throws
-/// whittle::Error for another tensor, bit width or a clip that is not finite and > 0.
-MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask);
+/// 0 ≤ x ≤ c (the elements whose gradient passes), or of 0 < x ≤ c when `after_relu` (the
+/// quantizer of relu(x): the same values, and ReLU's zero gradient at x = 0). bits 1..16; x as
+/// fused_supported. Throws whittle::Error for another tensor, bit width or a clip that is not
+/// finite and > 0.
+MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask, bool after_relu = false);
 
 /// BNN sign: +1 where x ≥ 0 (−0.0 included), −1 elsewhere (NaN too), with, when `with_mask`, the
 /// mask of |x| ≤ 1 (BNN's straight-through gradient). Throws whittle::Error for a tensor that is

@@ -38,14 +38,15 @@ void register_ops() {
   OpTraits aq;
   aq.kind = "act_quant";
   aq.description =
-      "activation quantizer: method dorefa (c·quantize_k(clip(x, 0, c)/c), activation_bits, activation_clip c, default 1) "
-      "or sign (BNN binarizer)";
+      "activation quantizer: method dorefa (c·quantize_k(clip(x, 0, c)/c), activation_bits, activation_clip c, default 1; "
+      "relu 1: stands for a ReLU then the quantizer, same values, gradient 0 at x = 0) or sign (BNN binarizer)";
   aq.channel_flow = ChannelFlow::kPassThrough;
   aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     const std::string method = n.attr_str("method", "dorefa");
     if (method == "sign") return std::vector<at::Tensor>{bnn_sign(in[0])};
     if (method == "dorefa") return std::vector<at::Tensor>{
-          dorefa_activation(in[0], n.attr_int("activation_bits"), n.attr_float("activation_clip", 1.0))};
+          dorefa_activation(in[0], n.attr_int("activation_bits"), n.attr_float("activation_clip", 1.0),
+                            n.attr_int("relu", 0) != 0)};
     node_fail(n, "unknown activation quantizer method '" + method + "' (dorefa, sign)");
   };
   aq.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
@@ -283,6 +284,27 @@ Report apply(Graph& graph, const Config& config_in) {
         continue;
       }
       if (!binary) {
+        // A ReLU whose every use is a layer quantized here becomes the quantizer itself (relu = 1):
+        // the same values and gradients as ReLU then quantizer, one pass fewer each way.
+        const ValueInfo& vi = graph.value(v);
+        if (!vi.producer.empty() && graph.node(vi.producer).op == "relu" && !graph.is_output(v)) {
+          bool only_quantized_layers = true;
+          for (const auto& u : graph.users(v)) {
+            const Node& un = graph.node(u);
+            if (!chosen_set.count(u) || un.inputs.at(0) != v ||
+                std::count(un.inputs.begin(), un.inputs.end(), v) != 1)
+              only_quantized_layers = false;
+          }
+          if (only_quantized_layers) {
+            Node& r = graph.node(vi.producer);
+            r.op = "act_quant";
+            r.attrs = {{"method", std::string("dorefa")}, {"activation_bits", c.activation_bits}, {"relu", int64_t{1}}};
+            if (c.activation_clip != 1.0) r.attrs["activation_clip"] = c.activation_clip;
+            report.replaced.push_back(r.name);
+            quantized_value[v] = v;
+            continue;
+          }
+        }
         Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v},
                            {{"method", std::string("dorefa")}, {"activation_bits", c.activation_bits}});
         if (c.activation_clip != 1.0) q.attrs["activation_clip"] = c.activation_clip;

@@ -75,7 +75,7 @@ struct Config {
 struct Report {
   std::vector<std::string> quantized;  ///< layers given a quantized weight and/or input, in graph order
   std::vector<std::string> inserted;   ///< nodes inserted (act_quant, xnor_scale, mul)
-  std::vector<std::string> replaced;   ///< ReLU nodes turned into sign binarizers
+  std::vector<std::string> replaced;   ///< ReLU nodes turned into activation quantizers (sign; DoReFa with relu = 1)
   std::vector<std::string> skipped;    ///< "<layer>: <reason>" for selected layers left alone
   /// One line per change, for logs.
   std::string summary() const;

@@ -29,9 +29,11 @@ inline float dorefa_activation_value(float x, float clip, float levels, bool uni
 /// Kernel table of one instruction set. n ≥ 0 elements, contiguous; `mask` may be null (no mask
 /// written).
 struct QuantizeSimd {
-  /// y[i] = dorefa_activation_value(x[i]); mask bit i = (0 ≤ x[i] ≤ clip) (false for NaN).
+  /// y[i] = dorefa_activation_value(x[i]); mask bit i = (0 ≤ x[i] ≤ clip), or (0 < x[i] ≤ clip) when
+  /// `after_relu` (the quantizer stands for ReLU then quantizer: ReLU's gradient is 0 at x = 0);
+  /// false for NaN.
   void (*dorefa_activation)(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels,
-                            bool unit_clip);
+                            bool unit_clip, bool after_relu);
   /// y[i] = x[i] ≥ 0 ? +1 : −1 (NaN: −1); mask bit i = (|x[i]| ≤ 1) (false for NaN).
   void (*sign)(const float* x, float* y, uint8_t* mask, int64_t n);
   /// dx[i] = g[i] · (mask bit i ? 1.0f : 0.0f): the product, as ATen's grad * bool mask gives it
@@ -51,12 +53,12 @@ const QuantizeSimd& quantize_simd();
 // ---- the scalar loops every variant uses for what is left past its last full vector
 
 inline void dorefa_activation_tail(const float* x, float* y, uint8_t* mask, int64_t begin, int64_t n, float clip,
-                                   float levels, bool unit_clip) {
+                                   float levels, bool unit_clip, bool after_relu) {
   for (int64_t i = begin; i < n; ++i) {
     y[i] = dorefa_activation_value(x[i], clip, levels, unit_clip);
     if (mask) {
       if (i % 8 == 0) mask[i / 8] = 0;
-      if (x[i] >= 0.0f && x[i] <= clip) mask[i / 8] = static_cast<uint8_t>(mask[i / 8] | (1u << (i % 8)));
+      if ((after_relu ? x[i] > 0.0f : x[i] >= 0.0f) && x[i] <= clip) mask[i / 8] = static_cast<uint8_t>(mask[i / 8] | (1u << (i % 8)));
     }
   }
 }

@@ -10,9 +10,12 @@ namespace {
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
 void dorefa_activation_avx2(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels,
-                            bool unit_clip) {
+                            bool unit_clip, bool after_relu) {
   const __m256 zero = _mm256_setzero_ps(), c = _mm256_set1_ps(clip), l = _mm256_set1_ps(levels);
   int64_t i = 0;
+  auto above_zero = [&](__m256 v) {
+    return after_relu ? _mm256_cmp_ps(v, zero, _CMP_GT_OQ) : _mm256_cmp_ps(v, zero, _CMP_GE_OQ);
+  };
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
     // vmaxps/vminps return their second operand when either is NaN: NaN passes through, as in
@@ -23,11 +26,11 @@ void dorefa_activation_avx2(const float* x, float* y, uint8_t* mask, int64_t n, 
     if (!unit_clip) q = _mm256_mul_ps(q, c);
     _mm256_storeu_ps(y + i, q);
     if (mask) {
-      const __m256 in = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ), _mm256_cmp_ps(v, c, _CMP_LE_OQ));
+      const __m256 in = _mm256_and_ps(above_zero(v), _mm256_cmp_ps(v, c, _CMP_LE_OQ));
       mask[i / 8] = static_cast<uint8_t>(_mm256_movemask_ps(in));
     }
   }
-  dorefa_activation_tail(x, y, mask, i, n, clip, levels, unit_clip);
+  dorefa_activation_tail(x, y, mask, i, n, clip, levels, unit_clip, after_relu);
 }
 
 void sign_avx2(const float* x, float* y, uint8_t* mask, int64_t n) {

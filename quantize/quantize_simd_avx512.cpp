@@ -23,7 +23,7 @@ __mmask16 load_mask16(const uint8_t* mask, int64_t i) {
 }
 
 void dorefa_activation_avx512(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels,
-                              bool unit_clip) {
+                              bool unit_clip, bool after_relu) {
   const __m512 zero = _mm512_setzero_ps(), c = _mm512_set1_ps(clip), l = _mm512_set1_ps(levels);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -34,9 +34,11 @@ void dorefa_activation_avx512(const float* x, float* y, uint8_t* mask, int64_t n
     if (!unit_clip) q = _mm512_mul_ps(q, c);
     _mm512_storeu_ps(y + i, q);
     if (mask)
-      store_mask16(mask, i, _mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ) & _mm512_cmp_ps_mask(v, c, _CMP_LE_OQ));
+      store_mask16(mask, i,
+                   (after_relu ? _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ) : _mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ)) &
+                       _mm512_cmp_ps_mask(v, c, _CMP_LE_OQ));
   }
-  dorefa_activation_tail(x, y, mask, i, n, clip, levels, unit_clip);
+  dorefa_activation_tail(x, y, mask, i, n, clip, levels, unit_clip, after_relu);
 }
 
 void sign_avx512(const float* x, float* y, uint8_t* mask, int64_t n) {

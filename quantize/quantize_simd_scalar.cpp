@@ -5,8 +5,8 @@ namespace whittle::quantize::detail {
 namespace {
 
 void dorefa_activation_scalar(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels,
-                              bool unit_clip) {
-  dorefa_activation_tail(x, y, mask, 0, n, clip, levels, unit_clip);
+                              bool unit_clip, bool after_relu) {
+  dorefa_activation_tail(x, y, mask, 0, n, clip, levels, unit_clip, after_relu);
 }
 
 void sign_scalar(const float* x, float* y, uint8_t* mask, int64_t n) { sign_tail(x, y, mask, 0, n); }

@@ -173,12 +173,13 @@ struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
 
 // DoReFa activations: gradient 1 on [0, clip], 0 outside.
 struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn> {
-  static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits, double clip) {
+  static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits, double clip, bool after_relu) {
     ctx->saved_data["clip"] = clip;
+    ctx->saved_data["after_relu"] = after_relu;
     const bool fused = use_fused(x);
     ctx->saved_data["fused"] = fused;
     if (fused) {  // one pass; keeps one bit an element for the backward instead of x
-      fused::MaskedOutput r = fused::dorefa_activation(x, bits, clip, /*with_mask=*/true);
+      fused::MaskedOutput r = fused::dorefa_activation(x, bits, clip, /*with_mask=*/true, after_relu);
       ctx->save_for_backward({r.mask});
       return r.output;
     }
@@ -187,10 +188,11 @@ struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn>
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     if (ctx->saved_data["fused"].toBool())
-      return {fused::mask_multiply(grad[0], ctx->get_saved_variables()[0]), Variable(), Variable()};
+      return {fused::mask_multiply(grad[0], ctx->get_saved_variables()[0]), Variable(), Variable(), Variable()};
     const Variable x = ctx->get_saved_variables()[0];
     const double clip = ctx->saved_data["clip"].toDouble();
-    return {grad[0] * at::logical_and(x >= 0, x <= clip), Variable(), Variable()};
+    const at::Tensor low = ctx->saved_data["after_relu"].toBool() ? x > 0 : x >= 0;
+    return {grad[0] * at::logical_and(low, x <= clip), Variable(), Variable(), Variable()};
   }
 };
 
@@ -285,15 +287,15 @@ at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granular
   return DoReFaWeightFn::apply(w, bits, static_cast<int64_t>(granularity), axis);
 }
 
-at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip) {
+at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool after_relu) {
   check_bits(bits, 1, 8, true, "DoReFa activations");
   check_activation_clip(clip);
-  if (bits == 32) return x;
+  if (bits == 32) return after_relu ? at::relu(x) : x;
   if (!needs_grad(x)) {
     if (use_fused(x)) return fused::dorefa_activation(x, bits, clip, /*with_mask=*/false).output;
     return dorefa_activation_values(x, bits, clip);
   }
-  return DoReFaActivationFn::apply(x, bits, clip);
+  return DoReFaActivationFn::apply(x, bits, clip, after_relu);
 }
 
 TwnThreshold twn_threshold(const at::Tensor& w_in, Granularity granularity, int64_t axis) {

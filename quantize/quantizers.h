@@ -98,8 +98,10 @@ at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granular
 /// [0, clip], gradient 1 on [0, clip] and 0 outside; `clip` = 1 is the paper's quantize_k(clip(x, 0,
 /// 1)). `bits` in 1..8 or 32 (identity). Example: bits 2, clip 2: levels 0, 2/3, 4/3, 2; x = 0.5 →
 /// 2/3, x = 3 → 2 (gradient 0). Throws whittle::Error for other widths or a clip that is not a
-/// finite value > 0.
-at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip = 1.0);
+/// finite value > 0. With `after_relu` it is the quantizer of relu(x), the ReLU folded in (the
+/// quantize pass's act_quant with relu = 1): the same values (clip(relu(x), 0, c) = clip(x, 0, c)),
+/// gradient 1 on (0, clip] (ReLU's gradient is 0 at x = 0); bits 32 is then relu(x).
+at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip = 1.0, bool after_relu = false);
 
 /// TWN threshold and scale of `w`: Δ = 0.7·mean|W| and α = mean |W| over |W| > Δ (0 when no
 /// element exceeds Δ), each [1] per tensor or [C] per output channel along `axis`.

@@ -192,7 +192,10 @@ std::vector<KeySpec> build_schema() {
        key("channels_last", KeyType::kBool, "false", "CUDA: NHWC memory format"),
        key("cudnn_benchmark", KeyType::kBool, "true", "CUDA: cuDNN autotuning (off in deterministic mode)"),
        key("threads", KeyType::kInt, "0 (LibTorch default)", "intra-op CPU threads", Range::closed(0, 1024)),
-       key("log_every", KeyType::kInt, "50", "batches between progress lines when output is not a terminal", Range::at_least(1))}));
+       key("log_every", KeyType::kInt, "50", "batches between progress lines when output is not a terminal", Range::at_least(1)),
+       key("activation_checkpointing", KeyType::kStringList, "[]",
+           "node-name prefixes of segments (e.g. layer1 for a ResNet stage, layer2.0 for a block) whose activations are "
+           "recomputed in the backward pass instead of kept: less memory, one more forward of them (docs/performance.md)")}));
   s.push_back(KeySpec{"modifiers", KeyType::kList, "[]",
                       "Compression modifiers, each a map with `name`, `start_epoch`, `end_epoch`, `targets`, "
                       "`ignore` and the modifier's own settings (see below).",
@@ -740,6 +743,11 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   get(t, "cudnn_benchmark", r.training.cudnn_benchmark);
   get(t, "threads", r.training.threads);
   get(t, "log_every", r.training.log_every);
+  if (const YAML::Node a = t["activation_checkpointing"]; a && !a.IsNull()) {
+    if (a.IsScalar()) r.training.activation_checkpointing = {a.as<std::string>()};
+    else
+      for (const auto& p : a) r.training.activation_checkpointing.push_back(p.as<std::string>());
+  }
   if (r.training.grad_accumulation < 1) usage_error(at_line(origin, t["grad_accumulation"]) + ": 'training.grad_accumulation' must be ≥ 1");
   const std::string& dev = r.training.device;
   if (!is_device_name(dev))

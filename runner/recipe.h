@@ -82,6 +82,9 @@ struct TrainingSpec {
   bool cudnn_benchmark = true;    ///< CUDA: cuDNN autotuning (off in deterministic mode)
   int64_t threads = 0;            ///< intra-op CPU threads (0: LibTorch's default)
   int64_t log_every = 50;         ///< batches between plain progress lines (non-terminal output)
+  /// Node-name prefixes of the segments recomputed in the backward instead of keeping their
+  /// activations (GraphModule::set_checkpoint_segments), e.g. [layer1, layer2, layer3].
+  std::vector<std::string> activation_checkpointing;
 };
 
 /// `distributed:` — data-parallel training across processes (runner/distributed.h,

@@ -331,6 +331,13 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   if (!saved) check_modifier_targets();
   check_input_shapes();
   check_export_forms();
+  if (!t.activation_checkpointing.empty()) {
+    try {
+      model_->set_checkpoint_segments(t.activation_checkpointing);
+    } catch (const Error& e) {
+      throw Error(recipe_.path + ": 'training.activation_checkpointing': " + e.what(), ErrorKind::kUsage);
+    }
+  }
 
   // Everything is checked: from here on the run directory is written.
   // Every rank gets here: they agree whether a Ctrl-C (or torchrun's SIGTERM) came in time.

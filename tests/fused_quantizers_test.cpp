@@ -122,6 +122,31 @@ TEST(FusedQuantizers, DoReFaActivationsEqualTheAtenForm) {
       }
 }
 
+// The quantizer of relu(x) (after_relu, the quantize pass's act_quant with relu = 1) equals ReLU
+// then the quantizer, values and gradients, with the fused kernels and without them; zeros planted
+// (ReLU's gradient at 0 is 0, the quantizer's 1).
+TEST(FusedQuantizers, DoReFaAfterReluEqualsReluThenQuantizer) {
+  at::manual_seed(11);
+  for (const int64_t n : {1, 31, 33, 1000003}) {
+    at::Tensor x = at::randn({n}) * 1.5;
+    x.index_put_({at::arange(0, n, 3)}, 0.0);
+    if (n > 2) x[1] = 2.0;
+    for (const bool fused : {true, false}) {
+      for (const double clip : {1.0, 2.0}) {
+        at::Tensor upstream = at::randn({n});
+        const Result folded = run(x, upstream, fused, [&](const at::Tensor& t) { return q::dorefa_activation(t, 2, clip, true); });
+        const Result chain = run(x, upstream, fused, [&](const at::Tensor& t) { return q::dorefa_activation(at::relu(t), 2, clip); });
+        EXPECT_TRUE(same_values(folded.output, chain.output)) << n << " fused " << fused << " clip " << clip;
+        EXPECT_TRUE(same_values(folded.grad, chain.grad)) << n << " fused " << fused << " clip " << clip;
+      }
+    }
+    expect_fused_equals_aten(x, [](const at::Tensor& t) { return q::dorefa_activation(t, 4, 2.0, true); });
+  }
+  // bits 32 with the ReLU folded in is the ReLU.
+  at::Tensor x = at::tensor({-1.0f, 0.0f, 0.5f});
+  EXPECT_TRUE(q::dorefa_activation(x, 32, 1.0, true).equal(at::relu(x)));
+}
+
 TEST(FusedQuantizers, BnnSignEqualsTheAtenForm) {
   at::manual_seed(2);
   for (int64_t n : kSizes) {

@@ -365,11 +365,99 @@ TEST(QuantizePass, Concatenation) {
   cfg.activation_bits = 2;
   q::Report r = q::apply(g, cfg);
   EXPECT_EQ(r.quantized, (std::vector<std::string>{"a", "b", "c"}));
-  EXPECT_EQ(r.inserted, (std::vector<std::string>{"a.act_quant", "c.act_quant"}));
-  EXPECT_EQ(g.node("b").inputs[0], "a.act_quant");
+  // r feeds only the quantized a and b: it becomes their shared quantizer (relu = 1).
+  EXPECT_EQ(r.replaced, (std::vector<std::string>{"r"}));
+  EXPECT_EQ(r.inserted, (std::vector<std::string>{"c.act_quant"}));
+  EXPECT_EQ(g.node("r").op, "act_quant");
+  EXPECT_EQ(g.node("a").inputs[0], "r");
+  EXPECT_EQ(g.node("b").inputs[0], "r");
   EXPECT_EQ(g.node("c.act_quant").inputs[0], "cat");
   GraphModule m(g);
   EXPECT_EQ(m->forward(at::randn({2, 3, 8, 8})).sizes(), (at::IntArrayRef{2, 2}));
+}
+
+// DoReFa W4A4 on ResNet-20: each in-block ReLU feeds only the quantized conv2 of its block and
+// becomes the quantizer (act_quant with relu = 1), as do the outputs of layer1.2 and layer2.2,
+// which feed only the next stage's quantized conv1 and 1×1 shortcut conv; the stem and the other
+// block-output ReLUs also feed a residual add (layer3.2's the pooled classifier) and keep an
+// act_quant after them. The folded graph computes bit for bit the outputs and gradients of the
+// unfolded one (ReLU node, then act_quant), rebuilt here from it.
+TEST(QuantizePass, DoReFaFoldsAReluWhoseUsesAreAllQuantized) {
+  GraphModule folded(build_model("resnet20"));
+  q::Config c;
+  c.method = "dorefa";
+  c.weight_bits = 4;
+  c.activation_bits = 4;
+  c.activation_clip = 2.0;
+  q::Report r = q::apply(folded, c);
+  std::vector<std::string> expected;
+  for (int stage = 1; stage <= 3; ++stage)
+    for (int block = 0; block < 3; ++block) {
+      const std::string p = "layer" + std::to_string(stage) + "." + std::to_string(block);
+      expected.push_back(p + ".relu1");
+      if (block == 2 && stage < 3) expected.push_back(p + ".relu2");
+    }
+  EXPECT_EQ(r.replaced, expected);
+  EXPECT_EQ(r.inserted.size(), 7u);  // after the stem ReLU and six block outputs that feed an add
+  EXPECT_EQ(folded->graph().node("layer2.0.conv1").inputs[0], "layer1.2.relu2");
+  EXPECT_EQ(folded->graph().node("layer2.0.shortcut.0").inputs[0], "layer1.2.relu2");
+  const Node& relu1 = folded->graph().node("layer1.0.relu1");
+  EXPECT_EQ(relu1.op, "act_quant");
+  EXPECT_EQ(relu1.attr_int("relu"), 1);
+  EXPECT_DOUBLE_EQ(relu1.attr_float("activation_clip"), 2.0);
+  EXPECT_EQ(folded->graph().node("relu").op, "relu");  // the stem's feeds layer1.0's residual add
+
+  // The unfolded graph: each relu = 1 quantizer back to a ReLU followed by a plain act_quant.
+  Graph g = folded->graph().clone();  // own tensors, equal values
+  for (const auto& name : r.replaced) {
+    Node& n = g.node(name);
+    const std::vector<std::string> users = g.users(name);
+    n.op = "relu";
+    n.attrs.clear();
+    for (const auto& u : users) {
+      Node aq;
+      aq.name = g.unique_name(u + ".act_quant");
+      aq.op = "act_quant";
+      aq.inputs = {name};
+      aq.attrs = {{"method", std::string("dorefa")}, {"activation_bits", int64_t{4}}, {"activation_clip", 2.0}};
+      const std::string out = g.insert_node_before(u, aq);
+      g.node(u).inputs[0] = out;
+    }
+  }
+  GraphModule unfolded(std::move(g));
+  at::manual_seed(3);
+  at::Tensor x = at::randn({4, 3, 32, 32});
+  folded->train();
+  unfolded->train();
+  at::Tensor y_folded = folded->forward(x), y_unfolded = unfolded->forward(x);
+  EXPECT_TRUE(y_folded.equal(y_unfolded));
+  y_folded.sum().backward();
+  y_unfolded.sum().backward();
+  auto a = folded->named_parameters(), b = unfolded->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& kv : a) {
+    ASSERT_FALSE(kv.value().is_same(b[kv.key()])) << kv.key();
+    EXPECT_TRUE(kv.value().grad().equal(b[kv.key()].grad())) << kv.key();
+  }
+}
+
+// A ReLU with a use that is not a quantized layer stays a ReLU (here: the graph output).
+TEST(QuantizePass, DoReFaKeepsAReluWithOtherUses) {
+  Graph g;
+  g.add_input("x", {2, 4});
+  g.add_node(layer("fc1", "linear", "x", at::randn({4, 4})));
+  g.add_node(Node{"act", "relu", {"fc1"}, {}, {}, {}, {}});
+  g.add_node(layer("fc2", "linear", "act", at::randn({4, 4})));
+  g.add_node(layer("fc3", "linear", "fc2", at::randn({2, 4})));
+  g.set_outputs({"fc3", "act"});
+  q::Config c;
+  c.method = "dorefa";
+  c.weight_bits = 4;
+  c.activation_bits = 4;
+  q::Report r = q::apply(g, c);
+  EXPECT_TRUE(r.replaced.empty());
+  EXPECT_EQ(r.inserted, std::vector<std::string>{"fc2.act_quant"});
+  EXPECT_EQ(g.node("act").op, "relu");
 }
 
 TEST(QuantizePass, CudaForwardBackward) {

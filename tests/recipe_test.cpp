@@ -64,6 +64,16 @@ TEST_F(RecipeTest, ParsesValuesAndDefaults) {
   EXPECT_EQ(r.text, base_recipe());
 }
 
+// training.activation_checkpointing: a list of node-name prefixes, or one name; off by default.
+TEST_F(RecipeTest, ActivationCheckpointingSegments) {
+  EXPECT_TRUE(parse_recipe(base_recipe(), "r.yaml", ".").training.activation_checkpointing.empty());
+  Recipe r = parse_recipe(base_recipe(), "r.yaml", ".", {"training.activation_checkpointing=[conv2, fc1]"});
+  EXPECT_EQ(r.training.activation_checkpointing, (std::vector<std::string>{"conv2", "fc1"}));
+  r = parse_recipe(base_recipe() + "  activation_checkpointing: conv1\n", "r.yaml", ".");
+  EXPECT_EQ(r.training.activation_checkpointing, std::vector<std::string>{"conv1"});
+  EXPECT_NE(error_of(base_recipe() + "  activation_checkpointing: {a: 1}\n").find("activation_checkpointing"), std::string::npos);
+}
+
 TEST_F(RecipeTest, UnknownKeyNamesLineAndClosestKey) {
   std::string text = base_recipe() + "trainng:\n  epochs: 2\n";
   std::string msg = error_of(text);
