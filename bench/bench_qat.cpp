@@ -1,13 +1,15 @@
 // Quantization-aware training cost on the CPU (and the first CUDA device, reported as skipped
 // without one).
 //
-// BM_TrainStep/<model>/<method>/<fused>: one training step (forward, backward, SGD step, latent
+// BM_TrainStep/<model>/<method>/<fused>/<checkpointing>: one training step (forward, backward, SGD step, latent
 // weight clipping) at batch 128, FP32 against each quantization method, with the fused quantizer
 // kernels (quantize/fused_quantizers.h; fused = 1) and with the ATen-op quantizers they replace
 // (fused = 0). Models: 0 ResNet-20, 1 NIN (CIFAR-sized input). Methods: 0 fp32, 1 dorefa_w8a8,
 // 2 dorefa_w4a4, 3 dorefa_w2a2, 4 twn, 5 bnn, 6 xnor. Counters: images_per_s, and peak_MiB, the
 // most tensor memory the step holds above what was alive before it (bench/peak_memory.h: the
-// activations saved for the backward, the gradients, the temporaries).
+// activations saved for the backward, the gradients, the temporaries). checkpointing = 1 runs
+// with activation checkpointing (GraphModule::set_checkpoint_segments): ResNet-20's nine blocks,
+// NIN's conv units, recomputed in the backward (FP32, DoReFa W4A4 and BNN).
 //
 // BM_OptimizerStep/<model>/<kind>: the SGD step alone (momentum 0.9, Nesterov, weight decay 5e-4)
 // over the model's parameters: 0 torch::optim::SGD (a loop of ATen ops per parameter), 1 ATen's
@@ -71,7 +73,9 @@ void train_step(benchmark::State& state, const at::Device& device) {
   const int64_t model_index = state.range(0);
   const Method& m = kMethods[state.range(1)];
   const bool fused = state.range(2) != 0;
-  state.SetLabel(std::string(kModels[model_index]) + " " + m.name + (fused ? "" : " aten-op quantizers"));
+  const bool checkpointing = state.range(3) != 0;
+  state.SetLabel(std::string(kModels[model_index]) + " " + m.name + (fused ? "" : " aten-op quantizers") +
+                 (checkpointing ? " checkpointed" : ""));
   if (device.is_cuda() && !torch::cuda::is_available()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -80,6 +84,12 @@ void train_step(benchmark::State& state, const at::Device& device) {
   whittle::quantize::set_fused_quantizers(fused);
   const int64_t batch = batch_size();
   whittle::GraphModule model = make_model(model_index, m);
+  if (checkpointing)
+    model->set_checkpoint_segments(model_index == 0 ? std::vector<std::string>{"layer1.0", "layer1.1", "layer1.2", "layer2.0",
+                                                                               "layer2.1", "layer2.2", "layer3.0", "layer3.1",
+                                                                               "layer3.2"}
+                                                    : std::vector<std::string>{"model.0", "model.1", "model.2", "model.4",
+                                                                               "model.5", "model.6", "model.8", "model.9"});
   model->to(device);
   model->train();
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -106,12 +116,14 @@ void train_step(benchmark::State& state, const at::Device& device) {
 void BM_TrainStep(benchmark::State& state) { train_step(state, at::Device(at::kCPU)); }
 void BM_TrainStepCuda(benchmark::State& state) { train_step(state, at::Device(at::kCUDA, 0)); }
 
-// Every model × method with the fused kernels, and the quantized methods without them too.
+// Every model × method with the fused kernels, the quantized methods without them too, and FP32,
+// W4A4 and BNN checkpointed.
 void train_step_args(benchmark::internal::Benchmark* b) {
   for (int64_t model = 0; model < 2; ++model)
     for (int64_t method = 0; method < 7; ++method) {
-      b->Args({model, method, 1});
-      if (method > 0) b->Args({model, method, 0});
+      b->Args({model, method, 1, 0});
+      if (method > 0) b->Args({model, method, 0, 0});
+      if (method == 0 || method == 2 || method == 5) b->Args({model, method, 1, 1});
     }
 }
 

@@ -41,7 +41,7 @@ def main():
     for b in runs:
         if b.get("run_type") != "iteration" or b.get("error_occurred"):
             continue
-        m = re.match(r"BM_TrainStep/(\d+)/(\d+)/(\d+)", b["name"])
+        m = re.match(r"BM_TrainStep/(\d+)/(\d+)/(\d+)/(\d+)", b["name"])
         if not m:
             continue
         key = tuple(int(v) for v in m.groups())
@@ -53,19 +53,30 @@ def main():
     print(f"| model | method | step (fused) | vs FP32 | step (ATen ops) | vs FP32 | peak MiB (fused) | (ATen ops) | FP32 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for mi, model in enumerate(MODELS):
-        base = med.get((mi, 0, 1))
+        base = med.get((mi, 0, 1, 0))
         if base is None:
             continue
         for k, method in enumerate(METHODS):
-            f, a = med.get((mi, k, 1)), med.get((mi, k, 0))
+            f, a = med.get((mi, k, 1, 0)), med.get((mi, k, 0, 0))
             if f is None:
                 continue
             cells = [model, method, f"{f:.1f} ms", f"{f / base:.3f}×"]
             cells += [f"{a:.1f} ms", f"{a / base:.3f}×"] if a is not None else ["—", "—"]
-            pf, pa, p0 = peak.get((mi, k, 1)), peak.get((mi, k, 0)), peak.get((mi, 0, 1))
+            pf, pa, p0 = peak.get((mi, k, 1, 0)), peak.get((mi, k, 0, 0)), peak.get((mi, 0, 1, 0))
             cells += [f"{pf:.0f}" if pf is not None else "—", f"{pa:.0f}" if pa is not None else "—",
                       f"{p0:.0f}" if p0 is not None else "—"]
             print("| " + " | ".join(cells) + " |")
+    print("\nActivation checkpointing (fused kernels):\n")
+    print("| model | method | step | checkpointed | ratio | peak MiB | checkpointed | ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for mi, model in enumerate(MODELS):
+        for k, method in enumerate(METHODS):
+            plain, ck = med.get((mi, k, 1, 0)), med.get((mi, k, 1, 1))
+            if plain is None or ck is None:
+                continue
+            pp, pc = peak.get((mi, k, 1, 0)), peak.get((mi, k, 1, 1))
+            print(f"| {model} | {method} | {plain:.1f} ms | {ck:.1f} ms | {ck / plain:.3f}× | {pp:.0f} | {pc:.0f} | "
+                  f"{pc / pp:.3f}× |")
     n = min((len(v) for v in times.values()), default=0)
     print(f"\n(median of {n} randomly interleaved repetitions of at least 3 s each; batch "
           f"{os.environ.get('WHITTLE_BENCH_BATCH', '128')}; {os.cpu_count()} CPUs)")

@@ -1,5 +1,7 @@
 #include "runner/optimizer.h"
 
+#include <ATen/ATen.h>
+
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -23,7 +25,70 @@ std::unique_ptr<torch::optim::Optimizer> rebuild_as(const Kind& old,
 
 }  // namespace
 
+at::Tensor FusedSGD::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode grad_on(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    bool plain = false;
+    for (const auto& p : group.params())
+      if (p.grad().defined() && (!p.is_contiguous() || !p.grad().is_contiguous() || p.grad().is_sparse() ||
+                                 p.grad().scalar_type() != p.scalar_type()))
+        plain = true;
+    if (plain) {  // the unfused step of this group alone, on the same state tensors
+      std::vector<torch::optim::OptimizerParamGroup> one{torch::optim::OptimizerParamGroup(group.params(), group.options().clone())};
+      torch::optim::SGD single(one, o);
+      for (const auto& p : group.params())
+        if (auto it = state().find(p.unsafeGetTensorImpl()); it != state().end())
+          single.state()[p.unsafeGetTensorImpl()] = it->second->clone();
+      single.step();
+      for (const auto& p : group.params())
+        if (auto it = single.state().find(p.unsafeGetTensorImpl()); it != single.state().end())
+          state()[p.unsafeGetTensorImpl()] = it->second->clone();
+      continue;
+    }
+    // Parameters with a momentum buffer, and those getting their first (the kernel's
+    // is_first_step: buffer = gradient with weight decay, as SGD's clone on the first step).
+    std::vector<at::Tensor> params, grads, buffers, first_params, first_grads, first_buffers;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      void* key = p.unsafeGetTensorImpl();
+      auto it = state().find(key);
+      const bool has_buffer = it != state().end() &&
+                              static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
+      if (o.momentum() == 0 || has_buffer) {
+        params.push_back(p);
+        grads.push_back(p.grad());
+        if (o.momentum() != 0)
+          buffers.push_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+      } else {
+        auto s = std::make_unique<torch::optim::SGDParamState>();
+        s->momentum_buffer(at::empty_like(p));
+        first_buffers.push_back(s->momentum_buffer());
+        state()[key] = std::move(s);
+        first_params.push_back(p);
+        first_grads.push_back(p.grad());
+      }
+    }
+    if (!params.empty())
+      at::_fused_sgd_(params, grads, buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
+                      /*maximize=*/false, /*is_first_step=*/false);
+    if (!first_params.empty())
+      at::_fused_sgd_(first_params, first_grads, first_buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                      o.nesterov(), /*maximize=*/false, /*is_first_step=*/true);
+  }
+  return loss;
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, const std::vector<at::Tensor>& params) {
+  if (o.name == "sgd" && o.fused) {
+    return std::make_unique<FusedSGD>(
+        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+  }
   if (o.name == "sgd") {
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
@@ -59,7 +124,9 @@ std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::O
   }
 
   std::unique_ptr<torch::optim::Optimizer> fresh;
-  if (const auto* o = dynamic_cast<const torch::optim::SGD*>(&old)) {
+  if (const auto* o = dynamic_cast<const FusedSGD*>(&old)) {
+    fresh = rebuild_as<FusedSGD, torch::optim::SGDOptions>(*o, groups);
+  } else if (const auto* o = dynamic_cast<const torch::optim::SGD*>(&old)) {
     fresh = rebuild_as<torch::optim::SGD, torch::optim::SGDOptions>(*o, groups);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamW*>(&old)) {
     fresh = rebuild_as<torch::optim::AdamW, torch::optim::AdamWOptions>(*o, groups);

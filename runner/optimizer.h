@@ -3,6 +3,7 @@
 
 #include <ATen/Tensor.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include <memory>
 #include <vector>
@@ -12,8 +13,20 @@
 
 namespace whittle::runner {
 
-/// A new optimizer as `spec` names it (torch::optim::SGD, Adam or AdamW with its hyper-parameters)
-/// over `params`, in one parameter group. Throws whittle::Error (usage) for another name.
+/// torch::optim::SGD whose step() runs ATen's fused SGD kernel (at::_fused_sgd_, the kernel of
+/// PyTorch's `SGD(fused=True)`): one pass over each parameter doing weight decay, momentum, Nesterov
+/// and the update, in place of SGD's chain of ATen ops per parameter. The same update rule
+/// (Sutskever et al., 2013, as torch.optim.SGD), equal to SGD's up to float rounding; options,
+/// state (one momentum_buffer per parameter), serialization and rebuild_optimizer are SGD's.
+/// Falls back to SGD::step() for a group with a non-contiguous or sparse parameter or gradient.
+class FusedSGD : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+  at::Tensor step(LossClosure closure = nullptr) override;
+};
+
+/// A new optimizer as `spec` names it (torch::optim::SGD, FusedSGD when `spec.fused`, Adam or
+/// AdamW with its hyper-parameters) over `params`, in one parameter group. Throws whittle::Error (usage) for another name.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
                                                         const std::vector<at::Tensor>& params);
 

@@ -171,7 +171,9 @@ std::vector<KeySpec> build_schema() {
                 key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)", Range::closed(0, 1e3)),
                 key("beta1", KeyType::kFloat, "0.9", "Adam β1", Range::half_open(0, 1)),
                 key("beta2", KeyType::kFloat, "0.999", "Adam β2", Range::half_open(0, 1)),
-                key("eps", KeyType::kFloat, "1e-8", "Adam ε", Range::above(0))}),
+                key("eps", KeyType::kFloat, "1e-8", "Adam ε", Range::above(0)),
+                key("fused", KeyType::kBool, "false",
+                    "sgd: ATen's fused SGD kernel, one pass a parameter (same rule, equal up to float rounding)")}),
        section("lr_schedule", "Learning-rate schedule, evaluated every step.",
                {key("name", KeyType::kString, "constant", "constant, step, multistep, cosine or one_cycle",
                     {"constant", "step", "multistep", "cosine", "one_cycle"}),
@@ -715,6 +717,9 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     get(o, "beta1", op.beta1);
     get(o, "beta2", op.beta2);
     get(o, "eps", op.eps);
+    get(o, "fused", op.fused);
+    if (op.fused && op.name != "sgd")
+      usage_error(at_line(origin, o["fused"]) + ": 'training.optimizer.fused' applies to sgd, not " + op.name);
     if (!(op.lr > 0)) usage_error(at_line(origin, o["lr"]) + ": 'training.optimizer.lr' must be > 0");
   }
   if (const YAML::Node s = t["lr_schedule"]) {

@@ -52,6 +52,7 @@ struct OptimizerSpec {
   bool nesterov = false;      ///< sgd
   double weight_decay = 0.0;  ///< L2 (sgd, adam) or decoupled (adamw)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adam, adamw
+  bool fused = false;         ///< sgd: ATen's fused kernel (runner/optimizer.h FusedSGD)
 };
 
 /// `training.lr_schedule:`.

@@ -110,6 +110,54 @@ TEST_F(RebuildOptimizer, SgdWithoutStateYet) {
   EXPECT_EQ(fresh->param_groups()[0].params().size(), 2u);
 }
 
+// FusedSGD (ATen's fused kernel) against torch::optim::SGD over several steps with momentum,
+// Nesterov and weight decay, two groups (one without momentum), a parameter without a gradient
+// and a non-contiguous one (the unfused fallback): the same parameters and momentum buffers up to
+// float rounding; a rebuild keeps the fused kind.
+TEST_F(RebuildOptimizer, FusedSgdFollowsSgd) {
+  at::Tensor d = at::randn({3, 5}).t().set_requires_grad(true);  // not contiguous
+  at::Tensor idle = at::randn({2}).set_requires_grad(true);      // never gets a gradient
+  auto copies = [](const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : ts) out.push_back(t.detach().clone().set_requires_grad(true));
+    return out;
+  };
+  const std::vector<at::Tensor> ours_g1 = copies({a, b, idle}), ours_g2 = copies({c}), ours_g3 = copies({d});
+  const std::vector<at::Tensor> ref_g1 = copies({a, b, idle}), ref_g2 = copies({c}), ref_g3 = copies({d});
+  auto groups = [](const std::vector<at::Tensor>& g1, const std::vector<at::Tensor>& g2, const std::vector<at::Tensor>& g3) {
+    return std::vector<torch::optim::OptimizerParamGroup>{
+        torch::optim::OptimizerParamGroup(g1, std::make_unique<torch::optim::SGDOptions>(
+                                                  torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(5e-4))),
+        torch::optim::OptimizerParamGroup(g2, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.05))),
+        torch::optim::OptimizerParamGroup(g3, std::make_unique<torch::optim::SGDOptions>(
+                                                  torch::optim::SGDOptions(0.1).momentum(0.5).weight_decay(1e-3)))};
+  };
+  FusedSGD fused(groups(ours_g1, ours_g2, ours_g3), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD reference(groups(ref_g1, ref_g2, ref_g3), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 4; ++step) {
+    for (const auto* set : {&ours_g1, &ours_g2, &ours_g3, &ref_g1, &ref_g2, &ref_g3})
+      for (const auto& p : *set) p.mutable_grad() = p.detach() * 0.5 + 1.0 + step;
+    // The idle parameter (last of group 1) gets none.
+    ours_g1[2].mutable_grad() = at::Tensor();
+    ref_g1[2].mutable_grad() = at::Tensor();
+    fused.step();
+    reference.step();
+  }
+  const std::vector<at::Tensor> ours = {ours_g1[0], ours_g1[1], ours_g1[2], ours_g2[0], ours_g3[0]};
+  const std::vector<at::Tensor> refs = {ref_g1[0], ref_g1[1], ref_g1[2], ref_g2[0], ref_g3[0]};
+  const std::vector<at::Tensor> starts = {a, b, idle, c, d};
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(at::allclose(ours[i], refs[i], 1e-6, 1e-7)) << i << ": " << (ours[i] - refs[i]).abs().max().item<double>();
+    EXPECT_EQ(ours[i].equal(starts[i]), i == 2) << i;  // every parameter moved but the idle one
+  }
+  EXPECT_TRUE(at::allclose(sgd_state(fused, ours_g1[0]).momentum_buffer(), sgd_state(reference, ref_g1[0]).momentum_buffer(),
+                           1e-6, 1e-7));
+  EXPECT_EQ(fused.state().count(ours_g2[0].unsafeGetTensorImpl()), 0u);  // momentum 0: no buffer, as SGD
+  EXPECT_EQ(reference.state().count(ref_g2[0].unsafeGetTensorImpl()), 0u);
+  auto fresh = rebuild_optimizer(fused, {ours_g1[0], ours_g2[0]});
+  EXPECT_NE(dynamic_cast<FusedSGD*>(fresh.get()), nullptr);
+}
+
 TEST_F(RebuildOptimizer, AdamKeepsStepAndMoments) {
   torch::optim::Adam old({a, b, c}, torch::optim::AdamOptions(1e-3).betas({0.8, 0.99}).eps(1e-6).weight_decay(1e-4));
   for (int i = 0; i < 3; ++i) one_step(old, {a, b, c});
