@@ -31,20 +31,45 @@ Criterion criterion_from_name(const std::string& name) {
               ErrorKind::kUsage);
 }
 
+// A hooked weight, held weakly, and the index of its hook in the weight's hook list.
+struct TaylorScores::Hook {
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  Hook(WeakImpl w, unsigned i) : weight(std::move(w)), index(i) {}
+  WeakImpl weight;
+  unsigned index;
+};
+
+TaylorScores::~TaylorScores() { detach(); }
+
+void TaylorScores::detach() {
+  for (const auto& h : hooks_) {
+    // A weight still alive loses its hook; a freed one took its hook with it.
+    const at::Tensor weight(h->weight.lock());
+    if (weight.defined()) weight.remove_hook(h->index);
+  }
+  hooks_.clear();
+}
+
 void TaylorScores::attach(GraphModule& module) {
+  detach();
   for (Node& n : module->graph().nodes()) {
     at::Tensor* w = n.params.find("weight");
     if (!w || !w->defined() || !w->requires_grad()) continue;
     const std::string key = n.name + ".weight";
     auto sums = sums_;
-    const at::Tensor weight = *w;
-    weight.register_hook([sums, key, weight](const at::Tensor& grad) {
+    // The hook lives in the weight's autograd metadata: a strong reference to the weight in it
+    // would be a cycle that keeps the weight (and its gradient) alive forever.
+    const Hook::WeakImpl weak(w->getIntrusivePtr());
+    const unsigned index = w->register_hook([sums, key, weak](const at::Tensor& grad) {
+      const at::Tensor weight(weak.lock());
+      if (!weight.defined()) return;
       at::NoGradGuard g;
       at::Tensor term = (weight.detach() * grad).abs();
       auto it = sums->find(key);
       if (it == sums->end() || !it->second.sizes().equals(term.sizes())) (*sums)[key] = term.clone();
       else it->second.add_(term);
     });
+    hooks_.push_back(std::make_shared<Hook>(weak, index));
   }
 }
 

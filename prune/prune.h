@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,20 +39,33 @@ const char* criterion_name(Criterion c);
 /// The criterion named `name`; throws whittle::Error (usage) listing the names.
 Criterion criterion_from_name(const std::string& name);
 
-/// Σ over batches of |w ⊙ ∂L/∂w| per parameter, for the Taylor criterion: attach() installs
-/// gradient hooks on every `weight` parameter of the module's graph, each backward pass then adds
-/// to the sums. Keyed "node.param".
+/// Σ over batches of |w ⊙ ∂L/∂w| per parameter, for the Taylor criterion (Molchanov et al. 2019):
+/// attach() installs a gradient hook on every `weight` parameter of the module's graph, and each
+/// backward pass then adds |w ⊙ grad| (the weight's shape, on its device) to that weight's sum.
+/// Keyed "node.param". The hooks hold their weights weakly (a weight freed by pruning takes its
+/// hook with it), a second attach() replaces the hooks of the first (a weight hooked twice would
+/// count twice), and the destructor removes them. Not copyable: one set of hooks, one owner.
 class TaylorScores {
  public:
-  /// Hooks the module's current weights (call again after the parameter set changed).
+  TaylorScores() = default;
+  TaylorScores(const TaylorScores&) = delete;
+  TaylorScores& operator=(const TaylorScores&) = delete;
+  ~TaylorScores();
+
+  /// Hooks the module's current weights (call again after the parameter set changed); the hooks
+  /// of an earlier attach() are removed first.
   void attach(GraphModule& module);
+  /// Removes every hook this object installed (the sums stay).
+  void detach();
   /// Clears the sums (the hooks stay).
   void reset();
   /// The sums; a node without one scores 0.
   const std::map<std::string, at::Tensor>& sums() const { return *sums_; }
 
  private:
+  struct Hook;
   std::shared_ptr<std::map<std::string, at::Tensor>> sums_ = std::make_shared<std::map<std::string, at::Tensor>>();
+  std::vector<std::shared_ptr<Hook>> hooks_;
 };
 
 /// Options of score().

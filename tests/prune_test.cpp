@@ -446,6 +446,69 @@ TEST_F(PruneTest, CriteriaRankByHand) {
   for (double s : score(g, grp, o)) EXPECT_TRUE(std::isinf(s));
 }
 
+// a: conv 1→3 with weights 1, −3, 2; b: conv 3→1 with weights 0.5, 0.5, −4; no biases. On a 1×1
+// input x the output is x·Σ_c b_c·a_c, so ∂y/∂a_c = x·b_c and ∂y/∂b_c = x·a_c, and both weights'
+// |w·∂y/∂w| are x·(0.5, 1.5, 8).
+Graph taylor_pair() {
+  Graph g;
+  g.add_input("x", {1, 1, 1, 1});
+  Node a = conv("a", "x", 1, 3, 1, 1, 0, false);
+  a.params.set("weight", at::tensor({1.0f, -3.0f, 2.0f}).reshape({3, 1, 1, 1}).requires_grad_());
+  g.add_node(a);
+  Node b = conv("b", "a", 3, 1, 1, 1, 0, false);
+  b.params.set("weight", at::tensor({0.5f, 0.5f, -4.0f}).reshape({1, 3, 1, 1}).requires_grad_());
+  g.add_node(b);
+  g.set_outputs({"b"});
+  return g;
+}
+
+std::vector<float> values(const at::Tensor& t) {
+  const at::Tensor c = t.detach().contiguous().to(at::kFloat);
+  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+
+TEST_F(PruneTest, TaylorSumsWeightTimesGradientOverBatchesByHand) {
+  GraphModule m(taylor_pair());
+  TaylorScores taylor;
+  taylor.attach(m);
+  for (float x : {1.0f, 2.0f}) m->forward(at::full({1, 1, 1, 1}, x)).sum().backward();
+  // (1 + 2)·(0.5, 1.5, 8)
+  EXPECT_EQ(values(taylor.sums().at("a.weight")), (std::vector<float>{1.5f, 4.5f, 24.0f}));
+  EXPECT_EQ(values(taylor.sums().at("b.weight")), (std::vector<float>{1.5f, 4.5f, 24.0f}));
+  ScoreOptions o;
+  o.criterion = Criterion::kTaylor;
+  o.taylor = &taylor;
+  const auto groups = dependency_groups(m->graph());
+  EXPECT_EQ(score(m->graph(), group_of(groups, "a", ChannelRole::kOutput), o), (std::vector<double>{3.0, 9.0, 48.0}));
+
+  // Attached again (as after a pruning step) and reset: one more batch counts once, not twice.
+  taylor.reset();
+  taylor.attach(m);
+  m->forward(at::full({1, 1, 1, 1}, 1.0f)).sum().backward();
+  EXPECT_EQ(values(taylor.sums().at("a.weight")), (std::vector<float>{0.5f, 1.5f, 8.0f}));
+  // Detached: the weights' hooks are gone.
+  taylor.detach();
+  m->forward(at::full({1, 1, 1, 1}, 1.0f)).sum().backward();
+  EXPECT_EQ(values(taylor.sums().at("a.weight")), (std::vector<float>{0.5f, 1.5f, 8.0f}));
+}
+
+TEST_F(PruneTest, TaylorHooksDoNotKeepTheirWeightsAlive) {
+  // A hook holding its weight strongly is a cycle (weight → autograd metadata → hook → weight):
+  // the weights replaced by pruning, and the model's at exit, were never freed.
+  TaylorScores taylor;
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> weight(at::Tensor().getIntrusivePtr());
+  {
+    GraphModule m(taylor_pair());
+    taylor.attach(m);
+    weight = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+        m->graph().node("a").params.at("weight").getIntrusivePtr());
+    m->forward(at::ones({1, 1, 1, 1})).sum().backward();
+    EXPECT_FALSE(weight.expired());
+  }
+  EXPECT_TRUE(weight.expired()) << "the model is gone, its weight is still referenced";
+  EXPECT_EQ(values(taylor.sums().at("a.weight")), (std::vector<float>{0.5f, 1.5f, 8.0f}));
+}
+
 TEST_F(PruneTest, MacsTargetIsMet) {
   Graph g = build_model("resnet20");
   const NodeCost base = graph_cost(g);
