@@ -12,8 +12,6 @@ CTEST_ARGS ?=
 SANITIZE_DIR ?= build-sanitize
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
-# Tests whose leak LeakSanitizer reports and whittle has not fixed yet (docs/reliability.md "Open").
-SANITIZE_NO_LEAK_CHECK = DataParallelRun.TaylorPruningRemovesTheSameChannelsOnEveryRank
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp
 
@@ -47,9 +45,7 @@ test: build
 # checks, the long accuracy runs or the install test (they exercise the same code unsanitized).
 test-sanitize: fuzz-build
 	@echo "[make] running the unit tests under AddressSanitizer and UndefinedBehaviorSanitizer"
-	@cd $(SANITIZE_DIR) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS) -LE 'python|install' -E '$(SANITIZE_NO_LEAK_CHECK)' $(CTEST_ARGS)
-	@echo "[make] without leak detection (a known leak, docs/reliability.md): $(SANITIZE_NO_LEAK_CHECK)"
-	@cd $(SANITIZE_DIR) && $(SANITIZE_ENV) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -R '$(SANITIZE_NO_LEAK_CHECK)' $(CTEST_ARGS)
+	@cd $(SANITIZE_DIR) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS) -LE 'python|install' $(CTEST_ARGS)
 
 fuzz-build: setup
 	@if [ ! -f $(SANITIZE_DIR)/build.ninja ]; then \
