@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/hdf5_util.h"
+#include "core/json_number.h"
 #include "graph/op_registry.h"
 #include "graph/serialize.h"
 #include "graph/version.h"
@@ -292,16 +293,20 @@ struct Reader {
         Stored st;
         st.role = e.at("role").get<std::string>();
         st.dtype = e.at("dtype").get<std::string>();
-        st.shape = e.at("shape").get<Shape>();
-        st.offset = e.at("offset").get<uint64_t>();
-        st.nbytes = e.at("nbytes").get<uint64_t>();
-        st.crc = e.at("crc32").get<uint32_t>();
+        const std::string where = "tensor index entry '" + node + "." + name + "'";
+        st.shape = json_int64s(e.at("shape"), where + ": shape");
+        st.offset = json_uint64(e.at("offset"), where + ": offset");
+        st.nbytes = json_uint64(e.at("nbytes"), where + ": nbytes");
+        st.crc = static_cast<uint32_t>(json_uint64(e.at("crc32"), where + ": crc32", std::numeric_limits<uint32_t>::max()));
         if (st.offset > data.size() || st.nbytes > data.size() - st.offset)
           fail("tensor '" + node + "." + name + "' lies outside the tensor data (file damaged)");
         index[{node, name}] = std::move(st);
       }
     } catch (const nlohmann::json::exception& ex) {
       fail(std::string("malformed tensor index (") + ex.what() + ")");
+    } catch (const Error& ex) {
+      if (std::string(ex.what()).rfind(path, 0) == 0) throw;  // already named by fail()
+      fail(std::string("malformed tensor index: ") + ex.what());
     }
   }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_number.h"
 
 namespace whittle {
 
@@ -36,13 +37,13 @@ Attr attr_from_json(const json& j, const std::string& where) {
     throw Error(where + ": attribute must be {\"type\": ..., \"value\": ...}");
   const std::string type = j.at("type").get<std::string>();
   const json& v = j.at("value");
-  if (type == "int" && v.is_number_integer()) return v.get<int64_t>();
+  if (type == "int" && v.is_number_integer()) return json_int64(v, where);
   if (type == "float" && v.is_number()) return v.get<double>();
   if (type == "string" && v.is_string()) return v.get<std::string>();
   if (type == "ints" && v.is_array()) {
     for (const auto& e : v)
       if (!e.is_number_integer()) throw Error(where + ": 'ints' attribute holds a non-integer");
-    return v.get<std::vector<int64_t>>();
+    return json_int64s(v, where);
   }
   if (type == "floats" && v.is_array()) {
     for (const auto& e : v)
@@ -131,7 +132,7 @@ Graph graph_from_json(const std::string& json_text, const TensorSource& source, 
   try {
     if (!j.is_object() || j.value("format", "") != "whittle.graph")
       throw Error(origin + ": not a whittle graph structure (format key missing or wrong)");
-    int version = need(j, "version", origin).get<int>();
+    const int64_t version = json_int64(need(j, "version", origin), origin + ": version");
     if (version > kGraphFormatVersion)
       throw Error(origin + ": graph structure version " + std::to_string(version) +
                   " is newer than this whittle understands (" + std::to_string(kGraphFormatVersion) +
@@ -139,7 +140,7 @@ Graph graph_from_json(const std::string& json_text, const TensorSource& source, 
     Graph g;
     for (const auto& in : need(j, "inputs", origin))
       g.add_input(need(in, "name", origin + " inputs").get<std::string>(),
-                  need(in, "shape", origin + " inputs").get<Shape>());
+                  json_int64s(need(in, "shape", origin + " inputs"), origin + " inputs: shape"));
     for (const auto& jn : need(j, "nodes", origin)) {
       Node n;
       n.name = need(jn, "name", origin + " node").get<std::string>();
@@ -170,7 +171,8 @@ Graph graph_from_json(const std::string& json_text, const TensorSource& source, 
         const TensorRole role = std::string(kind) == "params" ? TensorRole::kParam : TensorRole::kBuffer;
         for (const auto& jt : need(jn, kind, where)) {
           const std::string tname = need(jt, "name", where).get<std::string>();
-          const Shape shape = need(jt, "shape", where + " tensor '" + tname + "'").get<Shape>();
+          const Shape shape = json_int64s(need(jt, "shape", where + " tensor '" + tname + "'"),
+                                               where + " tensor '" + tname + "': shape");
           for (int64_t d : shape)
             if (d < 0) throw Error(where + " tensor '" + tname + "': negative dimension in " + shape_str(shape));
           const at::ScalarType dtype = dtype_from_name(need(jt, "dtype", where + " tensor '" + tname + "'").get<std::string>());

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/json_number.h"
 #include "distill/distill.h"
 #include "runner/model_loader.h"
 #include "runner/modifier.h"
@@ -158,7 +159,7 @@ class DistillModifier : public Modifier {
   void load_state(const std::string& text) override {
     try {
       const nlohmann::json j = nlohmann::json::parse(text);
-      batches_ = j.at("batches").get<int64_t>();
+      batches_ = json_int64(j.at("batches"), "batches");
       sums_ = j.at("sums").get<std::map<std::string, double>>();
     } catch (const std::exception& e) {
       throw Error(spec().location + ": modifier 'distill': unreadable saved state: " + e.what());

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/json_number.h"
 #include "graph/select.h"
 #include "runner/modifier.h"
 #include "runner/optimizer.h"
@@ -86,10 +87,12 @@ class PruneModifier : public Modifier {
   void load_state(const std::string& text) override {
     try {
       const nlohmann::json j = nlohmann::json::parse(text);
-      done_ = j.at("steps_done").get<int64_t>();
-      base_macs_ = j.at("base_macs").get<int64_t>();
-      base_params_ = j.at("base_params").get<int64_t>();
-      original_ = j.at("original_channels").get<std::map<std::string, int64_t>>();
+      done_ = json_int64(j.at("steps_done"), "steps_done");
+      base_macs_ = json_int64(j.at("base_macs"), "base_macs");
+      base_params_ = json_int64(j.at("base_params"), "base_params");
+      original_.clear();
+      for (const auto& [layer, channels] : j.at("original_channels").items())
+        original_[layer] = json_int64(channels, "original_channels." + layer);
     } catch (const std::exception& e) {
       throw Error(spec().location + ": modifier 'prune': unreadable saved state '" + text + "': " + e.what());
     }

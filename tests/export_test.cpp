@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/json_number.h"
 #include "export/checkpoint.h"
 #include "export/onnx.h"
 #include "export/torchscript_export.h"
@@ -165,6 +166,39 @@ Graph op_zoo() {
 }
 
 class ExportTest : public test::SeededTest {};
+
+// core/json_number.h, which the checkpoint's tensor index and graph structure are read through:
+// what a JSON parser holds as a float or an out-of-range unsigned is an Error naming the key,
+// never a conversion (undefined behaviour for a float past the integer's range).
+TEST(JsonNumbers, IntegersOutsideTheirRangeAreNamedErrors) {
+  using nlohmann::json;
+  const json values = json::parse(R"([7, -3, 18446744073709551615, 9223372036854775807, 1e300,
+                                      285555555555555555555555555, 2.5, "4", null, 4294967296])");
+  EXPECT_EQ(json_int64(values[0], "k"), 7);
+  EXPECT_EQ(json_int64(values[1], "k"), -3);
+  EXPECT_EQ(json_int64(values[3], "k"), INT64_MAX);
+  EXPECT_EQ(json_uint64(values[2], "k"), UINT64_MAX);
+  EXPECT_EQ(json_uint64(values[0], "k", 7), 7u);
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (int i : {2, 4, 5, 6, 7, 8})
+    EXPECT_EQ(message([&] { json_int64(values[i], "index: offset"); }).rfind("index: offset: expected an integer", 0), 0u)
+        << values[i].dump();
+  EXPECT_EQ(message([&] { json_uint64(values[1], "crc32"); }).rfind("crc32: expected an integer in [0, ", 0), 0u);
+  EXPECT_EQ(message([&] { json_uint64(values[9], "crc32", UINT32_MAX); }),
+            "crc32: expected an integer in [0, 4294967295], got 4294967296");
+  EXPECT_EQ(message([&] { json_uint64(values[4], "n"); }), "n: expected an integer in [0, 18446744073709551615], got 1e+300");
+  EXPECT_EQ(json_int64s(json::parse("[1, 2, 3]"), "shape"), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(message([&] { json_int64s(json::parse("{}"), "shape"); }), "shape: expected a list of integers, got {}");
+  EXPECT_EQ(message([&] { json_int64s(json::parse("[1, 1e300]"), "shape"); }),
+            "shape: expected an integer in the 64-bit range, got 1e+300");
+}
 
 TEST_F(ExportTest, EveryRegisteredOpHasBothWriters) {
   register_export_writers();

@@ -248,6 +248,36 @@ TEST_F(GraphTest, MalformedStructureGivesNamedErrors) {
   };
   std::string msg = message_of(text, wrong);
   EXPECT_NE(msg.find("node 'features.0' tensor 'weight': expected float32 [8, 3, 3, 3]"), std::string::npos) << msg;
+  // Integers a JSON parser cannot hold as int64 (a literal too long for 64 bits is read as a
+  // float, whose conversion to an integer would be undefined behaviour; an unsigned past INT64_MAX
+  // would wrap) are named, in an input's shape, a tensor's shape, an attribute and the version
+  // (fuzz finding: tests/fuzz/regressions/graph_json/).
+  const std::string input_shape = "\"shape\": [\n    2,\n    3,\n    8,\n    8\n   ]";
+  ASSERT_NE(text.find(input_shape), std::string::npos) << text.substr(0, 300);
+  for (const std::string& bad : {std::string("285555555555555555555555555"), std::string("1e300"),
+                                 std::string("9223372036854775808"), std::string("2.5")}) {
+    std::string t = text;
+    t.replace(t.find(input_shape), input_shape.size(), "\"shape\": [2, " + bad + ", 8, 8]");
+    msg = message_of(t);
+    EXPECT_NE(msg.find("model.h5 inputs: shape: expected an integer in the 64-bit range, got "), std::string::npos)
+        << bad << ": " << msg;
+  }
+  std::string version = text;
+  version.replace(version.find("\"version\": 2"), 12, "\"version\": 1e300");
+  EXPECT_NE(message_of(version).find("model.h5: version: expected an integer in the 64-bit range, got 1e+300"),
+            std::string::npos)
+      << message_of(version);
+  // features.0's weight [8, 3, 3, 3]: its first dimension replaced.
+  std::string tensor_shape = text;
+  const size_t w = tensor_shape.find("\"shape\": [", tensor_shape.find("\"params\""));
+  ASSERT_NE(w, std::string::npos);
+  const size_t eight = tensor_shape.find('8', w);
+  ASSERT_EQ(tensor_shape.find_first_not_of(" \n", w + 10), eight);
+  tensor_shape.replace(eight, 1, "9223372036854775809");
+  msg = message_of(tensor_shape);
+  EXPECT_NE(msg.find("node 'features.0' tensor 'weight': shape: expected an integer in the 64-bit range, got 9223372036854775809"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

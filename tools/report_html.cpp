@@ -10,9 +10,11 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/json_number.h"
 #include "tools/model_source.h"
 
 namespace whittle::cli {
@@ -92,7 +94,8 @@ const json& require(const json& j, const char* key, const std::string& file) {
 template <typename T>
 T value_of(const json& j, const char* key, const std::string& file) {
   try {
-    return require(j, key, file).get<T>();
+    if constexpr (std::is_same_v<T, int64_t>) return json_int64(require(j, key, file), file + ": '" + key + "'");
+    else return require(j, key, file).get<T>();
   } catch (const json::exception& e) {
     throw Error(file + ": '" + key + "' has the wrong type (" + e.what() + ")");
   }
@@ -118,31 +121,31 @@ runner::ModelSummary summary_from_json(const json& j, const std::string& file) {
       runner::LayerSummary l;
       l.name = n.at("name").get<std::string>();
       l.op = n.at("op").get<std::string>();
-      l.output_shape = n.at("output_shape").get<Shape>();
-      l.params = n.at("params").get<int64_t>();
-      l.macs = n.at("macs").get<int64_t>();
-      l.weight_bits = n.at("weight_bits").get<int64_t>();
+      l.output_shape = json_int64s(n.at("output_shape"), file + ": model_summary output_shape");
+      l.params = json_int64(n.at("params"), file + ": model_summary params");
+      l.macs = json_int64(n.at("macs"), file + ": model_summary macs");
+      l.weight_bits = json_int64(n.at("weight_bits"), file + ": model_summary weight_bits");
       if (n.contains("unpruned_channels")) {
-        l.channels = n.at("channels").get<int64_t>();
-        l.unpruned_channels = n.at("unpruned_channels").get<int64_t>();
+        l.channels = json_int64(n.at("channels"), file + ": model_summary channels");
+        l.unpruned_channels = json_int64(n.at("unpruned_channels"), file + ": model_summary unpruned_channels");
         s.pruned = true;
       }
       if (n.contains("unpruned_params")) {
-        l.unpruned_params = n.at("unpruned_params").get<int64_t>();
-        l.unpruned_macs = n.at("unpruned_macs").get<int64_t>();
+        l.unpruned_params = json_int64(n.at("unpruned_params"), file + ": model_summary unpruned_params");
+        l.unpruned_macs = json_int64(n.at("unpruned_macs"), file + ": model_summary unpruned_macs");
         s.pruned = true;
       }
       s.layers.push_back(std::move(l));
     }
     const json& t = j.at("total");
-    s.params = t.at("params").get<int64_t>();
-    s.macs = t.at("macs").get<int64_t>();
+    s.params = json_int64(t.at("params"), file + ": model_summary params");
+    s.macs = json_int64(t.at("macs"), file + ": model_summary macs");
     s.bytes = t.at("bytes").get<double>();
     s.fp32_bytes = t.at("fp32_bytes").get<double>();
     s.theoretical_bytes = t.at("theoretical_bytes").get<double>();
     if (t.contains("unpruned_params")) {
-      s.unpruned_params = t.at("unpruned_params").get<int64_t>();
-      s.unpruned_macs = t.at("unpruned_macs").get<int64_t>();
+      s.unpruned_params = json_int64(t.at("unpruned_params"), file + ": model_summary unpruned_params");
+      s.unpruned_macs = json_int64(t.at("unpruned_macs"), file + ": model_summary unpruned_macs");
       s.pruned = true;
     }
   } catch (const json::exception& e) {
@@ -443,7 +446,7 @@ RunSummary read_run(const std::string& dir) {
       try {
         const json j = json::parse(line);
         EpochPoint p;
-        p.epoch = j.at("epoch").get<int64_t>();
+        p.epoch = json_int64(j.at("epoch"), where + ": epoch");
         p.train_loss = number_or_nan(j, "train_loss");
         p.train_top1 = j.at("train_top1").get<double>();
         p.test_loss = number_or_nan(j, "test_loss");
@@ -451,7 +454,7 @@ RunSummary read_run(const std::string& dir) {
         p.test_top5 = j.value("test_top5", 0.0);
         if (j.contains("train_seconds") && j.contains("eval_seconds"))
           p.seconds = j.at("train_seconds").get<double>() + j.at("eval_seconds").get<double>();
-        if (j.contains("train_images")) images = j.at("train_images").get<int64_t>();
+        if (j.contains("train_images")) images = json_int64(j.at("train_images"), where + ": train_images");
         p.images_per_second = j.value("train_images_per_second", 0.0);
         r.curve.push_back(p);
       } catch (const json::exception& e) {
