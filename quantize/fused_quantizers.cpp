@@ -10,6 +10,9 @@
 #include "core/parallel.h"
 #include "graph/graph.h"
 #include "quantize/quantize_simd.h"
+#ifdef WHITTLE_WITH_CUDA
+#include "quantize/fused_quantizers_cuda.h"
+#endif
 
 namespace whittle::quantize::detail {
 
@@ -37,9 +40,21 @@ constexpr int64_t kGrainBlocks = 32768 / kBlock;
 
 void check_input(const at::Tensor& t, const char* who) {
   if (!fused_supported(t))
-    throw Error(std::string(who) + ": needs a contiguous float32 CPU tensor, got " +
+    throw Error(std::string(who) + ": needs a contiguous float32 tensor on the CPU" +
+#ifdef WHITTLE_WITH_CUDA
+                " or a CUDA device" +
+#endif
+                ", got " +
                 (t.defined() ? std::string(c10::toString(t.scalar_type())) + " " + sizes_of(t) + " on " + t.device().str()
                              : std::string("an undefined tensor")));
+}
+
+// Whether `t` lies where the fused kernels run: the CPU, or a CUDA device in a CUDA build.
+bool fused_supported_device(const at::Tensor& t) {
+#ifdef WHITTLE_WITH_CUDA
+  if (t.is_cuda()) return true;
+#endif
+  return t.is_cpu();
 }
 
 at::Tensor new_mask(int64_t n) { return at::empty({(n + 7) / 8}, at::TensorOptions().dtype(at::kByte)); }
@@ -92,8 +107,20 @@ void for_rows(const ChannelView& v, F f) {
 }  // namespace
 
 bool fused_supported(const at::Tensor& t) {
-  return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_sparse();
+  if (!t.defined() || t.scalar_type() != at::kFloat || !t.is_contiguous() || t.is_sparse()) return false;
+#ifdef WHITTLE_WITH_CUDA
+  if (t.is_cuda()) return true;
+#endif
+  return t.is_cpu();
 }
+
+// The CUDA form of a function, for a tensor on a CUDA device (after the checks every device shares).
+#ifdef WHITTLE_WITH_CUDA
+#define WHITTLE_FUSED_ON_CUDA(t, call) \
+  if ((t).is_cuda()) return cuda::call
+#else
+#define WHITTLE_FUSED_ON_CUDA(t, call)
+#endif
 
 MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask, bool after_relu) {
   check_input(x, "fused DoReFa activation");
@@ -101,6 +128,7 @@ MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, b
     throw Error("fused DoReFa activation: unsupported bit width " + std::to_string(bits) + " (1..16)");
   if (!(clip > 0) || !std::isfinite(clip))
     throw Error("fused DoReFa activation: clip " + std::to_string(clip) + " (expected a finite value > 0)");
+  WHITTLE_FUSED_ON_CUDA(x, dorefa_activation(x, bits, clip, with_mask, after_relu));
   const int64_t n = x.numel();
   MaskedOutput out{at::empty_like(x), with_mask ? new_mask(n) : at::Tensor()};
   const float* src = x.data_ptr<float>();
@@ -118,6 +146,7 @@ MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, b
 
 MaskedOutput sign(const at::Tensor& x, bool with_mask) {
   check_input(x, "fused sign");
+  WHITTLE_FUSED_ON_CUDA(x, sign(x, with_mask));
   const int64_t n = x.numel();
   MaskedOutput out{at::empty_like(x), with_mask ? new_mask(n) : at::Tensor()};
   const float* src = x.data_ptr<float>();
@@ -130,12 +159,13 @@ MaskedOutput sign(const at::Tensor& x, bool with_mask) {
 
 at::Tensor mask_multiply(const at::Tensor& grad_in, const at::Tensor& mask) {
   const int64_t n = grad_in.numel();
-  if (!mask.defined() || !mask.is_cpu() || mask.scalar_type() != at::kByte || mask.numel() != (n + 7) / 8)
+  if (!mask.defined() || mask.scalar_type() != at::kByte || mask.numel() != (n + 7) / 8 || !fused_supported_device(mask))
     throw Error("fused mask multiply: the mask must be uint8 [" + std::to_string((n + 7) / 8) + "] for a gradient of " +
                 std::to_string(n) + " elements, got " +
                 (mask.defined() ? std::string(c10::toString(mask.scalar_type())) + " " + sizes_of(mask)
                                 : std::string("an undefined tensor")));
-  const at::Tensor g = grad_in.to(at::kFloat).contiguous();
+  WHITTLE_FUSED_ON_CUDA(mask, mask_multiply(grad_in, mask));
+  const at::Tensor g = grad_in.to(mask.device(), at::kFloat).contiguous();
   const at::Tensor m = mask.contiguous();
   at::Tensor dx = at::empty_like(g);
   const float* gp = g.data_ptr<float>();
@@ -150,6 +180,7 @@ at::Tensor abs_max(const at::Tensor& t, bool per_channel, int64_t axis) {
   check_input(t, "fused abs max");
   if (t.numel() == 0) throw Error("fused abs max: empty tensor " + sizes_of(t));
   ChannelView v = channel_view(t, axis, "fused abs max");
+  WHITTLE_FUSED_ON_CUDA(t, abs_max(t, per_channel, axis));
   const float* p = t.data_ptr<float>();
   if (!per_channel) v = ChannelView{1, 1, t.numel()};
   at::Tensor out = at::empty({v.channels}, at::TensorOptions().dtype(at::kFloat));
@@ -178,6 +209,7 @@ at::Tensor dorefa_weight_values(const at::Tensor& t, const at::Tensor& m_in, int
   check_input(t, "fused DoReFa weight");
   if (bits < 2 || bits > 8) throw Error("fused DoReFa weight: unsupported bit width " + std::to_string(bits) + " (2..8)");
   const ChannelView v = channel_view(t, axis, "fused DoReFa weight");
+  WHITTLE_FUSED_ON_CUDA(t, dorefa_weight_values(t, m_in, bits, axis));
   const at::Tensor m = channel_vector(m_in, v, "fused DoReFa weight", "the max");
   const bool per_channel = m.numel() > 1;
   at::Tensor out = at::empty_like(t);
@@ -202,6 +234,7 @@ at::Tensor dorefa_weight_grad(const at::Tensor& grad_in, const at::Tensor& t, co
   if (grad_in.numel() != t.numel())
     throw Error("fused DoReFa weight gradient: gradient " + sizes_of(grad_in) + " for a weight " + sizes_of(t));
   const ChannelView v = channel_view(t, axis, "fused DoReFa weight gradient");
+  WHITTLE_FUSED_ON_CUDA(t, dorefa_weight_grad(grad_in, t, m_in, axis));
   const at::Tensor m = channel_vector(m_in, v, "fused DoReFa weight gradient", "the max");
   const at::Tensor g = grad_in.to(at::kFloat).contiguous();
   const bool per_channel = m.numel() > 1;
@@ -220,6 +253,7 @@ at::Tensor dorefa_weight_grad(const at::Tensor& grad_in, const at::Tensor& t, co
 at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const at::Tensor& alpha_in, int64_t axis) {
   check_input(w, "fused TWN weight");
   const ChannelView v = channel_view(w, axis, "fused TWN weight");
+  WHITTLE_FUSED_ON_CUDA(w, ternary_values(w, delta_in, alpha_in, axis));
   const at::Tensor delta = channel_vector(delta_in, v, "fused TWN weight", "the threshold");
   const at::Tensor alpha = channel_vector(alpha_in, v, "fused TWN weight", "the scale");
   const bool per_channel_delta = delta.numel() > 1, per_channel_alpha = alpha.numel() > 1;

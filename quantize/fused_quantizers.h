@@ -6,11 +6,15 @@
 // even; equal as values (NaN is NaN; the sign of a zero result may differ, as it already does
 // between ATen's own vector and scalar loops).
 //
-// CPU, float32, contiguous tensors (fused_supported); the callers (quantize/quantizers.cpp) keep
-// the ATen-op forms for everything else (CUDA, other dtypes). Multi-threaded over blocks of
-// elements (activations) or output channels (weights) with ATen's intra-op thread pool; the
-// element-wise loops are vectorized per instruction set (quantize/quantize_simd.h, chosen by
-// kernels/isa.h).
+// Float32 contiguous tensors (fused_supported) on the CPU, and on CUDA devices in a build with
+// WHITTLE_CUDA; the callers (quantize/quantizers.cpp) keep the ATen-op forms for everything else
+// (other dtypes and layouts, and CUDA unless quantize::fused_quantizers_cuda_enabled()). On the
+// CPU multi-threaded over blocks of elements (activations) or output channels (weights) with
+// ATen's intra-op thread pool, the element-wise loops vectorized per instruction set
+// (quantize/quantize_simd.h, chosen by core/isa.h). On CUDA one thread an element on the current
+// stream (quantize/quantize_cuda.h), with the values of the ATen-op forms on the GPU, which may
+// differ from the CPU's in the last bit (ATen's CUDA division by a scalar multiplies by its
+// reciprocal); results stay on the input's device.
 //
 // Mask layout: uint8 [⌈n/8⌉], element i (in the tensor's contiguous order) at bit i mod 8 of byte
 // i / 8, least significant bit first; bits past n are 0.
@@ -24,7 +28,8 @@
 
 namespace whittle::quantize::fused {
 
-/// Whether the fused kernels take `t`: a defined, contiguous float32 CPU tensor.
+/// Whether the fused kernels take `t`: a defined, contiguous float32 tensor on the CPU, or on a
+/// CUDA device in a build with WHITTLE_CUDA.
 bool fused_supported(const at::Tensor& t);
 
 /// A quantized tensor and the mask its straight-through gradient needs.

@@ -44,25 +44,37 @@ Encoding encoding_from_name(const std::string& text) {
 
 namespace {
 
-std::atomic<int> g_fused{-1};  // -1: not yet read from the environment
+std::atomic<int> g_fused{-1};       // -1: not yet read from the environment
+std::atomic<int> g_fused_cuda{-1};  // -1: not yet read from the environment
 
-// Whether the quantizers run the fused kernels on `t`.
-bool use_fused(const at::Tensor& t) { return fused_quantizers_enabled() && fused::fused_supported(t); }
-
-}  // namespace
-
-bool fused_quantizers_enabled() {
-  int v = g_fused.load(std::memory_order_relaxed);
+// The setting `flag` holds, read from the environment variable `name` the first time: "0" turns it
+// off, "1" on, anything else (or nothing) leaves `default_on`.
+bool read_setting(std::atomic<int>& flag, const char* name, bool default_on) {
+  int v = flag.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("WHITTLE_FUSED_QUANTIZERS");
+    const char* env = std::getenv(name);
+    const bool on = env && std::strcmp(env, "0") == 0 ? false : env && std::strcmp(env, "1") == 0 ? true : default_on;
     int expected = -1;
-    g_fused.compare_exchange_strong(expected, env && std::strcmp(env, "0") == 0 ? 0 : 1);
-    v = g_fused.load();
+    flag.compare_exchange_strong(expected, on ? 1 : 0);
+    v = flag.load();
   }
   return v == 1;
 }
 
+// Whether the quantizers run the fused kernels on `t`.
+bool use_fused(const at::Tensor& t) {
+  return fused_quantizers_enabled() && fused::fused_supported(t) && (!t.is_cuda() || fused_quantizers_cuda_enabled());
+}
+
+}  // namespace
+
+bool fused_quantizers_enabled() { return read_setting(g_fused, "WHITTLE_FUSED_QUANTIZERS", true); }
+
 void set_fused_quantizers(bool on) { g_fused.store(on ? 1 : 0); }
+
+bool fused_quantizers_cuda_enabled() { return read_setting(g_fused_cuda, "WHITTLE_FUSED_QUANTIZERS_CUDA", false); }
+
+void set_fused_quantizers_cuda(bool on) { g_fused_cuda.store(on ? 1 : 0); }
 
 namespace {
 

@@ -36,15 +36,22 @@
 
 namespace whittle::quantize {
 
-/// Whether the quantizers below run the fused CPU kernels of quantize/fused_quantizers.h (one pass
-/// forward keeping a bit mask for the gradient, one pass backward) on contiguous float32 CPU
-/// tensors, the ATen-op forms on everything else. Default on; the environment variable
+/// Whether the quantizers below run the fused kernels of quantize/fused_quantizers.h (one pass
+/// forward keeping a bit mask for the gradient, one pass backward) on contiguous float32 tensors,
+/// the ATen-op forms on everything else. Default on; the environment variable
 /// WHITTLE_FUSED_QUANTIZERS=0 (read once) or set_fused_quantizers(false) turns it off, which runs
 /// the ATen-op forms everywhere (the reference the fused kernels are tested against; the values
 /// are the same either way).
 bool fused_quantizers_enabled();
 /// Turns the fused kernels on or off for every thread from now on.
 void set_fused_quantizers(bool on);
+/// Whether the fused kernels also take CUDA tensors (in a build with WHITTLE_CUDA). Default off
+/// until their tests (tests/fused_quantizers_test.cpp, FusedQuantizersCuda) have passed on a GPU:
+/// WHITTLE_FUSED_QUANTIZERS_CUDA=1 (read once) or set_fused_quantizers_cuda(true) turns it on.
+/// Without it CUDA tensors take the ATen-op forms.
+bool fused_quantizers_cuda_enabled();
+/// Turns the CUDA fused kernels on or off for every thread from now on.
+void set_fused_quantizers_cuda(bool on);
 
 /// Where a scale (or DoReFa's max) is computed: over the whole tensor, or per output channel.
 enum class Granularity { kPerTensor, kPerChannel };

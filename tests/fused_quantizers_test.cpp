@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -72,7 +73,7 @@ Result run(const at::Tensor& x, const at::Tensor& upstream, bool fused, const st
 
 // Forward and backward with and without the fused kernels, also forward without grad.
 void expect_fused_equals_aten(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f) {
-  at::Tensor upstream = at::randn(x.sizes()) * 3;
+  at::Tensor upstream = at::randn(x.sizes()).to(x.device()) * 3;
   const Result fused = run(x, upstream, true, f);
   const Result aten = run(x, upstream, false, f);
   EXPECT_TRUE(same_values(fused.output, aten.output)) << "forward";
@@ -275,6 +276,107 @@ TEST(FusedQuantizers, OtherLayoutsFallBackToTheAtenForm) {
   FusedSetting on(true);
   at::Tensor y = q::dorefa_activation(d, 4, 2.0);
   EXPECT_EQ(y.scalar_type(), at::kDouble);
+}
+
+// ---- CUDA: the same comparisons on the GPU (FusedQuantizersCuda), against the ATen-op forms on the
+// GPU: ATen's CUDA division by a scalar multiplies by its float reciprocal, which the CUDA kernels
+// follow (quantize/quantize_cuda.cu), so CPU and CUDA values may differ in the last bit where the
+// reciprocal is inexact; the masks, which are comparisons, equal the CPU's bit for bit. Skipped
+// without a CUDA device or in a build without WHITTLE_CUDA.
+
+class FusedQuantizersCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef WHITTLE_WITH_CUDA
+    GTEST_SKIP() << "built without WHITTLE_CUDA";
+#endif
+    WHITTLE_REQUIRE_CUDA();
+    previous_ = q::fused_quantizers_cuda_enabled();
+    q::set_fused_quantizers_cuda(true);
+  }
+  void TearDown() override { q::set_fused_quantizers_cuda(previous_); }
+
+ private:
+  bool previous_ = false;
+};
+
+at::Tensor on_gpu(const at::Tensor& t) { return t.to(at::kCUDA); }
+
+TEST_F(FusedQuantizersCuda, DoReFaActivationsEqualTheAtenForm) {
+  at::manual_seed(1);
+  for (int64_t n : kSizes)
+    for (int64_t bits : {1, 2, 4, 8})
+      for (double clip : {1.0, 2.0, 0.75}) {
+        SCOPED_TRACE("n " + std::to_string(n) + ", " + std::to_string(bits) + " bits, clip " + std::to_string(clip));
+        at::Tensor x = on_gpu(activations(n, clip));
+        ASSERT_TRUE(q::fused::fused_supported(x));
+        expect_fused_equals_aten(x, [&](const at::Tensor& t) { return q::dorefa_activation(t, bits, clip); });
+        expect_fused_equals_aten(x, [&](const at::Tensor& t) { return q::dorefa_activation(t, bits, clip, true); });
+        if (n == 1000003) {
+          at::Tensor map = on_gpu(activations(2 * 16 * 33 * 33, clip).reshape({2, 16, 33, 33}));
+          expect_fused_equals_aten(map, [&](const at::Tensor& t) { return q::dorefa_activation(t, bits, clip); });
+        }
+      }
+}
+
+TEST_F(FusedQuantizersCuda, BnnSignEqualsTheAtenForm) {
+  at::manual_seed(2);
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    expect_fused_equals_aten(on_gpu(activations(n, 1.0)), [](const at::Tensor& t) { return q::bnn_sign(t); });
+  }
+}
+
+TEST_F(FusedQuantizersCuda, WeightsEqualTheAtenForm) {
+  at::manual_seed(3);
+  for (int64_t n : kSizes)
+    for (const at::Tensor& cpu : weights(n))
+      for (const WeightCase& c : kWeightCases) {
+        std::ostringstream trace;
+        trace << "shape " << cpu.sizes() << ", " << c.name;
+        SCOPED_TRACE(trace.str());
+        const at::Tensor w = on_gpu(cpu);
+        for (int64_t bits : {2, 3, 4, 8})
+          expect_fused_equals_aten(w, [&](const at::Tensor& t) { return q::dorefa_weight(t, bits, c.granularity, c.axis); });
+        const at::Tensor finite = at::nan_to_num(w, 0.0, 0.0, 0.0);
+        expect_fused_equals_aten(finite, [&](const at::Tensor& t) { return q::twn_weight(t, c.granularity, c.axis); });
+        expect_fused_equals_aten(finite, [&](const at::Tensor& t) { return q::xnor_weight(t, false, c.granularity, c.axis); });
+      }
+}
+
+TEST_F(FusedQuantizersCuda, MasksEqualTheCpuMasksBitForBit) {
+  at::manual_seed(7);
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const at::Tensor x = activations(n, 2.0);
+    for (const bool after_relu : {false, true}) {
+      const q::fused::MaskedOutput cpu = q::fused::dorefa_activation(x, 2, 2.0, true, after_relu);
+      const q::fused::MaskedOutput gpu = q::fused::dorefa_activation(on_gpu(x), 2, 2.0, true, after_relu);
+      ASSERT_TRUE(gpu.mask.is_cuda());
+      EXPECT_TRUE(at::equal(gpu.mask.cpu(), cpu.mask)) << "DoReFa, after_relu " << after_relu;
+    }
+    const q::fused::MaskedOutput cpu = q::fused::sign(x, true);
+    const q::fused::MaskedOutput gpu = q::fused::sign(on_gpu(x), true);
+    EXPECT_TRUE(at::equal(gpu.mask.cpu(), cpu.mask)) << "sign";
+    EXPECT_TRUE(same_values(gpu.output.cpu(), cpu.output)) << "sign values";
+    const at::Tensor g = at::randn({n});
+    EXPECT_TRUE(same_values(q::fused::mask_multiply(on_gpu(g), gpu.mask).cpu(), q::fused::mask_multiply(g, cpu.mask)));
+  }
+  // The hand-worked mask of FusedQuantizers.MaskBitsAreLeastSignificantFirstAndPaddedWithZero.
+  at::Tensor x = on_gpu(at::tensor({0.0f, -0.5f, 0.3f, 1.0f, 1.5f, 0.6f, -1.0f, 2.0f, 0.5f, 0.9f}));
+  const q::fused::MaskedOutput r = q::fused::dorefa_activation(x, 2, 1.0, true);
+  EXPECT_EQ(r.mask[0].item<int64_t>(), 45);
+  EXPECT_EQ(r.mask[1].item<int64_t>(), 3);
+}
+
+TEST(FusedQuantizers, CudaKernelsAreOffUntilAsked) {
+  // Off by default (until checked on a GPU), so CUDA tensors take the ATen-op forms; the switch holds.
+  if (std::getenv("WHITTLE_FUSED_QUANTIZERS_CUDA") == nullptr) EXPECT_FALSE(q::fused_quantizers_cuda_enabled());
+  const bool previous = q::fused_quantizers_cuda_enabled();
+  q::set_fused_quantizers_cuda(true);
+  EXPECT_TRUE(q::fused_quantizers_cuda_enabled());
+  q::set_fused_quantizers_cuda(previous);
+  EXPECT_EQ(q::fused_quantizers_cuda_enabled(), previous);
 }
 
 }  // namespace

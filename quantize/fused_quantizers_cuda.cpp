@@ -1,0 +1,123 @@
+// The fused quantizers on CUDA tensors (quantize/fused_quantizers.h): checks, allocation on the
+// tensor's device, and the launches of quantize/quantize_cuda.cu on the current stream.
+
+#include "quantize/fused_quantizers_cuda.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "graph/graph.h"
+#include "quantize/quantize_cuda.h"
+
+namespace whittle::quantize::fused::cuda {
+
+namespace {
+
+void check_launch(int code, const char* who) {
+  if (code != 0) throw Error(std::string(who) + ": CUDA kernel launch failed: " + detail::quantize_cuda_error_string(code));
+}
+
+void* stream_of(const at::Tensor& t) {
+  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+}
+
+detail::CudaChannelView view_of(const at::Tensor& t, int64_t axis) {
+  detail::CudaChannelView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= t.size(d);
+  v.channels = t.size(axis);
+  for (int64_t d = axis + 1; d < t.dim(); ++d) v.inner *= t.size(d);
+  return v;
+}
+
+// The [1] or [C] vector `s` as contiguous float32 on t's device.
+at::Tensor channel_vector(const at::Tensor& s, const at::Tensor& t, int64_t channels, const char* who, const char* what) {
+  if (!s.defined() || (s.numel() != 1 && s.numel() != channels))
+    throw Error(std::string(who) + ": " + what + " must have 1 or " + std::to_string(channels) + " elements, got " +
+                (s.defined() ? shape_str(s.sizes().vec()) : std::string("an undefined tensor")));
+  return s.to(t.device(), at::kFloat).contiguous();
+}
+
+}  // namespace
+
+MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, bool with_mask, bool after_relu) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = x.numel();
+  MaskedOutput out{at::empty_like(x), with_mask ? at::empty({(n + 7) / 8}, x.options().dtype(at::kByte)) : at::Tensor()};
+  const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
+  check_launch(detail::dorefa_activation_cuda(x.data_ptr<float>(), out.output.data_ptr<float>(),
+                                              with_mask ? out.mask.data_ptr<uint8_t>() : nullptr, n,
+                                              static_cast<float>(clip), levels, clip == 1.0, after_relu, stream_of(x)),
+               "fused DoReFa activation");
+  return out;
+}
+
+MaskedOutput sign(const at::Tensor& x, bool with_mask) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t n = x.numel();
+  MaskedOutput out{at::empty_like(x), with_mask ? at::empty({(n + 7) / 8}, x.options().dtype(at::kByte)) : at::Tensor()};
+  check_launch(detail::sign_cuda(x.data_ptr<float>(), out.output.data_ptr<float>(),
+                                 with_mask ? out.mask.data_ptr<uint8_t>() : nullptr, n, stream_of(x)),
+               "fused sign");
+  return out;
+}
+
+at::Tensor mask_multiply(const at::Tensor& grad_in, const at::Tensor& mask_in) {
+  const c10::cuda::CUDAGuard guard(mask_in.device());
+  const at::Tensor g = grad_in.to(mask_in.device(), at::kFloat).contiguous();
+  const at::Tensor m = mask_in.contiguous();
+  at::Tensor dx = at::empty_like(g);
+  check_launch(detail::mask_multiply_cuda(g.data_ptr<float>(), m.data_ptr<uint8_t>(), dx.data_ptr<float>(), g.numel(),
+                                          stream_of(g)),
+               "fused mask multiply");
+  return dx;
+}
+
+at::Tensor abs_max(const at::Tensor& t, bool per_channel, int64_t axis) {
+  // One ATen reduction (NaN propagates, as on the CPU); the maximum does not depend on the order.
+  if (!per_channel) return t.abs().max().reshape({1});
+  return std::get<0>(t.abs().movedim(axis, 0).reshape({t.size(axis), -1}).max(1));
+}
+
+at::Tensor dorefa_weight_values(const at::Tensor& t, const at::Tensor& m_in, int64_t bits, int64_t axis) {
+  const c10::cuda::CUDAGuard guard(t.device());
+  detail::CudaChannelView v = view_of(t, axis);
+  const at::Tensor m = channel_vector(m_in, t, v.channels, "fused DoReFa weight", "the max");
+  v.per_channel = m.numel() > 1;
+  at::Tensor out = at::empty_like(t);
+  const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
+  check_launch(detail::dorefa_weight_values_cuda(t.data_ptr<float>(), m.data_ptr<float>(), out.data_ptr<float>(), v,
+                                                 levels, stream_of(t)),
+               "fused DoReFa weight");
+  return out;
+}
+
+at::Tensor dorefa_weight_grad(const at::Tensor& grad_in, const at::Tensor& t, const at::Tensor& m_in, int64_t axis) {
+  const c10::cuda::CUDAGuard guard(t.device());
+  detail::CudaChannelView v = view_of(t, axis);
+  const at::Tensor m = channel_vector(m_in, t, v.channels, "fused DoReFa weight gradient", "the max");
+  v.per_channel = m.numel() > 1;
+  const at::Tensor g = grad_in.to(t.device(), at::kFloat).contiguous();
+  at::Tensor out = at::empty_like(t);
+  check_launch(detail::dorefa_weight_grad_cuda(g.data_ptr<float>(), t.data_ptr<float>(), m.data_ptr<float>(),
+                                               out.data_ptr<float>(), v, stream_of(t)),
+               "fused DoReFa weight gradient");
+  return out;
+}
+
+at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const at::Tensor& alpha_in, int64_t axis) {
+  const c10::cuda::CUDAGuard guard(w.device());
+  const detail::CudaChannelView v = view_of(w, axis);
+  const at::Tensor delta = channel_vector(delta_in, w, v.channels, "fused TWN weight", "the threshold");
+  const at::Tensor alpha = channel_vector(alpha_in, w, v.channels, "fused TWN weight", "the scale");
+  at::Tensor out = at::empty_like(w);
+  check_launch(detail::ternary_values_cuda(w.data_ptr<float>(), delta.data_ptr<float>(), alpha.data_ptr<float>(),
+                                           out.data_ptr<float>(), v, delta.numel() > 1, alpha.numel() > 1, stream_of(w)),
+               "fused TWN weight");
+  return out;
+}
+
+}  // namespace whittle::quantize::fused::cuda

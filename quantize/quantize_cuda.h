@@ -1,0 +1,49 @@
+#pragma once
+// CUDA launchers of the fused quantizer kernels (quantize/fused_quantizers.h) on device pointers:
+// plain CUDA, no LibTorch (quantize_cuda.cu, compiled by nvcc with -fmad=false so that every
+// product and sum rounds on its own, as ATen's one-op-a-kernel forms do). They give the bits of
+// the ATen-op forms on CUDA, which divide by a scalar as a multiplication by its float reciprocal:
+// so DoReFa values with a clip or level count whose reciprocal is inexact may differ from the CPU
+// kernels' (true division) in the last bit, as ATen's own CPU and CUDA results do. Each launcher enqueues
+// its kernel on `stream` (a cudaStream_t) and returns the CUDA error code of the launch (0 on
+// success); quantize_cuda_error_string names a code. The element-wise semantics are those of
+// quantize/quantize_simd.h, the mask layout that of fused_quantizers.h (element i at bit i mod 8
+// of byte i / 8, bits past n zero).
+
+#include <cstdint>
+
+namespace whittle::quantize::detail {
+
+/// y[i] = DoReFa activation of x[i]: clip(x, 0, c)·(1/c), round(·n)·(1/n), ·c (without the two
+/// c steps when `unit_clip`), mask as QuantizeSimd::dorefa_activation; `mask` may be null. n ≥ 0.
+int dorefa_activation_cuda(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels, bool unit_clip,
+                           bool after_relu, void* stream);
+
+/// y[i] = x[i] ≥ 0 ? +1 : −1 (NaN: −1); mask bit i = |x[i]| ≤ 1; `mask` may be null.
+int sign_cuda(const float* x, float* y, uint8_t* mask, int64_t n, void* stream);
+
+/// dx[i] = g[i] · (mask bit i ? 1 : 0).
+int mask_multiply_cuda(const float* g, const uint8_t* mask, float* dx, int64_t n, void* stream);
+
+/// A weight seen as [outer, channels, inner] around its channel axis; a per-channel vector has
+/// `channels` entries or one (then shared).
+struct CudaChannelView {
+  int64_t outer = 1, channels = 1, inner = 1;
+  bool per_channel = false;
+};
+
+/// dst[i] = clamp(round((t[i]/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with n = levels (2^bits − 1).
+int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaChannelView v, float levels, void* stream);
+
+/// dst[i] = g[i]·(1 − t[i]²)/m_c.
+int dorefa_weight_grad_cuda(const float* g, const float* t, const float* m, float* dst, CudaChannelView v, void* stream);
+
+/// dst[i] = (([w > Δ_c] − [w < −Δ_c] + 1) − 1)·α_c; Δ and α each per channel or shared
+/// (`per_channel_delta`, `per_channel_alpha`; the view's per_channel is not read).
+int ternary_values_cuda(const float* w, const float* delta, const float* alpha, float* dst, CudaChannelView v,
+                        bool per_channel_delta, bool per_channel_alpha, void* stream);
+
+/// cudaGetErrorString of a code returned above.
+const char* quantize_cuda_error_string(int code);
+
+}  // namespace whittle::quantize::detail
