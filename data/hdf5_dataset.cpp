@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string_view>
 #include <mutex>
 
@@ -79,7 +81,11 @@ struct DamagedHeap : Error {
   using Error::Error;
 };
 
-void check_global_heaps(const std::string& path) {
+// The global heap collections of a file: by file offset, the size of each live object by index.
+using GlobalHeaps = std::map<uint64_t, std::map<unsigned, uint64_t>>;
+
+GlobalHeaps check_global_heaps(const std::string& path) {
+  GlobalHeaps heaps;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open for reading");
   in.seekg(0, std::ios::end);
@@ -108,6 +114,7 @@ void check_global_heaps(const std::string& path) {
       in.clear();
       in.seekg(static_cast<std::streamoff>(base + at));
       in.read(heap.data(), static_cast<std::streamsize>(size));
+      std::map<unsigned, uint64_t>& objects = heaps[base + at];
       for (size_t p = 16; p + 16 <= heap.size();) {
         const unsigned index = static_cast<uint8_t>(heap[p]) | static_cast<unsigned>(static_cast<uint8_t>(heap[p + 1])) << 8;
         const uint64_t object = u64(heap.data() + p + 8);
@@ -115,16 +122,90 @@ void check_global_heaps(const std::string& path) {
         if (need == 0 || object > size)
           throw DamagedHeap(path + ": the global heap at byte " + std::to_string(base + at) + " is damaged (an object of size " +
                             std::to_string(object) + "): the file is corrupt");
+        if (index > 0 && p + need <= heap.size()) objects[index] = object;  // an object that fits
         p += static_cast<size_t>(need);
       }
     }
   }
+  return heaps;
+}
+
+// ---- the references of variable-length strings, checked before HDF5 follows them
+//
+// HDF5 1.10 follows a string's reference into the global heap without checking that the object
+// index exists in the collection (a damaged index read past the collection's object table and
+// crashed: fuzz_hdf5_dataset). So the references are read first as they are stored, through a
+// conversion from a variable-length string to an opaque type tagged kRawReferenceTag that leaves
+// the stored bytes alone: per string its length (u32), the collection's address (the file's
+// address size) and the object's index (u32), little endian.
+
+constexpr const char* kRawReferenceTag = "whittle.vlen_reference";
+
+herr_t keep_stored_references(hid_t src, hid_t dst, H5T_cdata_t* cdata, size_t, size_t, size_t, void*, void*, hid_t) {
+  if (cdata->command != H5T_CONV_INIT) return 0;  // H5T_CONV_CONV: the bytes stay as read; H5T_CONV_FREE: nothing
+  if (H5Tget_class(src) != H5T_STRING || H5Tis_variable_str(src) <= 0 || H5Tget_class(dst) != H5T_OPAQUE ||
+      H5Tget_size(src) != H5Tget_size(dst))
+    return -1;
+  char* tag = H5Tget_tag(dst);
+  const bool ours = tag != nullptr && std::strcmp(tag, kRawReferenceTag) == 0;
+  H5free_memory(tag);
+  if (!ours) return -1;
+  cdata->need_bkg = H5T_BKG_NO;
+  return 0;
+}
+
+// Checks that every variable-length string of `obj` (an attribute when is_attr, else a dataset;
+// n strings) refers to a live object of a collection in `heaps` no shorter than the string.
+// Throws DamagedHeap otherwise.
+void check_string_references(hid_t obj, bool is_attr, hssize_t n, const GlobalHeaps& heaps, const std::string& where,
+                             const std::string& path) {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    Id from(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(from.get(), H5T_VARIABLE);
+    Id to(H5Tcreate(H5T_OPAQUE, 16), H5Tclose);
+    H5Tset_tag(to.get(), kRawReferenceTag);
+    H5Tregister(H5T_PERS_SOFT, "whittle: stored references of strings", from.get(), to.get(), keep_stored_references);
+  });
+  Id file(H5Iget_file_id(obj), H5Fclose);
+  Id fcpl(file.valid() ? H5Fget_create_plist(file.get()) : H5I_INVALID_HID, H5Pclose);
+  size_t address_bytes = 0, length_bytes = 0;
+  hsize_t userblock = 0;
+  if (!fcpl.valid() || H5Pget_sizes(fcpl.get(), &address_bytes, &length_bytes) < 0 ||
+      H5Pget_userblock(fcpl.get(), &userblock) < 0 || address_bytes < 2 || address_bytes > 8)
+    throw Error(where + ": cannot read the file's address size (" + hdf5_reason() + ")");
+  const size_t record = 4 + address_bytes + 4;
+  Id raw(H5Tcreate(H5T_OPAQUE, record), H5Tclose);
+  H5Tset_tag(raw.get(), kRawReferenceTag);
+  std::vector<uint8_t> stored(static_cast<size_t>(n) * record);
+  const herr_t rc = is_attr ? H5Aread(obj, raw.get(), stored.data())
+                            : H5Dread(obj, raw.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, stored.data());
+  if (rc < 0) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
+  const auto little_endian = [](const uint8_t* b, size_t bytes) {
+    uint64_t v = 0;
+    for (size_t i = bytes; i-- > 0;) v = v << 8 | b[i];
+    return v;
+  };
+  for (hssize_t i = 0; i < n; ++i) {
+    const uint8_t* r = stored.data() + static_cast<size_t>(i) * record;
+    const uint64_t length = little_endian(r, 4);
+    if (length == 0) continue;  // an empty string refers to nothing
+    const uint64_t address = little_endian(r + 4, address_bytes) + userblock;
+    const auto index = static_cast<unsigned>(little_endian(r + 4 + address_bytes, 4));
+    const auto heap = heaps.find(address);
+    const bool live = heap != heaps.end() && heap->second.count(index) > 0;
+    if (!live || heap->second.at(index) < length)
+      throw DamagedHeap(where + ": string " + std::to_string(i) + " refers to " +
+                        (live ? "a shorter object" : "no object") + " of the global heap (object " + std::to_string(index) +
+                        " at byte " + std::to_string(address) + "): the file " + path + " is corrupt");
+  }
 }
 
 // Reads a 0-D or 1-D string attribute (is_attr) or dataset into a vector of strings. Before the
-// first variable-length read of the file `path`, its global heaps are checked (*heaps_checked).
+// first variable-length read of the file `path`, its global heaps are checked (*heaps, kept for
+// the next reads), and before each, the references its strings hold.
 std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string& where, const std::string& path,
-                                      bool* heaps_checked) {
+                                      std::optional<GlobalHeaps>* heaps) {
   Id type(is_attr ? H5Aget_type(obj) : H5Dget_type(obj), H5Tclose);
   Id space(is_attr ? H5Aget_space(obj) : H5Dget_space(obj), H5Sclose);
   if (!type.valid() || !space.valid()) throw Error(where + ": cannot read (" + hdf5_reason() + ")");
@@ -140,10 +221,8 @@ std::vector<std::string> read_strings(hid_t obj, bool is_attr, const std::string
   Id memtype(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_cset(memtype.get(), H5Tget_cset(type.get()));
   if (H5Tis_variable_str(type.get()) > 0) {
-    if (!*heaps_checked) {
-      check_global_heaps(path);
-      *heaps_checked = true;
-    }
+    if (!heaps->has_value()) *heaps = check_global_heaps(path);
+    check_string_references(obj, is_attr, n, **heaps, where, path);
     H5Tset_size(memtype.get(), H5T_VARIABLE);
     std::vector<char*> buf(static_cast<size_t>(n), nullptr);
     read(memtype.get(), buf.data());
@@ -224,13 +303,13 @@ Dataset read_hdf5_dataset(const std::string& path) {
   QuietHdf5 quiet;
   Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw Error(path + ": cannot open HDF5 file (" + hdf5_reason() + ")");
-  bool heaps_checked = false;  // see check_global_heaps
+  std::optional<GlobalHeaps> heaps;  // see check_global_heaps
   // Another whittle file (a checkpoint) says what it is in its `format` attribute.
   if (H5Aexists(file.get(), "format") > 0 && H5Lexists(file.get(), "images", H5P_DEFAULT) <= 0) {
     std::string format;
     try {
       Id attr(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
-      const std::vector<std::string> v = read_strings(attr.get(), true, path, path, &heaps_checked);
+      const std::vector<std::string> v = read_strings(attr.get(), true, path, path, &heaps);
       if (!v.empty()) format = v.front();
     } catch (const DamagedHeap&) {
       throw;
@@ -288,11 +367,11 @@ Dataset read_hdf5_dataset(const std::string& path) {
   if (H5Aexists(file.get(), "class_names") > 0) {
     Id attr(H5Aopen(file.get(), "class_names", H5P_DEFAULT), H5Aclose);
     if (!attr.valid()) throw Error(path + ": attribute class_names: cannot open (" + hdf5_reason() + ")");
-    d.class_names = read_strings(attr.get(), true, path + ": attribute class_names", path, &heaps_checked);
+    d.class_names = read_strings(attr.get(), true, path + ": attribute class_names", path, &heaps);
   } else if (H5Lexists(file.get(), "class_names", H5P_DEFAULT) > 0) {
     Id ds(H5Dopen2(file.get(), "class_names", H5P_DEFAULT), H5Dclose);
     if (!ds.valid()) throw Error(path + ": /class_names: cannot open (" + hdf5_reason() + ")");
-    d.class_names = read_strings(ds.get(), false, path + ": /class_names", path, &heaps_checked);
+    d.class_names = read_strings(ds.get(), false, path + ": /class_names", path, &heaps);
   }
   H5Eclear2(H5E_DEFAULT);
   d.validate(path);

@@ -236,7 +236,7 @@ at::Tensor dorefa_weight_grad(const at::Tensor& grad_in, const at::Tensor& t, co
   const ChannelView v = channel_view(t, axis, "fused DoReFa weight gradient");
   WHITTLE_FUSED_ON_CUDA(t, dorefa_weight_grad(grad_in, t, m_in, axis));
   const at::Tensor m = channel_vector(m_in, v, "fused DoReFa weight gradient", "the max");
-  const at::Tensor g = grad_in.to(at::kFloat).contiguous();
+  const at::Tensor g = grad_in.to(t.device(), at::kFloat).contiguous();
   const bool per_channel = m.numel() > 1;
   at::Tensor out = at::empty_like(t);
   const float* gp = g.data_ptr<float>();

@@ -50,12 +50,13 @@ __device__ __forceinline__ void write_mask_word(uint8_t* mask, int64_t base, int
   }
 }
 
-__global__ void dorefa_activation_kernel(const float* __restrict__ x, float* __restrict__ y, uint8_t* __restrict__ mask,
-                                         int64_t n, float clip, float inv_clip, float levels, float inv_levels,
-                                         bool unit_clip, bool after_relu) {
+// y[i] = op.value(x[i]) and mask bit i = op.pass(x[i]) for i < n, one thread an element. The loop
+// bound is the warp's first element, so every lane of a warp takes the same trips and joins every
+// ballot.
+template <class Op>
+__global__ void masked_quantizer_kernel(const float* __restrict__ x, float* __restrict__ y, uint8_t* __restrict__ mask,
+                                        int64_t n, Op op) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // The loop bound is the warp's first element, so every lane of a warp takes the same trips and
-  // joins every ballot.
   const int64_t lane = threadIdx.x & 31;
   for (int64_t warp_base = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x - lane); warp_base < n;
        warp_base += stride) {
@@ -63,30 +64,27 @@ __global__ void dorefa_activation_kernel(const float* __restrict__ x, float* __r
     bool pass = false;
     if (i < n) {
       const float v = x[i];
-      y[i] = dorefa_value(v, clip, inv_clip, levels, inv_levels, unit_clip);
-      pass = (after_relu ? v > 0.0f : v >= 0.0f) && v <= clip;
+      y[i] = op.value(v);
+      pass = op.pass(v);
     }
     const unsigned bits = __ballot_sync(0xffffffffu, pass);
     if (mask) write_mask_word(mask, warp_base, n, bits);
   }
 }
 
-__global__ void sign_kernel(const float* __restrict__ x, float* __restrict__ y, uint8_t* __restrict__ mask, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t lane = threadIdx.x & 31;
-  for (int64_t warp_base = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x - lane); warp_base < n;
-       warp_base += stride) {
-    const int64_t i = warp_base + lane;
-    bool pass = false;
-    if (i < n) {
-      const float v = x[i];
-      y[i] = v >= 0.0f ? 1.0f : -1.0f;
-      pass = fabsf(v) <= 1.0f;
-    }
-    const unsigned bits = __ballot_sync(0xffffffffu, pass);
-    if (mask) write_mask_word(mask, warp_base, n, bits);
-  }
-}
+// DoReFa activation; the gradient passes on [0, clip], or (0, clip] after a folded ReLU.
+struct DoReFaActivationOp {
+  float clip, inv_clip, levels, inv_levels;
+  bool unit_clip, after_relu;
+  __device__ float value(float v) const { return dorefa_value(v, clip, inv_clip, levels, inv_levels, unit_clip); }
+  __device__ bool pass(float v) const { return (after_relu ? v > 0.0f : v >= 0.0f) && v <= clip; }
+};
+
+// BNN sign (sign(0) = +1, NaN → −1); the gradient passes where |x| ≤ 1.
+struct SignOp {
+  __device__ float value(float v) const { return v >= 0.0f ? 1.0f : -1.0f; }
+  __device__ bool pass(float v) const { return fabsf(v) <= 1.0f; }
+};
 
 __global__ void mask_multiply_kernel(const float* __restrict__ g, const uint8_t* __restrict__ mask,
                                      float* __restrict__ dx, int64_t n) {
@@ -143,14 +141,14 @@ int dorefa_activation_cuda(const float* x, float* y, uint8_t* mask, int64_t n, f
                            bool after_relu, void* stream) {
   if (n <= 0) return 0;
   // The reciprocals as ATen's CUDA division by a scalar forms them: 1 / float(scalar), in float.
-  dorefa_activation_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, y, mask, n, clip, 1.0f / clip, levels, 1.0f / levels, unit_clip, after_relu);
+  const DoReFaActivationOp op{clip, 1.0f / clip, levels, 1.0f / levels, unit_clip, after_relu};
+  masked_quantizer_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n, op);
   return launched();
 }
 
 int sign_cuda(const float* x, float* y, uint8_t* mask, int64_t n, void* stream) {
   if (n <= 0) return 0;
-  sign_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n);
+  masked_quantizer_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n, SignOp{});
   return launched();
 }
 

@@ -580,6 +580,35 @@ TEST_F(DataHdf5, TruncatedOrForeignFilesGiveCleanErrors) {
   expect_error([&] { read_hdf5_dataset(dir + "/none.h5"); }, {dir + "/none.h5", "no such file"});
 }
 
+// Found by fuzz_hdf5_dataset (tests/fuzz/regressions/hdf5_dataset/): libhdf5 1.10 follows a
+// class name's reference into the global heap without checking the object index, and read past
+// the collection's table. Each reference is now checked against the collections first.
+TEST_F(DataHdf5, ADamagedStringReferenceIsRefusedBeforeHdf5FollowsIt) {
+  const std::string dir = scratch_dir();
+  Dataset d = random_dataset(6, 1, 4, 4, 3);
+  d.class_names = {"zero", "one", "two"};
+  write_hdf5_dataset(d, dir + "/good.h5");
+  EXPECT_EQ(read_hdf5_dataset(dir + "/good.h5").class_names, d.class_names);
+  Bytes bytes = read_bytes(dir + "/good.h5");
+  const std::string text(bytes.begin(), bytes.end());
+  const size_t heap = text.find("GCOL");
+  ASSERT_NE(heap, std::string::npos) << "the class names are variable-length strings in a global heap";
+  // The references: length (u32), the collection's address (u64), the object index (u32).
+  std::string address(8, '\0');
+  for (int i = 0; i < 8; ++i) address[static_cast<size_t>(i)] = static_cast<char>((heap >> (8 * i)) & 0xff);
+  int references = 0;
+  for (size_t at = text.find(address); at != std::string::npos; at = text.find(address, at + 1)) {
+    if (at < 4 || at + 12 > bytes.size()) continue;
+    ++references;
+    bytes[at + 8] = 0x39;  // object index 57: no such object
+    bytes[at + 9] = 0;
+  }
+  EXPECT_EQ(references, 4) << "the three class names and the format attribute";
+  write_bytes(dir + "/damaged.h5", bytes);
+  expect_error([&] { read_hdf5_dataset(dir + "/damaged.h5"); },
+               {dir + "/damaged.h5", "attribute class_names: string 0 refers to no object of the global heap (object 57"});
+}
+
 TEST_F(DataHdf5, FailedWriteLeavesNothing) {
   const std::string dir = scratch_dir();
   expect_error([&] { write_hdf5_dataset(random_dataset(2, 1, 2, 2, 2), dir + "/missing/x.h5"); },

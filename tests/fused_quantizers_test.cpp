@@ -292,12 +292,16 @@ class FusedQuantizersCuda : public ::testing::Test {
 #endif
     WHITTLE_REQUIRE_CUDA();
     previous_ = q::fused_quantizers_cuda_enabled();
+    saved_ = true;
     q::set_fused_quantizers_cuda(true);
   }
-  void TearDown() override { q::set_fused_quantizers_cuda(previous_); }
+  // Runs after a skip in SetUp too: restores only what SetUp changed.
+  void TearDown() override {
+    if (saved_) q::set_fused_quantizers_cuda(previous_);
+  }
 
  private:
-  bool previous_ = false;
+  bool previous_ = false, saved_ = false;
 };
 
 at::Tensor on_gpu(const at::Tensor& t) { return t.to(at::kCUDA); }
@@ -336,11 +340,34 @@ TEST_F(FusedQuantizersCuda, WeightsEqualTheAtenForm) {
         trace << "shape " << cpu.sizes() << ", " << c.name;
         SCOPED_TRACE(trace.str());
         const at::Tensor w = on_gpu(cpu);
+        ASSERT_TRUE(q::fused::fused_supported(w));
         for (int64_t bits : {2, 3, 4, 8})
           expect_fused_equals_aten(w, [&](const at::Tensor& t) { return q::dorefa_weight(t, bits, c.granularity, c.axis); });
         const at::Tensor finite = at::nan_to_num(w, 0.0, 0.0, 0.0);
         expect_fused_equals_aten(finite, [&](const at::Tensor& t) { return q::twn_weight(t, c.granularity, c.axis); });
         expect_fused_equals_aten(finite, [&](const at::Tensor& t) { return q::xnor_weight(t, false, c.granularity, c.axis); });
+        // The kernels called directly (the comparisons above pass through the quantizers' switch),
+        // against the encode/decode ATen forms on the GPU.
+        const bool per_channel = c.granularity == q::Granularity::kPerChannel;
+        const at::Tensor t = at::tanh(w);
+        const at::Tensor m = q::fused::abs_max(t, per_channel, c.axis).clamp_min(1e-12);
+        ASSERT_TRUE(m.is_cuda());
+        for (int64_t bits : {2, 4}) {
+          const q::EncodedWeight e = q::dorefa_encode(w, bits, c.granularity, c.axis);
+          EXPECT_TRUE(same_values(q::fused::dorefa_weight_values(t, m, bits, c.axis),
+                                  q::decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, at::kFloat)))
+              << bits << " bits, direct";
+        }
+        const at::Tensor g = at::randn(w.sizes()).to(w.device());
+        std::vector<int64_t> shape(static_cast<size_t>(w.dim()), 1);
+        shape[static_cast<size_t>(c.axis)] = m.numel();
+        EXPECT_TRUE(same_values(q::fused::dorefa_weight_grad(g, t, m, c.axis), g * (1 - t * t) / m.reshape(shape)))
+            << "DoReFa gradient, direct";
+        const q::TwnThreshold th = q::twn_threshold(finite, c.granularity, c.axis);
+        const q::EncodedWeight te = q::twn_encode(finite, c.granularity, c.axis);
+        EXPECT_TRUE(same_values(q::fused::ternary_values(finite, th.delta, th.alpha, c.axis),
+                                q::decode_weight(te.codes, te.scale, te.encoding, te.bits, te.axis, at::kFloat)))
+            << "TWN, direct";
       }
 }
 
