@@ -288,6 +288,8 @@ class FusedQuantizersCuda : public ::testing::Test {
  protected:
   void SetUp() override {
 #ifndef WHITTLE_WITH_CUDA
+    // A build without whittle's CUDA kernels (WHITTLE_CUDA=OFF, e.g. the sanitizer build) on a
+    // machine with a GPU: CUDA tensors take the ATen-op forms, there is nothing of ours to compare.
     GTEST_SKIP() << "built without WHITTLE_CUDA";
 #endif
     WHITTLE_REQUIRE_CUDA();
