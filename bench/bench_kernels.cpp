@@ -12,6 +12,8 @@
 //   BM_BitplaneConv3x3/<isa>/c<C>/T   a W2A2 bit-plane 3×3 convolution (kernels/bitplane.h), C → C
 //                            channels on 28×28, against BM_FloatConvChannels/c<C>/T (and
 //                            BM_FloatConv3x3 for C = 256).
+//   BM_CudaBinaryConv3x3/N, BM_CudaPackSigns/N, BM_CudaFloatConv3x3/{float,half}/N
+//                            the same layer at batch N on a CUDA GPU against cuDNN (skipped without one).
 // Counters: words_per_second (popcount words), binary MACs as items (C·kh·kw per output). The
 // figures and ratios are in docs/kernels.md (summary in docs/performance.md).
 //
@@ -20,6 +22,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+#include <torch/cuda.h>
 
 #include <vector>
 
@@ -141,6 +144,60 @@ void BM_FloatConv3x3(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kMacs));
 }
+
+// ---- on a CUDA GPU (skipped without one): the same 256 → 256 3×3 layer on 28×28 at batch N
+// (the argument), whittle's binary kernel (packed input and weight on the GPU, float output with the
+// α scale; and pack_signs) against cuDNN's float and half convolutions of the same shape through
+// ATen. Each iteration synchronizes the device, so the time is the kernel's end to end.
+bool cuda_ready(benchmark::State& state) {
+  if (torch::cuda::is_available()) return true;
+  state.SkipWithError("no CUDA device");
+  return false;
+}
+
+void BM_CudaBinaryConv3x3(benchmark::State& state) {
+  if (!cuda_ready(state)) return;
+  const at::Device gpu(at::kCUDA, 0);
+  at::manual_seed(0);
+  const int64_t N = state.range(0);
+  const at::Tensor x = whittle::kernels::pack_signs(at::randn({N, kC, kH, kW}, at::TensorOptions().device(gpu)));
+  const auto pw = whittle::kernels::pack_binary_weight(at::randn({kO, kC, 3, 3})).to(gpu);
+  const at::Tensor alpha = (at::rand({kO}) + 0.5).to(gpu);
+  for (auto _ : state) {
+    at::Tensor y = whittle::kernels::binary_conv2d(x, pw, {1, 1, 1, 1}, {alpha, {}, {}, {}});
+    torch::cuda::synchronize();
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kMacs * double(N)));
+}
+
+void BM_CudaPackSigns(benchmark::State& state) {
+  if (!cuda_ready(state)) return;
+  const at::Tensor x = at::randn({state.range(0), kC, kH, kW}, at::TensorOptions().device(at::kCUDA));
+  for (auto _ : state) {
+    at::Tensor p = whittle::kernels::pack_signs(x);
+    torch::cuda::synchronize();
+    benchmark::DoNotOptimize(p.data_ptr());
+  }
+}
+
+void BM_CudaFloatConv3x3(benchmark::State& state, at::ScalarType dtype) {
+  if (!cuda_ready(state)) return;
+  const auto options = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+  const at::Tensor x = at::randn({state.range(0), kC, kH, kW}, options), w = at::randn({kO, kC, 3, 3}, options).sign();
+  at::NoGradGuard no_grad;
+  for (auto _ : state) {
+    at::Tensor y = at::conv2d(x, w, {}, 1, 1);
+    torch::cuda::synchronize();
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kMacs * double(state.range(0))));
+}
+
+BENCHMARK(BM_CudaBinaryConv3x3)->Arg(1)->Arg(32)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CudaPackSigns)->Arg(1)->Arg(32)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CudaFloatConv3x3, float, at::kFloat)->Arg(1)->Arg(32)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CudaFloatConv3x3, half, at::kHalf)->Arg(1)->Arg(32)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_CAPTURE(BM_PopcountLimit, scalar, Isa::kScalar);
 BENCHMARK_CAPTURE(BM_PopcountLimit, avx2, Isa::kAvx2);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/bitpack.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/im2col.h"
 #include "kernels/popcount_gemm.h"
 
@@ -27,23 +28,25 @@ struct Epilogue {
   at::Tensor scale_t, bias_t, threshold_t, direction_t;
   const float *scale = nullptr, *bias = nullptr, *threshold = nullptr, *direction = nullptr;
 
-  static at::Tensor vector_of(const at::Tensor& t, int64_t out_channels, const char* name) {
+  static at::Tensor vector_of(const at::Tensor& t, int64_t out_channels, const char* name, const at::Device& device) {
     if (!t.defined()) return t;
     if (t.dim() != 1 || t.size(0) != out_channels)
       throw Error(std::string("binary layer epilogue: ") + name + " has shape " + sizes_of(t) + ", expected [" +
                   std::to_string(out_channels) + "]");
-    return t.to(at::kCPU, at::kFloat).contiguous();
+    return t.to(device, at::kFloat).contiguous();
   }
 
-  Epilogue(Kind k, const BinaryEpilogue& e, int64_t out_channels) : kind(k) {
+  // The epilogue's vectors as float [O] on `device` (the layer's input's).
+  Epilogue(Kind k, const BinaryEpilogue& e, int64_t out_channels, const at::Device& device) : kind(k) {
     if (k == kDot) return;
     // Missing scale/bias become 1/0, so that the store loops have no branches.
-    if (!e.scale.defined()) scale_t = at::ones({out_channels}, at::kFloat);
-    if (!e.bias.defined()) bias_t = at::zeros({out_channels}, at::kFloat);
-    if (e.scale.defined()) scale_t = vector_of(e.scale, out_channels, "scale");
-    if (e.bias.defined()) bias_t = vector_of(e.bias, out_channels, "bias");
-    threshold_t = vector_of(e.threshold, out_channels, "threshold");
-    direction_t = vector_of(e.direction, out_channels, "direction");
+    const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+    if (!e.scale.defined()) scale_t = at::ones({out_channels}, options);
+    if (!e.bias.defined()) bias_t = at::zeros({out_channels}, options);
+    if (e.scale.defined()) scale_t = vector_of(e.scale, out_channels, "scale", device);
+    if (e.bias.defined()) bias_t = vector_of(e.bias, out_channels, "bias", device);
+    threshold_t = vector_of(e.threshold, out_channels, "threshold", device);
+    direction_t = vector_of(e.direction, out_channels, "direction", device);
     if (threshold_t.defined() != direction_t.defined())
       throw Error("binary layer epilogue: threshold and direction go together (one of them is missing)");
     if (threshold_t.defined()) kind = kSign;
@@ -71,23 +74,35 @@ struct Epilogue {
 };
 
 void check_packed_input(const at::Tensor& x, int64_t rank, const PackedBinaryWeight& w, const char* what) {
+  detail::check_kernel_device(x, what);
   const int64_t T = w.kernel_h * w.kernel_w, Cw = words_for(w.in_channels);
-  const bool weight_ok = w.words.defined() && w.words.is_cpu() && w.words.scalar_type() == at::kLong &&
+  const bool weight_ok = w.words.defined() && w.words.scalar_type() == at::kLong &&
                          w.words.is_contiguous() && w.words.dim() == 2 && w.words.size(0) == T * Cw &&
-                         w.words.size(1) == w.out_channels && w.tap_popcount.defined() && w.tap_popcount.is_cpu() &&
+                         w.words.size(1) == w.out_channels && w.tap_popcount.defined() &&
+                         w.tap_popcount.device() == w.words.device() &&
                          w.tap_popcount.scalar_type() == at::kInt && w.tap_popcount.is_contiguous() &&
                          w.tap_popcount.dim() == 2 && w.tap_popcount.size(0) == T &&
                          w.tap_popcount.size(1) == w.out_channels && w.in_channels >= 1 && T >= 1;
   if (!weight_ok)
     throw Error(std::string(what) + ": the weight is not packed as pack_binary_weight packs it (words int64 [" +
                 std::to_string(T * Cw) + ", " + std::to_string(w.out_channels) + "], tap_popcount int32 [" +
-                std::to_string(T) + ", " + std::to_string(w.out_channels) + "], contiguous, on the CPU)");
-  if (!x.defined() || !x.is_cpu() || x.scalar_type() != at::kLong || x.dim() != rank || x.size(-1) != Cw)
+                std::to_string(T) + ", " + std::to_string(w.out_channels) + "], contiguous, on one device)");
+  if (!x.defined() || x.scalar_type() != at::kLong || x.dim() != rank || x.size(-1) != Cw)
     throw Error(std::string(what) + ": expected packed input int64 " + (rank == 4 ? "[N, H, W, " : "[N, ") +
-                std::to_string(Cw) + "] on the CPU for " + std::to_string(w.in_channels) + " input channels, got " +
+                std::to_string(Cw) + "] for " + std::to_string(w.in_channels) + " input channels, got " +
                 (x.defined() ? std::string(c10::toString(x.scalar_type())) + " " + sizes_of(x) + " on " + x.device().str()
                              : "undefined"));
+  if (x.device() != w.words.device())
+    throw Error(std::string(what) + ": the packed input is on " + x.device().str() + " and the weight on " +
+                w.words.device().str() + " (PackedBinaryWeight::to moves a weight)");
 }
+
+#ifdef WHITTLE_WITH_CUDA
+detail::cuda::Output cuda_output(Epilogue::Kind k) {
+  return k == Epilogue::kDot ? detail::cuda::Output::kDot
+                             : k == Epilogue::kFloat ? detail::cuda::Output::kFloat : detail::cuda::Output::kSign;
+}
+#endif
 
 at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, const BinaryConv2dOptions& opt,
                 const Epilogue& e) {
@@ -101,6 +116,11 @@ at::Tensor conv(const at::Tensor& packed_input, const PackedBinaryWeight& w, con
   const int64_t O = w.out_channels, C = w.in_channels, KH = w.kernel_h, KW = w.kernel_w, T = KH * KW, K = T * Cw;
   const int64_t Ho = conv_output_size(H, KH, opt.stride_h, opt.pad_h);
   const int64_t Wo = conv_output_size(W, KW, opt.stride_w, opt.pad_w);
+#ifdef WHITTLE_WITH_CUDA
+  if (x.is_cuda())
+    return detail::cuda::binary_conv(x, w, detail::conv_shape(N, H, W, w, opt, Ho, Wo), cuda_output(e.kind), e.scale_t,
+                                     e.bias_t, e.threshold_t, e.direction_t);
+#endif
   at::Tensor out;
   if (e.kind == Epilogue::kSign) out = at::empty({N, Ho, Wo, words_for(O)}, at::kLong);
   else out = at::empty({N, O, Ho, Wo}, e.kind == Epilogue::kDot ? at::kInt : at::kFloat);
@@ -173,6 +193,13 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
                 " convolution's, expected a linear layer's [O, C]");
   const at::Tensor x = packed_input.contiguous();
   const int64_t N = x.size(0), Cw = x.size(1), O = w.out_channels, C = w.in_channels;
+#ifdef WHITTLE_WITH_CUDA
+  if (x.is_cuda()) {
+    const at::Tensor y = detail::cuda::binary_conv(x, w, detail::conv_shape(N, 1, 1, w, {}, 1, 1), cuda_output(e.kind),
+                                                   e.scale_t, e.bias_t, e.threshold_t, e.direction_t);
+    return y.reshape({N, e.kind == Epilogue::kSign ? words_for(O) : O});
+  }
+#endif
   at::Tensor pop = at::empty({N, O}, at::kInt);
   const detail::PopcountGemmFn gemm = detail::popcount_gemm();
   const uint64_t* xin = words_of(x);
@@ -202,6 +229,26 @@ at::Tensor linear(const at::Tensor& packed_input, const PackedBinaryWeight& w, c
 }  // namespace
 
 namespace detail {
+
+cuda_body::ConvShape conv_shape(int64_t N, int64_t H, int64_t W, const PackedBinaryWeight& w,
+                                const BinaryConv2dOptions& opt, int64_t Ho, int64_t Wo) {
+  cuda_body::ConvShape s;
+  s.N = N;
+  s.H = H;
+  s.W = W;
+  s.C = w.in_channels;
+  s.Cw = words_for(w.in_channels);
+  s.O = w.out_channels;
+  s.KH = w.kernel_h;
+  s.KW = w.kernel_w;
+  s.stride_h = opt.stride_h;
+  s.stride_w = opt.stride_w;
+  s.pad_h = opt.pad_h;
+  s.pad_w = opt.pad_w;
+  s.Ho = Ho;
+  s.Wo = Wo;
+  return s;
+}
 
 void gather_row(const uint64_t* x, int64_t H, int64_t W, int64_t Cw, int64_t KH, int64_t KW,
                 const BinaryConv2dOptions& opt, int64_t n, int64_t oh, int64_t Wo, uint64_t* dst) {
@@ -240,10 +287,20 @@ int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
   return (in + 2 * pad - kernel) / stride + 1;
 }
 
+PackedBinaryWeight PackedBinaryWeight::to(const at::Device& device) const {
+  PackedBinaryWeight p = *this;
+  if (words.defined()) p.words = words.to(device);
+  if (tap_popcount.defined()) p.tap_popcount = tap_popcount.to(device);
+  return p;
+}
+
 PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
   if (!weight.defined() || (weight.dim() != 2 && weight.dim() != 4))
     throw Error("pack_binary_weight: expected a weight [O, C] or [O, C, kh, kw], got " +
                 (weight.defined() ? sizes_of(weight) : std::string("undefined")));
+  detail::check_kernel_device(weight, "pack_binary_weight");
+  // Packed once, on the CPU, and moved to the weight's device.
+  if (!weight.is_cpu()) return pack_binary_weight(weight.cpu()).to(weight.device());
   PackedBinaryWeight p;
   p.out_channels = weight.size(0);
   p.in_channels = weight.size(1);
@@ -271,26 +328,28 @@ PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
 
 at::Tensor binary_conv2d_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
                              const BinaryConv2dOptions& options) {
-  return conv(packed_input, weight, options, Epilogue(Epilogue::kDot, {}, weight.out_channels));
+  return conv(packed_input, weight, options, Epilogue(Epilogue::kDot, {}, weight.out_channels, packed_input.device()));
 }
 
 at::Tensor binary_conv2d(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
                          const BinaryConv2dOptions& options, const BinaryEpilogue& epilogue) {
-  return conv(packed_input, weight, options, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels));
+  return conv(packed_input, weight, options, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels, packed_input.device()));
 }
 
 at::Tensor binary_linear_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight) {
-  return linear(packed_input, weight, Epilogue(Epilogue::kDot, {}, weight.out_channels));
+  return linear(packed_input, weight, Epilogue(Epilogue::kDot, {}, weight.out_channels, packed_input.device()));
 }
 
 at::Tensor binary_linear(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
                          const BinaryEpilogue& epilogue) {
-  return linear(packed_input, weight, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels));
+  return linear(packed_input, weight, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels, packed_input.device()));
 }
 
 at::Tensor binary_conv2d_reference(const at::Tensor& x, const at::Tensor& w, const BinaryConv2dOptions& opt) {
-  if (!x.defined() || !w.defined() || !x.is_cpu() || !w.is_cpu())
-    throw Error("binary_conv2d_reference: x and w must be defined CPU tensors");
+  if (!x.defined() || !w.defined()) throw Error("binary_conv2d_reference: x and w must be defined tensors");
+  detail::check_kernel_device(x, "binary_conv2d_reference");
+  detail::check_kernel_device(w, "binary_conv2d_reference");
+  if (!x.is_cpu() || !w.is_cpu()) return binary_conv2d_reference(x.cpu(), w.cpu(), opt).to(x.device());
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1))
     throw Error("binary_conv2d_reference: expected x [N, C, H, W] and w [O, C, kh, kw], got " + sizes_of(x) + " and " +
                 sizes_of(w));

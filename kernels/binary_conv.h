@@ -9,8 +9,14 @@
 // and the popcount of the weight words of that tap, kept per tap, is subtracted).
 // Rastegari et al. 2016 (XNOR-Net), Hubara et al. 2016 (BNN); FINN's threshold epilogue
 // (Umuroglu et al. 2017).
+//
+// Devices: every kernel runs on the device of its packed input, the CPU or, in a build with
+// WHITTLE_CUDA, a CUDA GPU (kernels/kernels_cuda.cu: one thread per output, the same integer dots
+// and the same float epilogue, operation for operation); the weight must be on that device too
+// (PackedBinaryWeight::to). A tensor on another device is a whittle::Error.
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 
@@ -28,10 +34,14 @@ struct PackedBinaryWeight {
   int64_t out_channels = 0;  ///< O
   int64_t in_channels = 0;   ///< C
   int64_t kernel_h = 1, kernel_w = 1;
+
+  /// The same weight with its tensors on `device` (a copy of the words; the shape fields kept).
+  PackedBinaryWeight to(const at::Device& device) const;
 };
 
 /// Packs the signs of float weights [O, C, kh, kw] (a convolution's) or [O, C] (a linear
-/// layer's, kernel 1×1). Throws whittle::Error for another rank, a non-floating or CUDA tensor,
+/// layer's, kernel 1×1), on the weight's device (packed on the CPU and copied there). Throws
+/// whittle::Error for another rank, a non-floating tensor, a device the kernels do not run on,
 /// or C·kh·kw outside 1 … 2^30 − 1 (the int32 dots).
 PackedBinaryWeight pack_binary_weight(const at::Tensor& weight);
 
@@ -57,9 +67,10 @@ struct BinaryEpilogue {
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad);
 
 /// The integer dots of a binary convolution: input packed int64 [N, H, W, ⌈C/64⌉] (pack_signs),
-/// output int32 [N, O, Ho, Wo]. Multi-threaded over (n, output row) with ATen's thread pool;
-/// uses the active instruction set (kernels/isa.h). Throws whittle::Error when the input's words
-/// or shape do not fit the weight or the options, or the weight is not pack_binary_weight's form.
+/// output int32 [N, O, Ho, Wo] on the input's device. On the CPU multi-threaded over (n, output
+/// row) with ATen's thread pool, using the active instruction set (kernels/isa.h). Throws
+/// whittle::Error when the input's words or shape do not fit the weight or the options, the weight
+/// is not pack_binary_weight's form, or the two are on different devices.
 /// The input's channel count is known only to the word: an input packed from C' ≠ C channels with
 /// ⌈C'/64⌉ = ⌈C/64⌉ is not detected (its missing channels read as +1 or are ignored).
 at::Tensor binary_conv2d_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
@@ -84,8 +95,9 @@ at::Tensor binary_linear(const at::Tensor& packed_input, const PackedBinaryWeigh
 
 /// Plain-loop reference of binary_conv2d_dot from float tensors: x [N, C, H, W] and w
 /// [O, C, kh, kw] are binarized (sign(0) = +1), the padded positions read 0, and the dots are
-/// summed one product at a time. int32 [N, O, Ho, Wo]. Throws whittle::Error for undefined or
-/// CUDA tensors, other ranks, mismatched C, or options conv_output_size refuses.
+/// summed one product at a time, on the CPU. int32 [N, O, Ho, Wo] on x's device. Throws
+/// whittle::Error for undefined tensors, other ranks, mismatched C, or options conv_output_size
+/// refuses.
 at::Tensor binary_conv2d_reference(const at::Tensor& x, const at::Tensor& w, const BinaryConv2dOptions& options = {});
 
 }  // namespace whittle::kernels

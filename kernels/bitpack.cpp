@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cuda_ops.h"
 
 namespace whittle::kernels {
 
@@ -13,6 +14,17 @@ std::string sizes_of(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
+}
+
+void check_kernel_device(const at::Tensor& t, const std::string& what) {
+  if (!t.defined() || t.is_cpu()) return;
+#ifdef WHITTLE_WITH_CUDA
+  if (t.is_cuda()) return;
+  throw Error(what + ": a CPU or CUDA tensor is needed, got one on " + t.device().str());
+#else
+  throw Error(what + ": a CPU tensor is needed, got one on " + t.device().str() +
+              (t.is_cuda() ? " (whittle was built without WHITTLE_CUDA: its CUDA kernels are not compiled)" : ""));
+#endif
 }
 
 }  // namespace detail
@@ -29,7 +41,7 @@ struct ChannelLast {
 
 ChannelLast channel_last(const at::Tensor& x, const std::string& what) {
   if (!x.defined()) throw Error(what + ": undefined tensor");
-  if (!x.is_cpu()) throw Error(std::string(what) + ": a CPU tensor is needed, got one on " + x.device().str());
+  detail::check_kernel_device(x, what);
   if (!at::isFloatingType(x.scalar_type()))
     throw Error(std::string(what) + ": a floating-point tensor is needed, got " + std::string(c10::toString(x.scalar_type())));
   if (x.dim() == 2) return {x.to(at::kFloat).contiguous(), {x.size(0), words_for(x.size(1))}};
@@ -74,6 +86,10 @@ at::Tensor pack_signs_nchw(const at::Tensor& x) {
 
 at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
   if (x.defined() && x.dim() == 4 && x.is_cpu() && at::isFloatingType(x.scalar_type())) return pack_signs_nchw(x);
+#ifdef WHITTLE_WITH_CUDA
+  if (x.defined() && x.is_cuda() && (x.dim() == 2 || x.dim() == 4) && at::isFloatingType(x.scalar_type()))
+    return cuda::pack_signs(x);
+#endif
   ChannelLast cl = channel_last(x, what);
   const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
   at::Tensor out = at::empty(cl.packed_shape, at::kLong);
@@ -97,6 +113,7 @@ at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
 }  // namespace detail
 
 at::Tensor pack_signs_reference(const at::Tensor& x) {
+  if (x.defined() && !x.is_cpu()) return pack_signs_reference(x.cpu()).to(x.device());
   ChannelLast cl = channel_last(x, "pack_signs_reference");
   const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);
   at::Tensor out = at::zeros(cl.packed_shape, at::kLong);
@@ -110,8 +127,8 @@ at::Tensor pack_signs_reference(const at::Tensor& x) {
 
 at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels) {
   if (channels < 1) throw Error("unpack_signs: channels must be ≥ 1, got " + std::to_string(channels));
-  if (packed.defined() && !packed.is_cpu())
-    throw Error("unpack_signs: a CPU tensor is needed, got one on " + packed.device().str());
+  detail::check_kernel_device(packed, "unpack_signs");
+  if (packed.defined() && !packed.is_cpu()) return unpack_signs(packed.cpu(), channels).to(packed.device());
   if (!packed.defined() || packed.scalar_type() != at::kLong || (packed.dim() != 2 && packed.dim() != 4) ||
       packed.size(-1) != words_for(channels))
     throw Error("unpack_signs: expected int64 [N, " + std::to_string(words_for(channels)) + "] or [N, H, W, " +
@@ -144,8 +161,9 @@ int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
 
 at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& o) {
   const char* who = "max_pool2d_signs";
-  if (!packed.defined() || !packed.is_cpu() || packed.scalar_type() != at::kLong || packed.dim() != 4)
-    throw Error(std::string(who) + ": expected packed signs, a CPU int64 [N, H, W, words] tensor, got " +
+  detail::check_kernel_device(packed, who);
+  if (!packed.defined() || packed.scalar_type() != at::kLong || packed.dim() != 4)
+    throw Error(std::string(who) + ": expected packed signs, an int64 [N, H, W, words] tensor, got " +
                 (packed.defined() ? std::string(c10::toString(packed.scalar_type())) + " " + sizes_of(packed) +
                                         " on " + packed.device().str()
                                   : "undefined"));
@@ -161,6 +179,9 @@ at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& o
                 std::to_string(o.kernel_h) + "x" + std::to_string(o.kernel_w) + " window");
   const int64_t Ho = pool_output_size(H, o.kernel_h, o.stride_h, o.pad_h, o.ceil_mode);
   const int64_t Wo = pool_output_size(W, o.kernel_w, o.stride_w, o.pad_w, o.ceil_mode);
+#ifdef WHITTLE_WITH_CUDA
+  if (packed.is_cuda()) return detail::cuda::max_pool2d_signs(packed, o, Ho, Wo);
+#endif
   at::Tensor in = packed.contiguous();
   at::Tensor out = at::empty({N, Ho, Wo, Cw}, at::kLong);
   const auto* src = reinterpret_cast<const uint64_t*>(in.data_ptr<int64_t>());

@@ -18,19 +18,21 @@ namespace whittle::kernels {
 /// 64-bit words needed for `channels` bits: ⌈channels / 64⌉.
 inline int64_t words_for(int64_t channels) { return (channels + 63) / 64; }
 
-/// Packs the signs of `x` (floating point, CPU; [N, C] or [N, C, H, W], any strides) into int64
-/// [N, ⌈C/64⌉] or [N, H, W, ⌈C/64⌉] words, layout above. NaN packs as −1 (it is not ≥ 0), as
-/// quantize::bnn_sign binarizes it.
-/// Multi-threaded over N·H·W. Throws whittle::Error for another rank, a non-floating dtype or a
-/// CUDA tensor.
+/// Packs the signs of `x` (floating point; [N, C] or [N, C, H, W], any strides) into int64
+/// [N, ⌈C/64⌉] or [N, H, W, ⌈C/64⌉] words on x's device, layout above. NaN packs as −1 (it is
+/// not ≥ 0), as quantize::bnn_sign binarizes it. On the CPU multi-threaded over N·H·W; on a CUDA
+/// device (a build with WHITTLE_CUDA) one thread a word (kernels/kernels_cuda.cu). Throws
+/// whittle::Error for another rank, a non-floating dtype, or a device the kernels do not run on.
 at::Tensor pack_signs(const at::Tensor& x);
 
-/// Plain-loop reference of pack_signs (one bit at a time); same layout and errors.
+/// Plain-loop reference of pack_signs (one bit at a time, on the CPU; the result on x's device);
+/// same layout and errors.
 at::Tensor pack_signs_reference(const at::Tensor& x);
 
 /// The ±1 float tensor [N, C] or [N, C, H, W] that `packed` (pack_signs's layout) encodes, for
-/// `channels` ≥ 1 channels. Throws whittle::Error when `packed` is not a CPU int64 tensor of rank
-/// 2 or 4, its last dimension is not ⌈channels/64⌉, or channels < 1.
+/// `channels` ≥ 1 channels, on packed's device. Throws whittle::Error when `packed` is not an
+/// int64 tensor of rank 2 or 4 on the CPU or a CUDA device, its last dimension is not
+/// ⌈channels/64⌉, or channels < 1.
 at::Tensor unpack_signs(const at::Tensor& packed, int64_t channels);
 
 /// Window of a max pooling over packed signs (dilation 1).
@@ -45,9 +47,10 @@ struct SignPool2dOptions {
 /// [N, Ho, Wo, ⌈C/64⌉], Ho and Wo as at::max_pool2d computes them. The max of ±1 values is −1
 /// only where every one is −1, so each output word is the AND of the window's words; padded
 /// positions are left out (max pooling pads with −∞). Equals pack_signs(at::max_pool2d(x)) for
-/// x = unpack_signs(packed). Multi-threaded over N·Ho. Throws whittle::Error for a tensor that is
-/// not CPU int64 of rank 4, kernel or stride < 1, padding < 0 or above half the kernel, or a
-/// window larger than the padded input.
+/// x = unpack_signs(packed). On packed's device (CPU: multi-threaded over N·Ho; CUDA: one thread
+/// a word). Throws whittle::Error for a tensor that is not int64 of rank 4 on the CPU or a CUDA
+/// device, kernel or stride < 1, padding < 0 or above half the kernel, or a window larger than
+/// the padded input.
 at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& options);
 
 namespace detail {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/bitpack.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/im2col.h"
 #include "core/parallel.h"
 #include "kernels/popcount_gemm.h"
@@ -32,15 +33,15 @@ inline int64_t popcount64(uint64_t v) {
 // The epilogue's scale and bias as float [O] (1 and 0 where undefined).
 struct ScaleBias {
   at::Tensor scale, bias;
-  ScaleBias(const BinaryEpilogue& e, int64_t O, const char* who) {
+  ScaleBias(const BinaryEpilogue& e, int64_t O, const char* who, const at::Device& device) {
     if (e.threshold.defined() || e.direction.defined())
       throw Error(std::string(who) + ": the bit-plane kernels write float outputs only (no threshold epilogue)");
     auto vec = [&](const at::Tensor& t, float fill, const char* name) {
-      if (!t.defined()) return at::full({O}, fill, at::kFloat);
+      if (!t.defined()) return at::full({O}, fill, at::TensorOptions().dtype(at::kFloat).device(device));
       if (t.dim() != 1 || t.size(0) != O)
         throw Error(std::string(who) + ": epilogue " + name + " has shape " + sizes_of(t) + ", expected [" +
                     std::to_string(O) + "]");
-      return t.to(at::kCPU, at::kFloat).contiguous();
+      return t.to(device, at::kFloat).contiguous();
     };
     scale = vec(e.scale, 1.0f, "scale");
     bias = vec(e.bias, 0.0f, "bias");
@@ -59,14 +60,18 @@ void check_weight(const PackedBitplaneWeight& w, const char* who) {
 
 void check_planes(const at::Tensor& x, int64_t rank, const PackedBitplaneWeight& w, const char* who) {
   const int64_t Cw = words_for(w.in_channels);
-  if (!x.defined() || !x.is_cpu() || x.scalar_type() != at::kLong || x.dim() != rank + 1 || x.size(0) < 1 ||
-      x.size(-1) != Cw)
+  detail::check_kernel_device(x, who);
+  if (!x.defined() || x.scalar_type() != at::kLong || x.dim() != rank + 1 || x.size(0) < 1 || x.size(-1) != Cw)
     throw Error(std::string(who) + ": expected activation planes int64 " + (rank == 4 ? "[P, N, H, W, " : "[P, N, ") +
-                std::to_string(Cw) + "] on the CPU for " + std::to_string(w.in_channels) + " input channels, got " +
+                std::to_string(Cw) + "] for " + std::to_string(w.in_channels) + " input channels, got " +
                 (x.defined() ? std::string(c10::toString(x.scalar_type())) + " " + sizes_of(x) + " on " + x.device().str()
                              : "undefined"));
   if (x.size(0) > 8)
     throw Error(std::string(who) + ": " + std::to_string(x.size(0)) + " activation planes (pack_bitplanes makes 1..8)");
+  for (const auto& p : w.planes)
+    if (p.words.device() != x.device())
+      throw Error(std::string(who) + ": the activation planes are on " + x.device().str() + " and a weight plane on " +
+                  p.words.device().str() + " (PackedBitplaneWeight::to moves a weight)");
   const double most = double(w.in_channels) * double(w.kernel_h * w.kernel_w) * double((int64_t{1} << x.size(0)) - 1);
   if (most >= double(1u << 31))
     throw Error(std::string(who) + ": " + std::to_string(x.size(0)) + " activation planes over " +
@@ -74,6 +79,12 @@ void check_planes(const at::Tensor& x, int64_t rank, const PackedBitplaneWeight&
 }
 
 }  // namespace
+
+PackedBitplaneWeight PackedBitplaneWeight::to(const at::Device& device) const {
+  PackedBitplaneWeight w = *this;
+  for (auto& p : w.planes) p = p.to(device);
+  return w;
+}
 
 PackedBitplaneWeight pack_bitplane_weight(const std::vector<at::Tensor>& planes, const std::vector<double>& coefficients,
                                           double offset) {
@@ -100,9 +111,13 @@ PackedBitplaneWeight pack_bitplane_weight(const std::vector<at::Tensor>& planes,
 
 at::Tensor pack_bitplanes(const at::Tensor& codes, int64_t bits) {
   if (bits < 1 || bits > 8) throw Error("pack_bitplanes: bits must be 1..8, got " + std::to_string(bits));
-  if (!codes.defined() || !codes.is_cpu() || (codes.dim() != 2 && codes.dim() != 4))
-    throw Error("pack_bitplanes: expected CPU codes [N, C, H, W] or [N, C], got " +
+  detail::check_kernel_device(codes, "pack_bitplanes");
+  if (!codes.defined() || (codes.dim() != 2 && codes.dim() != 4))
+    throw Error("pack_bitplanes: expected codes [N, C, H, W] or [N, C], got " +
                 (codes.defined() ? sizes_of(codes) + " on " + codes.device().str() : std::string("undefined")));
+#ifdef WHITTLE_WITH_CUDA
+  if (codes.is_cuda()) return detail::cuda::pack_bitplanes(codes, bits);
+#endif
   // Codes below 2^8 are exact in float: one read of each code, in NCHW order, sets its bits in
   // every plane (as pack_signs does for one plane).
   const at::Tensor src_t = codes.to(at::kFloat).contiguous();
@@ -150,12 +165,16 @@ at::Tensor bitplane_conv2d(const at::Tensor& activation_planes, const PackedBitp
   const char* who = "bitplane_conv2d";
   check_weight(w, who);
   check_planes(activation_planes, 4, w, who);
-  const ScaleBias sb(epilogue, w.out_channels, who);
+  const ScaleBias sb(epilogue, w.out_channels, who, activation_planes.device());
   const at::Tensor x = activation_planes.contiguous();
   const int64_t P = x.size(0), N = x.size(1), H = x.size(2), W = x.size(3), Cw = x.size(4);
   const int64_t O = w.out_channels, KH = w.kernel_h, KW = w.kernel_w, K = KH * KW * Cw;
   const int64_t Ho = conv_output_size(H, KH, opt.stride_h, opt.pad_h);
   const int64_t Wo = conv_output_size(W, KW, opt.stride_w, opt.pad_w);
+#ifdef WHITTLE_WITH_CUDA
+  if (x.is_cuda())
+    return detail::cuda::bitplane_conv(x, w, detail::conv_shape(N, H, W, w.planes.front(), opt, Ho, Wo), sb.scale, sb.bias);
+#endif
   const int64_t Pw = static_cast<int64_t>(w.planes.size()), plane_words = N * H * W * Cw;
   at::Tensor out = at::empty({N, O, Ho, Wo}, at::kFloat);
   float* y = out.data_ptr<float>();
@@ -210,9 +229,14 @@ at::Tensor bitplane_linear(const at::Tensor& activation_planes, const PackedBitp
     throw Error(std::string(who) + ": the weight is a " + std::to_string(w.kernel_h) + "×" + std::to_string(w.kernel_w) +
                 " convolution's, expected a linear layer's [O, C]");
   check_planes(activation_planes, 2, w, who);
-  const ScaleBias sb(epilogue, w.out_channels, who);
+  const ScaleBias sb(epilogue, w.out_channels, who, activation_planes.device());
   const at::Tensor x = activation_planes.contiguous();
   const int64_t P = x.size(0), N = x.size(1), Cw = x.size(2), O = w.out_channels;
+#ifdef WHITTLE_WITH_CUDA
+  if (x.is_cuda())
+    return detail::cuda::bitplane_conv(x, w, detail::conv_shape(N, 1, 1, w.planes.front(), {}, 1, 1), sb.scale, sb.bias)
+        .reshape({N, O});
+#endif
   const int64_t Pw = static_cast<int64_t>(w.planes.size());
   at::Tensor out = at::empty({N, O}, at::kFloat);
   float* y = out.data_ptr<float>();

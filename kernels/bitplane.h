@@ -13,6 +13,9 @@
 // the epilogue). Zero padding is exact without correction: a padded position has code 0, so it
 // sets no bit of any plane (DoReFa activations: code 0 is the value 0).
 // Zhou et al. 2016 (DoReFa-Net, sec. 2.1: bit convolution kernels); Li & Liu 2016 (TWN).
+//
+// Devices as binary_conv.h: each kernel runs on its input's device, the CPU or a CUDA GPU (in a
+// build with WHITTLE_CUDA; the same integer sums and the same epilogue, in the same order).
 
 #include <ATen/Tensor.h>
 
@@ -31,6 +34,9 @@ struct PackedBitplaneWeight {
   std::vector<double> coefficients;  ///< c_i, one per plane
   double offset = 0.0;               ///< w0
   int64_t out_channels = 0, in_channels = 0, kernel_h = 1, kernel_w = 1;
+
+  /// The same weight with its planes on `device`.
+  PackedBitplaneWeight to(const at::Device& device) const;
 };
 
 /// Packs 0/1 weight planes (float tensors of one shape: [O, C, kh, kw] or [O, C]; nonzero = 1)
@@ -41,8 +47,9 @@ PackedBitplaneWeight pack_bitplane_weight(const std::vector<at::Tensor>& planes,
 
 /// The bit-planes of unsigned integer codes `codes` (any integer or integral float dtype, values
 /// in [0, 2^bits); [N, C, H, W] or [N, C]): int64 [bits, N, H, W, ⌈C/64⌉] or [bits, N, ⌈C/64⌉],
-/// plane j holding bit j of every code in pack_signs's word layout (bit 1 where set).
-/// Throws whittle::Error for bits outside 1..8, another rank, a CUDA tensor, or a code out of range.
+/// plane j holding bit j of every code in pack_signs's word layout (bit 1 where set), on the
+/// codes' device. Throws whittle::Error for bits outside 1..8, another rank, a device the kernels
+/// do not run on, or a code out of range.
 at::Tensor pack_bitplanes(const at::Tensor& codes, int64_t bits);
 
 /// A bit-plane convolution: activation planes [P, N, H, W, ⌈C/64⌉] (pack_bitplanes) and a
