@@ -187,7 +187,7 @@ std::string Report::summary() const {
   std::ostringstream os;
   os << "quantized " << quantized.size() << " layers" << (quantized.empty() ? "" : ": " + join(quantized)) << "\n";
   if (!inserted.empty()) os << "inserted: " << join(inserted) << "\n";
-  if (!replaced.empty()) os << "ReLU replaced by binarizer: " << join(replaced) << "\n";
+  if (!replaced.empty()) os << "ReLU replaced by its activation quantizer: " << join(replaced) << "\n";
   for (const auto& s : skipped) os << "skipped " << s << "\n";
   return os.str();
 }

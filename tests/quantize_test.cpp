@@ -368,6 +368,8 @@ TEST(QuantizePass, Concatenation) {
   // r feeds only the quantized a and b: it becomes their shared quantizer (relu = 1).
   EXPECT_EQ(r.replaced, (std::vector<std::string>{"r"}));
   EXPECT_EQ(r.inserted, (std::vector<std::string>{"c.act_quant"}));
+  // A DoReFa quantizer is no binarizer: the summary names what the ReLU became.
+  EXPECT_NE(r.summary().find("ReLU replaced by its activation quantizer: r\n"), std::string::npos) << r.summary();
   EXPECT_EQ(g.node("r").op, "act_quant");
   EXPECT_EQ(g.node("a").inputs[0], "r");
   EXPECT_EQ(g.node("b").inputs[0], "r");
