@@ -162,9 +162,9 @@ void BM_CudaBinaryConv3x3(benchmark::State& state) {
   const int64_t N = state.range(0);
   const at::Tensor x = whittle::kernels::pack_signs(at::randn({N, kC, kH, kW}, at::TensorOptions().device(gpu)));
   const auto pw = whittle::kernels::pack_binary_weight(at::randn({kO, kC, 3, 3})).to(gpu);
-  const at::Tensor alpha = (at::rand({kO}) + 0.5).to(gpu);
+  const at::Tensor alpha = (at::rand({kO}) + 0.5).to(gpu), bias = at::zeros({kO}, at::TensorOptions().device(gpu));
   for (auto _ : state) {
-    at::Tensor y = whittle::kernels::binary_conv2d(x, pw, {1, 1, 1, 1}, {alpha, {}, {}, {}});
+    at::Tensor y = whittle::kernels::binary_conv2d(x, pw, {1, 1, 1, 1}, {alpha, bias, {}, {}});
     torch::cuda::synchronize();
     benchmark::DoNotOptimize(y.data_ptr());
   }
@@ -184,6 +184,7 @@ void BM_CudaPackSigns(benchmark::State& state) {
 void BM_CudaFloatConv3x3(benchmark::State& state, at::ScalarType dtype) {
   if (!cuda_ready(state)) return;
   const auto options = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+  at::globalContext().setAllowTF32CuDNN(false);  // float: IEEE float32 multiply-adds, not TF32
   const at::Tensor x = at::randn({state.range(0), kC, kH, kW}, options), w = at::randn({kO, kC, 3, 3}, options).sign();
   at::NoGradGuard no_grad;
   for (auto _ : state) {

@@ -97,6 +97,13 @@ void check_packed_input(const at::Tensor& x, int64_t rank, const PackedBinaryWei
                 w.words.device().str() + " (PackedBinaryWeight::to moves a weight)");
 }
 
+// The device a layer runs on: its packed input's (checked first, so that the epilogue's vectors
+// are moved only to a device the kernels run on; an undefined input is refused later, by name).
+at::Device input_device(const at::Tensor& packed_input, const char* who) {
+  detail::check_kernel_device(packed_input, who);
+  return packed_input.defined() ? packed_input.device() : at::Device(at::kCPU);
+}
+
 #ifdef WHITTLE_WITH_CUDA
 detail::cuda::Output cuda_output(Epilogue::Kind k) {
   return k == Epilogue::kDot ? detail::cuda::Output::kDot
@@ -328,21 +335,21 @@ PackedBinaryWeight pack_binary_weight(const at::Tensor& weight) {
 
 at::Tensor binary_conv2d_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
                              const BinaryConv2dOptions& options) {
-  return conv(packed_input, weight, options, Epilogue(Epilogue::kDot, {}, weight.out_channels, packed_input.device()));
+  return conv(packed_input, weight, options, Epilogue(Epilogue::kDot, {}, weight.out_channels, input_device(packed_input, "binary_conv2d")));
 }
 
 at::Tensor binary_conv2d(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
                          const BinaryConv2dOptions& options, const BinaryEpilogue& epilogue) {
-  return conv(packed_input, weight, options, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels, packed_input.device()));
+  return conv(packed_input, weight, options, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels, input_device(packed_input, "binary_conv2d")));
 }
 
 at::Tensor binary_linear_dot(const at::Tensor& packed_input, const PackedBinaryWeight& weight) {
-  return linear(packed_input, weight, Epilogue(Epilogue::kDot, {}, weight.out_channels, packed_input.device()));
+  return linear(packed_input, weight, Epilogue(Epilogue::kDot, {}, weight.out_channels, input_device(packed_input, "binary_linear")));
 }
 
 at::Tensor binary_linear(const at::Tensor& packed_input, const PackedBinaryWeight& weight,
                          const BinaryEpilogue& epilogue) {
-  return linear(packed_input, weight, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels, packed_input.device()));
+  return linear(packed_input, weight, Epilogue(Epilogue::kFloat, epilogue, weight.out_channels, input_device(packed_input, "binary_linear")));
 }
 
 at::Tensor binary_conv2d_reference(const at::Tensor& x, const at::Tensor& w, const BinaryConv2dOptions& opt) {

@@ -113,6 +113,7 @@ at::Tensor pack_signs_named(const at::Tensor& x, const std::string& what) {
 }  // namespace detail
 
 at::Tensor pack_signs_reference(const at::Tensor& x) {
+  detail::check_kernel_device(x, "pack_signs_reference");
   if (x.defined() && !x.is_cpu()) return pack_signs_reference(x.cpu()).to(x.device());
   ChannelLast cl = channel_last(x, "pack_signs_reference");
   const int64_t rows = cl.rows.size(0), channels = cl.rows.size(1), words = words_for(channels);

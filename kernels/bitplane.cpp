@@ -49,9 +49,10 @@ struct ScaleBias {
 };
 
 void check_weight(const PackedBitplaneWeight& w, const char* who) {
-  if (w.planes.empty() || w.planes.size() != w.coefficients.size())
+  if (w.planes.empty() || w.planes.size() != w.coefficients.size() || w.planes.size() > 8)
     throw Error(std::string(who) + ": the weight has " + std::to_string(w.planes.size()) + " planes and " +
-                std::to_string(w.coefficients.size()) + " coefficients (pack_bitplane_weight makes it)");
+                std::to_string(w.coefficients.size()) +
+                " coefficients (pack_bitplane_weight makes it: one coefficient a plane, 1 to 8 planes)");
   for (const auto& p : w.planes)
     if (p.out_channels != w.out_channels || p.in_channels != w.in_channels || p.kernel_h != w.kernel_h ||
         p.kernel_w != w.kernel_w || !p.words.defined())
@@ -88,9 +89,9 @@ PackedBitplaneWeight PackedBitplaneWeight::to(const at::Device& device) const {
 
 PackedBitplaneWeight pack_bitplane_weight(const std::vector<at::Tensor>& planes, const std::vector<double>& coefficients,
                                           double offset) {
-  if (planes.empty() || planes.size() != coefficients.size())
+  if (planes.empty() || planes.size() != coefficients.size() || planes.size() > 8)
     throw Error("pack_bitplane_weight: " + std::to_string(planes.size()) + " planes and " +
-                std::to_string(coefficients.size()) + " coefficients (one coefficient per plane, at least one plane)");
+                std::to_string(coefficients.size()) + " coefficients (one coefficient per plane, 1 to 8 planes)");
   PackedBitplaneWeight w;
   w.coefficients = coefficients;
   w.offset = offset;

@@ -40,8 +40,9 @@ struct PackedBitplaneWeight {
 };
 
 /// Packs 0/1 weight planes (float tensors of one shape: [O, C, kh, kw] or [O, C]; nonzero = 1)
-/// with their coefficients and offset. Throws whittle::Error when there are no planes, the shapes
-/// differ, or the counts of planes and coefficients differ (and as pack_binary_weight).
+/// with their coefficients and offset. Throws whittle::Error when there are no planes or more than
+/// 8 (DoReFa 8-bit weights), the shapes differ, or the counts of planes and coefficients differ
+/// (and as pack_binary_weight).
 PackedBitplaneWeight pack_bitplane_weight(const std::vector<at::Tensor>& planes, const std::vector<double>& coefficients,
                                           double offset);
 

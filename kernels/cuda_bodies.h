@@ -2,7 +2,7 @@
 // The per-thread work of the CUDA bitpacked kernels (kernels/kernels_cuda.cu): what one GPU thread
 // computes, written once as __host__ __device__ functions of plain pointers and indices, so that
 // the kernels are thin index maps over them and the same code runs on the host in tests
-// (tests/kernels_test.cpp runs every body over every index and compares with the CPU kernels, on
+// (tests/kernels_cuda_test.cpp runs every body over every index and compares with the CPU kernels, on
 // any machine). No LibTorch, no CUDA runtime: nvcc compiles it for the device, any C++ compiler
 // for the host.
 //

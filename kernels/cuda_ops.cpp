@@ -100,16 +100,15 @@ at::Tensor binary_conv(const at::Tensor& x, const PackedBinaryWeight& w, const c
   }
   check_launch(binary_conv2d_cuda(words_of(x), words_of(w.words), s, k, floats_or_null(scale), floats_or_null(bias),
                                   floats_or_null(threshold), floats_or_null(direction), out.data_ptr(), stream_of(x)),
-               s.H == 1 && s.W == 1 && s.KH == 1 && s.KW == 1 ? "binary_linear" : "binary_conv2d");
+               "binary layer");
   return out;
 }
+
+unsigned set_grid_limit(unsigned max_blocks) { return set_cuda_grid_limit(max_blocks); }
 
 at::Tensor bitplane_conv(const at::Tensor& planes, const PackedBitplaneWeight& w, const cuda_body::ConvShape& s,
                          const at::Tensor& scale, const at::Tensor& bias) {
   const c10::cuda::CUDAGuard guard(planes.device());
-  if (w.planes.size() > static_cast<size_t>(cuda_body::kMaxPlanes))
-    throw Error("bitplane_conv2d: " + std::to_string(w.planes.size()) + " weight planes, the CUDA kernel takes at most " +
-                std::to_string(cuda_body::kMaxPlanes));
   cuda_body::BitplaneWeight bw;
   bw.count = static_cast<int>(w.planes.size());
   bw.offset = w.offset;
@@ -120,7 +119,7 @@ at::Tensor bitplane_conv(const at::Tensor& planes, const PackedBitplaneWeight& w
   at::Tensor out = at::empty({s.N, s.O, s.Ho, s.Wo}, planes.options().dtype(at::kFloat));
   check_launch(bitplane_conv2d_cuda(words_of(planes), planes.size(0), bw, s, scale.data_ptr<float>(),
                                     bias.data_ptr<float>(), out.data_ptr<float>(), stream_of(planes)),
-               s.H == 1 && s.W == 1 && s.KH == 1 && s.KW == 1 ? "bitplane_linear" : "bitplane_conv2d");
+               "bit-plane layer");
   return out;
 }
 

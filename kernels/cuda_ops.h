@@ -44,6 +44,10 @@ at::Tensor binary_conv(const at::Tensor& x, const PackedBinaryWeight& w, const c
                        const at::Tensor& scale, const at::Tensor& bias, const at::Tensor& threshold,
                        const at::Tensor& direction);
 
+/// Caps the CUDA launches at `max_blocks` blocks (0: the default) and returns the previous cap
+/// (kernels_cuda.h; for tests of the grid-stride loops).
+unsigned set_grid_limit(unsigned max_blocks);
+
 /// A bit-plane convolution or linear layer on CUDA: planes contiguous int64 [P, N, H, W, Cw],
 /// scale and bias float [O] on their device; float [N, O, Ho, Wo].
 at::Tensor bitplane_conv(const at::Tensor& planes, const PackedBitplaneWeight& w, const cuda_body::ConvShape& s,

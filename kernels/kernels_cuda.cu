@@ -17,10 +17,12 @@ namespace {
 namespace body = whittle::kernels::cuda_body;
 
 constexpr int kThreads = 256;
+constexpr unsigned kDefaultMaxBlocks = 65535u * 16u;  // the grid-stride loops cover the rest
+unsigned max_blocks = kDefaultMaxBlocks;
 
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 * 16 ? (b < 1 ? 1 : b) : 65535 * 16);
+  return static_cast<unsigned>(b < static_cast<int64_t>(max_blocks) ? (b < 1 ? 1 : b) : max_blocks);
 }
 
 #define WHITTLE_GRID_LOOP(i, n)                                                                     \
@@ -148,6 +150,12 @@ int bitplane_conv2d_cuda(const uint64_t* x, int64_t P, const cuda_body::Bitplane
   if (total == 0) return 0;
   bitplane_conv2d_kernel<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(x, P, w, s, scale, bias, out);
   return static_cast<int>(cudaGetLastError());
+}
+
+unsigned set_cuda_grid_limit(unsigned limit) {
+  const unsigned previous = max_blocks;
+  max_blocks = limit == 0 ? kDefaultMaxBlocks : limit;
+  return previous;
 }
 
 const char* kernels_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

@@ -34,7 +34,8 @@ case "$mode" in
       path=$(ldd "$build/bench/bench_kernels" | awk -v l="$lib" '$1 == l {print $3}')
       [[ -n "$path" ]] && cp -L "$path" .gpu/lib/
     done
-    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
     du -sh .gpu
     echo "carry .gpu and run: scripts/gpu_check.sh run \$OUT"
     ;;
@@ -45,6 +46,11 @@ case "$mode" in
       { echo "gpu_check.sh: python3 has no torch" >&2; exit 2; }
     export LD_LIBRARY_PATH="$torch_lib:$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
+    # Built on Debian 12 (glibc 2.36, GCC 12's libstdc++): an older system cannot load them.
+    if ldd .gpu/kernels_cuda_test .gpu/bench_kernels | grep -q "not found"; then
+      ldd .gpu/kernels_cuda_test .gpu/bench_kernels | grep "not found" | tee "$out/missing_libraries.txt" >&2
+      exit 2
+    fi
     status=0
     .gpu/kernels_cuda_test --gtest_brief=1 2>&1 | tee "$out/kernels_cuda_test.log" || status=1
     .gpu/fused_quantizers_test --gtest_filter='FusedQuantizersCuda.*:FusedQuantizers.Cuda*' --gtest_brief=1 2>&1 |

@@ -318,7 +318,7 @@ TEST_F(KernelsCuda, PackingAndPoolingEqualTheCpu) {
     EXPECT_TRUE(at::equal(packed.cpu(), kernels::pack_signs(x)));
     const at::Tensor m = signs_with_specials({2, c});
     EXPECT_TRUE(at::equal(kernels::pack_signs(m.to(gpu)).cpu(), kernels::pack_signs(m)));
-    // Large enough for many blocks and the grid-stride loop.
+    // Many blocks (the grid-stride loops' later rounds: GridStrideLoopsCoverEveryOutput).
     const at::Tensor big = signs_with_specials({8, c, 64, 64});
     EXPECT_TRUE(at::equal(kernels::pack_signs(big.to(gpu)).cpu(), kernels::pack_signs(big)));
     for (const kernels::SignPool2dOptions& o : {kernels::SignPool2dOptions{2, 2, 2, 2, 0, 0, false},
@@ -373,6 +373,36 @@ TEST_F(KernelsCuda, BinaryLayersEqualTheCpuAtEveryEdge) {
   // Input and weight on different devices: a named error, not a crash.
   EXPECT_THROW(kernels::binary_conv2d_dot(x.to(gpu), w, opt), Error);
   EXPECT_THROW(kernels::binary_conv2d_dot(x, wg, opt), Error);
+}
+
+// With the launches capped at 2 blocks of 256 threads, every kernel goes round its grid-stride
+// loop many times and must still write every output once, as the CPU does.
+TEST_F(KernelsCuda, GridStrideLoopsCoverEveryOutput) {
+#ifdef WHITTLE_WITH_CUDA  // set_grid_limit exists where the CUDA kernels are compiled (SetUp skips elsewhere)
+  struct Restore {
+    unsigned previous = kernels::detail::cuda::set_grid_limit(2);
+    ~Restore() { kernels::detail::cuda::set_grid_limit(previous); }
+  } restore;
+  at::manual_seed(8);
+  const at::Tensor x = signs_with_specials({2, 70, 13, 11});
+  const at::Tensor packed = kernels::pack_signs(x.to(gpu));
+  EXPECT_TRUE(at::equal(packed.cpu(), kernels::pack_signs(x)));
+  const kernels::SignPool2dOptions pool{2, 2, 2, 2, 0, 0, true};
+  EXPECT_TRUE(at::equal(kernels::max_pool2d_signs(packed, pool).cpu(), kernels::max_pool2d_signs(packed.cpu(), pool)));
+  const kernels::PackedBinaryWeight w = kernels::pack_binary_weight(signs_with_specials({67, 70, 3, 3}, false));
+  const kernels::BinaryConv2dOptions opt{1, 1, 1, 1};
+  EXPECT_TRUE(at::equal(kernels::binary_conv2d_dot(packed, w.to(gpu), opt).cpu(),
+                        kernels::binary_conv2d_dot(packed.cpu(), w, opt)));
+  at::Tensor threshold = at::randn({67}), direction = at::ones({67});
+  EXPECT_TRUE(at::equal(kernels::binary_conv2d(packed, w.to(gpu), opt, {{}, {}, threshold, direction}).cpu(),
+                        kernels::binary_conv2d(packed.cpu(), w, opt, {{}, {}, threshold, direction})));
+  const at::Tensor codes = random_codes({2, 70, 13, 11}, 2);
+  const at::Tensor planes = kernels::pack_bitplanes(codes.to(gpu), 2);
+  EXPECT_TRUE(at::equal(planes.cpu(), kernels::pack_bitplanes(codes, 2)));
+  const kernels::PackedBitplaneWeight bw = dorefa2_weight({9, 70, 3, 3});
+  EXPECT_TRUE(at::equal(kernels::bitplane_conv2d(planes, bw.to(gpu), opt, {}).cpu(),
+                        kernels::bitplane_conv2d(planes.cpu(), bw, opt, {})));
+#endif
 }
 
 TEST_F(KernelsCuda, BitplaneLayersEqualTheCpu) {

@@ -461,6 +461,8 @@ TEST(Bitplane, BadInputIsNamed) {
   EXPECT_THROW(kernels::bitplane_linear(kernels::pack_bitplanes(random_codes({1, 70}, 2), 2), w, {}), Error);  // a conv weight
   EXPECT_THROW(kernels::pack_bitplane_weight({at::ones({4, 3}), at::ones({4, 4})}, {1, 1}, 0), Error);
   EXPECT_THROW(kernels::pack_bitplane_weight({at::ones({4, 3})}, {1, 1}, 0), Error);
+  EXPECT_THROW(kernels::pack_bitplane_weight(std::vector<at::Tensor>(9, at::ones({4, 3})), std::vector<double>(9, 1.0), 0),
+               Error);  // 9 planes: DoReFa weights have at most 8
 }
 
 }  // namespace
