@@ -1,4 +1,5 @@
-// CUDA kernels of the fused quantizers (quantize/quantize_cuda.h). Every product, quotient and sum
+// CUDA kernels of the fused quantizers (quantize/quantize_cuda.h): grid-stride loops over the
+// per-element bodies of quantize_cuda_bodies.h. Every product, quotient and sum
 // is rounded on its own (__fmul_rn and friends, and -fmad=false for anything else), as in ATen's
 // separate element-wise kernels, so that the fused kernels give the bits of the ATen-op forms of
 // quantize/quantizers.cpp on the GPU. One difference from the CPU: ATen's CUDA division by a
@@ -14,45 +15,21 @@
 namespace whittle::quantize::detail {
 namespace {
 
-constexpr int kThreads = 256;  // a multiple of 32: every warp covers 32 elements starting at a multiple of 32
+using namespace cuda_body;
 
-// Blocks for n elements, one thread an element; the kernels loop with a grid stride past 2^31 − 1.
+constexpr int kThreads = 256;  // a multiple of 32: every warp covers 32 elements starting at a multiple of 32
+constexpr unsigned kDefaultMaxBlocks = 2147483647u;
+unsigned max_blocks = kDefaultMaxBlocks;  // set_quantize_cuda_grid_limit
+
+// Blocks for n elements, one thread an element; the kernels loop with a grid stride past the cap.
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 2147483647 ? b : 2147483647);
+  return static_cast<unsigned>(b < static_cast<int64_t>(max_blocks) ? b : max_blocks);
 }
 
-// std::min(std::max(x, 0), c) with std's NaN behaviour (the first argument wins a comparison with
-// NaN), not fminf/fmaxf's (which drop the NaN).
-__device__ __forceinline__ float clip_like_std(float x, float c) {
-  const float t = (x < 0.0f) ? 0.0f : x;
-  return (c < t) ? c : t;
-}
-
-// As the ATen-op form on CUDA: clamp(x, 0, c) · (1/c), then round(· n) · (1/n), then · c.
-__device__ __forceinline__ float dorefa_value(float x, float clip, float inv_clip, float levels, float inv_levels,
-                                              bool unit_clip) {
-  float t = clip_like_std(x, clip);
-  if (!unit_clip) t = __fmul_rn(t, inv_clip);
-  float q = __fmul_rn(rintf(__fmul_rn(t, levels)), inv_levels);
-  if (!unit_clip) q = __fmul_rn(q, clip);
-  return q;
-}
-
-// Writes the 32 mask bits of one warp (bit k: element base + k) as the bytes base/8 .. base/8 + 3
-// that exist (n elements: ⌈n/8⌉ bytes; bits past n are 0 because the predicate was false there).
-__device__ __forceinline__ void write_mask_word(uint8_t* mask, int64_t base, int64_t n, unsigned bits) {
-  if ((threadIdx.x & 31) != 0) return;
-  const int64_t bytes = (n + 7) / 8;
-  for (int b = 0; b < 4; ++b) {
-    const int64_t at = base / 8 + b;
-    if (at < bytes) mask[at] = static_cast<uint8_t>(bits >> (8 * b));
-  }
-}
-
-// y[i] = op.value(x[i]) and mask bit i = op.pass(x[i]) for i < n, one thread an element. The loop
-// bound is the warp's first element, so every lane of a warp takes the same trips and joins every
-// ballot.
+// y[i] = op.value(x[i]) and mask bit i = op.pass(x[i]) for i < n, one thread an element, the 32
+// bits of a warp gathered by __ballot_sync and stored by its lane 0. The loop bound is the warp's
+// first element, so every lane of a warp takes the same trips and joins every ballot.
 template <class Op>
 __global__ void masked_quantizer_kernel(const float* __restrict__ x, float* __restrict__ y, uint8_t* __restrict__ mask,
                                         int64_t n, Op op) {
@@ -68,69 +45,34 @@ __global__ void masked_quantizer_kernel(const float* __restrict__ x, float* __re
       pass = op.pass(v);
     }
     const unsigned bits = __ballot_sync(0xffffffffu, pass);
-    if (mask) write_mask_word(mask, warp_base, n, bits);
+    if (mask && lane == 0) store_mask_word(mask, warp_base, n, bits);
   }
 }
 
-// DoReFa activation; the gradient passes on [0, clip], or (0, clip] after a folded ReLU.
-struct DoReFaActivationOp {
-  float clip, inv_clip, levels, inv_levels;
-  bool unit_clip, after_relu;
-  __device__ float value(float v) const { return dorefa_value(v, clip, inv_clip, levels, inv_levels, unit_clip); }
-  __device__ bool pass(float v) const { return (after_relu ? v > 0.0f : v >= 0.0f) && v <= clip; }
-};
-
-// BNN sign (sign(0) = +1, NaN → −1); the gradient passes where |x| ≤ 1.
-struct SignOp {
-  __device__ float value(float v) const { return v >= 0.0f ? 1.0f : -1.0f; }
-  __device__ bool pass(float v) const { return fabsf(v) <= 1.0f; }
-};
+#define WHITTLE_QUANTIZE_GRID_LOOP(i, n)                                                            \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);           \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void mask_multiply_kernel(const float* __restrict__ g, const uint8_t* __restrict__ mask,
                                      float* __restrict__ dx, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dx[i] = __fmul_rn(g[i], ((mask[i / 8] >> (i % 8)) & 1u) ? 1.0f : 0.0f);
+  WHITTLE_QUANTIZE_GRID_LOOP(i, n) dx[i] = mask_multiply_value(g, mask, i);
 }
 
-__device__ __forceinline__ int64_t channel_of(int64_t i, const CudaChannelView& v) { return (i / v.inner) % v.channels; }
-
 __global__ void dorefa_weight_values_kernel(const float* __restrict__ t, const float* __restrict__ m,
-                                            float* __restrict__ dst, CudaChannelView v, float levels,
-                                            float inv_levels) {
-  const int64_t n = v.outer * v.channels * v.inner;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float m2 = __fmul_rn(m[v.per_channel ? channel_of(i, v) : 0], 2.0f);
-    float code = rintf(__fmul_rn(__fadd_rn(__fdiv_rn(t[i], m2), 0.5f), levels));
-    code = (code < 0.0f) ? 0.0f : code;  // std::max(code, 0), then std::min(·, levels)
-    code = (levels < code) ? levels : code;
-    // decode_weight: code / n · 2 − 1, the division by the scalar n as ATen's CUDA kernel does it
-    dst[i] = __fsub_rn(__fmul_rn(__fmul_rn(code, inv_levels), 2.0f), 1.0f);
-  }
+                                            float* __restrict__ dst, ChannelView v, float levels, float inv_levels) {
+  WHITTLE_QUANTIZE_GRID_LOOP(i, v.outer * v.channels * v.inner) dst[i] = dorefa_weight_value(t, m, v, levels, inv_levels, i);
 }
 
 __global__ void dorefa_weight_grad_kernel(const float* __restrict__ g, const float* __restrict__ t,
-                                          const float* __restrict__ m, float* __restrict__ dst, CudaChannelView v) {
-  const int64_t n = v.outer * v.channels * v.inner;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float mc = m[v.per_channel ? channel_of(i, v) : 0];
-    dst[i] = __fdiv_rn(__fmul_rn(g[i], __fsub_rn(1.0f, __fmul_rn(t[i], t[i]))), mc);
-  }
+                                          const float* __restrict__ m, float* __restrict__ dst, ChannelView v) {
+  WHITTLE_QUANTIZE_GRID_LOOP(i, v.outer * v.channels * v.inner) dst[i] = dorefa_weight_grad_value(g, t, m, v, i);
 }
 
 __global__ void ternary_values_kernel(const float* __restrict__ w, const float* __restrict__ delta,
-                                      const float* __restrict__ alpha, float* __restrict__ dst, CudaChannelView v,
+                                      const float* __restrict__ alpha, float* __restrict__ dst, ChannelView v,
                                       bool per_channel_delta, bool per_channel_alpha) {
-  const int64_t n = v.outer * v.channels * v.inner;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t c = channel_of(i, v);
-    const float d = delta[per_channel_delta ? c : 0], a = alpha[per_channel_alpha ? c : 0];
-    const float code = (w[i] > d ? 1.0f : 0.0f) - (w[i] < -d ? 1.0f : 0.0f) + 1.0f;
-    dst[i] = __fmul_rn(code - 1.0f, a);
-  }
+  WHITTLE_QUANTIZE_GRID_LOOP(i, v.outer * v.channels * v.inner)
+  dst[i] = ternary_value(w, delta, alpha, v, per_channel_delta, per_channel_alpha, i);
 }
 
 int launched() { return static_cast<int>(cudaGetLastError()); }
@@ -180,6 +122,12 @@ int ternary_values_cuda(const float* w, const float* delta, const float* alpha, 
   ternary_values_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       w, delta, alpha, dst, v, per_channel_delta, per_channel_alpha);
   return launched();
+}
+
+unsigned set_quantize_cuda_grid_limit(unsigned limit) {
+  const unsigned previous = max_blocks;
+  max_blocks = limit == 0 ? kDefaultMaxBlocks : limit;
+  return previous;
 }
 
 const char* quantize_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

@@ -4,13 +4,16 @@
 // product and sum rounds on its own, as ATen's one-op-a-kernel forms do). They give the bits of
 // the ATen-op forms on CUDA, which divide by a scalar as a multiplication by its float reciprocal:
 // so DoReFa values with a clip or level count whose reciprocal is inexact may differ from the CPU
-// kernels' (true division) in the last bit, as ATen's own CPU and CUDA results do. Each launcher enqueues
+// kernels' (true division) in the last bits, and an activation whose x/c·n lies within an ulp of
+// a rounding midpoint may take the next level, as ATen's own CPU and CUDA results do. Each launcher enqueues
 // its kernel on `stream` (a cudaStream_t) and returns the CUDA error code of the launch (0 on
 // success); quantize_cuda_error_string names a code. The element-wise semantics are those of
 // quantize/quantize_simd.h, the mask layout that of fused_quantizers.h (element i at bit i mod 8
-// of byte i / 8, bits past n zero).
+// of byte i / 8, bits past n zero). What each thread computes is in quantize_cuda_bodies.h.
 
 #include <cstdint>
+
+#include "quantize/quantize_cuda_bodies.h"
 
 namespace whittle::quantize::detail {
 
@@ -25,12 +28,8 @@ int sign_cuda(const float* x, float* y, uint8_t* mask, int64_t n, void* stream);
 /// dx[i] = g[i] · (mask bit i ? 1 : 0).
 int mask_multiply_cuda(const float* g, const uint8_t* mask, float* dx, int64_t n, void* stream);
 
-/// A weight seen as [outer, channels, inner] around its channel axis; a per-channel vector has
-/// `channels` entries or one (then shared).
-struct CudaChannelView {
-  int64_t outer = 1, channels = 1, inner = 1;
-  bool per_channel = false;
-};
+/// A weight seen as [outer, channels, inner] around its channel axis (quantize_cuda_bodies.h).
+using CudaChannelView = cuda_body::ChannelView;
 
 /// dst[i] = clamp(round((t[i]/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with n = levels (2^bits − 1).
 int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaChannelView v, float levels, void* stream);
@@ -42,6 +41,11 @@ int dorefa_weight_grad_cuda(const float* g, const float* t, const float* m, floa
 /// (`per_channel_delta`, `per_channel_alpha`; the view's per_channel is not read).
 int ternary_values_cuda(const float* w, const float* delta, const float* alpha, float* dst, CudaChannelView v,
                         bool per_channel_delta, bool per_channel_alpha, void* stream);
+
+/// Caps the blocks of every launch at `max_blocks` (≥ 1; 0 restores the default, 2^31 − 1) and
+/// returns the previous cap: a test with a small cap runs every grid-stride loop more than once.
+/// Not thread-safe; for tests.
+unsigned set_quantize_cuda_grid_limit(unsigned max_blocks);
 
 /// cudaGetErrorString of a code returned above.
 const char* quantize_cuda_error_string(int code);

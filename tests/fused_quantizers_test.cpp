@@ -9,16 +9,23 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "quantize/fused_quantizers.h"
+#include "quantize/quantize_cuda_bodies.h"
 #include "quantize/quantizers.h"
+#ifdef WHITTLE_WITH_CUDA
+#include "quantize/quantize_cuda.h"
+#endif
 #include "support.h"
 
 namespace whittle::test {
@@ -278,6 +285,237 @@ TEST(FusedQuantizers, OtherLayoutsFallBackToTheAtenForm) {
   EXPECT_EQ(y.scalar_type(), at::kDouble);
 }
 
+// ---- The CUDA kernels' per-element bodies (quantize/quantize_cuda_bodies.h), run on the host over
+// every element, on any machine (CudaQuantizerBodies): the grid-stride loops and the warp ballot of
+// quantize/quantize_cuda.cu emulated here over several grids (one warp for everything; a few small
+// blocks; the launch's own grid), each element written exactly once. The values must be those of
+// the ATen-op forms as ATen computes them on CUDA (division by a scalar as a multiplication by its
+// float reciprocal), written below as CPU ATen ops, bit for bit, and close to the CPU's;
+// masks, signs, gradients and ternary values bit for bit those of the CPU kernels. This file is
+// compiled with -ffp-contract=off so the host bodies round each operation as the device does.
+
+namespace body = whittle::quantize::cuda_body;
+
+struct Grid {
+  int64_t blocks, threads;  // threads: a multiple of 32, as the kernels' kThreads
+};
+
+// The grids each emulation runs over: one warp, three blocks of 64, and the launch's (256 threads,
+// enough blocks for one element a thread).
+std::vector<Grid> grids_for(int64_t n) { return {{1, 32}, {3, 64}, {(n + 255) / 256, 256}}; }
+
+// masked_quantizer_kernel: per warp, the lanes' values and pass bits, the ballot's word stored by
+// the warp's first lane. Returns the output and the mask as tensors; every output element must be
+// written once (checked), and the mask bytes are pre-filled with 0xFF so a byte not written shows.
+template <class Op>
+std::pair<at::Tensor, at::Tensor> emulate_masked(const at::Tensor& x_in, Op op, Grid g) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t n = x.numel();
+  at::Tensor y = at::full({n}, 7.0f), mask = at::full({(n + 7) / 8}, 255, at::kByte);
+  std::vector<int> writes(static_cast<size_t>(n), 0);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t stride = g.blocks * g.threads;
+  for (int64_t block = 0; block < g.blocks; ++block)
+    for (int64_t warp = 0; warp < g.threads / 32; ++warp)
+      for (int64_t base = block * g.threads + warp * 32; base < n; base += stride) {
+        uint32_t bits = 0;
+        for (int64_t lane = 0; lane < 32; ++lane) {
+          const int64_t i = base + lane;
+          if (i >= n) continue;
+          yp[i] = op.value(xp[i]);
+          ++writes[static_cast<size_t>(i)];
+          bits |= static_cast<uint32_t>(op.pass(xp[i])) << lane;
+        }
+        body::store_mask_word(mask.data_ptr<uint8_t>(), base, n, bits);
+      }
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(writes[static_cast<size_t>(i)], 1) << "element " << i;
+  return {y.reshape(x_in.sizes()), mask};
+}
+
+// The element-wise grid-stride loop: f(i) for every i < n, each once (checked).
+void emulate_elementwise(int64_t n, Grid g, const std::function<void(int64_t)>& f) {
+  std::vector<int> writes(static_cast<size_t>(n), 0);
+  const int64_t stride = g.blocks * g.threads;
+  for (int64_t block = 0; block < g.blocks; ++block)
+    for (int64_t thread = 0; thread < g.threads; ++thread)
+      for (int64_t i = block * g.threads + thread; i < n; i += stride) {
+        f(i);
+        ++writes[static_cast<size_t>(i)];
+      }
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(writes[static_cast<size_t>(i)], 1) << "element " << i;
+}
+
+// Every element within `last_bits` of the CPU kernel's (NaN matching NaN), except at most
+// `max_jump_share` of them, which may be up to `jump` apart. The CUDA form's reciprocal rounds
+// differently from a true division: decoded values may differ in their last bits, and an activation
+// whose x/c·n lies within an ulp of a rounding midpoint may land on the next level, c/n away (as
+// ATen's own CPU and CUDA forms do).
+::testing::AssertionResult close_to_cpu(const at::Tensor& actual, const at::Tensor& expected, float last_bits,
+                                        float jump = 0.0f, double max_jump_share = 0.0) {
+  const at::Tensor a = actual.contiguous().flatten(), e = expected.contiguous().flatten();
+  const float* ap = a.data_ptr<float>();
+  const float* ep = e.data_ptr<float>();
+  int64_t jumps = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if ((std::isnan(ap[i]) && std::isnan(ep[i])) || std::fabs(ap[i] - ep[i]) <= last_bits) continue;
+    ++jumps;
+    if (!(std::fabs(ap[i] - ep[i]) <= jump))
+      return ::testing::AssertionFailure() << "element " << i << ": " << ap[i] << " vs " << ep[i];
+  }
+  if (static_cast<double>(jumps) > max_jump_share * static_cast<double>(a.numel()))
+    return ::testing::AssertionFailure() << jumps << " of " << a.numel() << " elements a level apart";
+  return ::testing::AssertionSuccess();
+}
+
+// The ATen-op DoReFa activation (quantizers.cpp) as ATen evaluates it on CUDA: each division by a
+// scalar a multiplication by the scalar's float reciprocal.
+at::Tensor dorefa_activation_cuda_form(const at::Tensor& x, int64_t bits, float clip) {
+  const auto n = static_cast<float>((int64_t{1} << bits) - 1);
+  at::Tensor r = clip == 1.0f ? x.clamp(0.0, 1.0) : x.clamp(0.0, clip).mul(static_cast<double>(1.0f / clip));
+  at::Tensor q = at::round(r.mul(static_cast<double>(n))).mul(static_cast<double>(1.0f / n));
+  return clip == 1.0f ? q : q.mul(static_cast<double>(clip));
+}
+
+TEST(CudaQuantizerBodies, DoReFaActivationsAreTheAtenCudaFormAndTheCpuMasks) {
+  at::manual_seed(21);
+  for (int64_t n : kSizes)
+    for (int64_t bits : {1, 2, 4, 8})
+      for (float clip : {1.0f, 2.0f, 0.75f, 1.3f})
+        for (bool after_relu : {false, true}) {
+          SCOPED_TRACE("n " + std::to_string(n) + ", " + std::to_string(bits) + " bits, clip " + std::to_string(clip) +
+                       (after_relu ? ", after ReLU" : ""));
+          const at::Tensor x = activations(n, clip);
+          const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
+          const body::DoReFaActivationOp op{clip, 1.0f / clip, levels, 1.0f / levels, clip == 1.0f, after_relu};
+          const q::fused::MaskedOutput cpu = q::fused::dorefa_activation(x, bits, clip, true, after_relu);
+          const at::Tensor expected = dorefa_activation_cuda_form(after_relu ? at::relu(x) : x, bits, clip);
+          for (const Grid& g : n == 1000003 ? std::vector<Grid>{grids_for(n).back()} : grids_for(n)) {
+            const std::pair<at::Tensor, at::Tensor> r = emulate_masked(x, op, g);
+            EXPECT_TRUE(same_values(r.first, expected)) << "values, grid " << g.blocks << "×" << g.threads;
+            EXPECT_TRUE(at::equal(r.second, cpu.mask)) << "mask, grid " << g.blocks << "×" << g.threads;
+            // A few ulps of c apart; one level (c/n) apart for at most 0.1 % of the elements (or one).
+            EXPECT_TRUE(close_to_cpu(r.first, cpu.output, clip * 4.8e-7f, clip / levels * 1.0001f,
+                                     n < 1000 ? 1.0 / static_cast<double>(n) : 1e-3))
+                << "against the CPU kernel";
+          }
+        }
+  // 8 bits, clip 1: 1/255 is not a float, and round(x·255)·(1/255) misses round(x·255)/255 by one
+  // ulp for some codes; the CUDA form is the multiplication (hand-worked: code 3).
+  const float code3 = 3.0f * (1.0f / 255.0f);
+  EXPECT_NE(code3, 3.0f / 255.0f);
+  const body::DoReFaActivationOp op8{1.0f, 1.0f, 255.0f, 1.0f / 255.0f, true, false};
+  EXPECT_EQ(op8.value(3.0f / 255.0f), code3);
+}
+
+TEST(CudaQuantizerBodies, SignAndMaskMultiplyEqualTheCpuKernels) {
+  at::manual_seed(22);
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const at::Tensor x = activations(n, 1.0);
+    const q::fused::MaskedOutput cpu = q::fused::sign(x, true);
+    const at::Tensor g = at::randn({n});
+    // x[15] = inf (planted by activations): its bit is 0, and an infinite gradient there gives
+    // inf·0 = NaN, as ATen's g·mask.
+    if (n > 15) g[15] = std::numeric_limits<float>::infinity();
+    const at::Tensor cpu_dx = q::fused::mask_multiply(g, cpu.mask);
+    for (const Grid& grid : grids_for(n)) {
+      const std::pair<at::Tensor, at::Tensor> r = emulate_masked(x, body::SignOp{}, grid);
+      const at::Tensor& mask = r.second;
+      EXPECT_TRUE(same_values(r.first, cpu.output));
+      EXPECT_TRUE(at::equal(mask, cpu.mask));
+      at::Tensor dx = at::empty({n});
+      emulate_elementwise(n, grid, [&](int64_t i) {
+        dx.data_ptr<float>()[i] = body::mask_multiply_value(g.data_ptr<float>(), mask.data_ptr<uint8_t>(), i);
+      });
+      EXPECT_TRUE(same_values(dx, cpu_dx)) << "mask multiply";
+    }
+  }
+}
+
+// The launcher's view of a weight around its channel axis (fused_quantizers_cuda.cpp's view_of).
+body::ChannelView channel_view(const at::Tensor& t, int64_t axis, bool per_channel) {
+  body::ChannelView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= t.size(d);
+  v.channels = t.size(axis);
+  for (int64_t d = axis + 1; d < t.dim(); ++d) v.inner *= t.size(d);
+  v.per_channel = per_channel;
+  return v;
+}
+
+TEST(CudaQuantizerBodies, WeightsAreTheAtenCudaFormAndTheCpuKernels) {
+  at::manual_seed(23);
+  for (int64_t n : kSizes)
+    for (const at::Tensor& w : weights(n))
+      for (const WeightCase& c : kWeightCases) {
+        std::ostringstream trace;
+        trace << "shape " << w.sizes() << ", " << c.name;
+        SCOPED_TRACE(trace.str());
+        const bool per_channel = c.granularity == q::Granularity::kPerChannel;
+        const body::ChannelView v = channel_view(w, c.axis, per_channel);
+        const at::Tensor t = at::tanh(w).contiguous();
+        const at::Tensor m = q::fused::abs_max(t, per_channel, c.axis).clamp_min(1e-12).contiguous();
+        std::vector<int64_t> shape(static_cast<size_t>(w.dim()), 1);
+        shape[static_cast<size_t>(c.axis)] = m.numel();
+        const at::Tensor mb = m.reshape(shape);
+        const Grid grid = grids_for(w.numel())[w.numel() > 100000 ? 2 : 1];
+        for (int64_t bits : {2, 3, 4, 8}) {
+          const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
+          // dorefa_encode then decode_weight, the scalar divisions as CUDA does them.
+          const at::Tensor codes = at::round((t / (mb * 2) + 0.5) * levels).clamp(0.0, levels);
+          const at::Tensor expected = codes.mul(static_cast<double>(1.0f / levels)).mul(2).sub(1);
+          at::Tensor out = at::empty_like(t);
+          emulate_elementwise(t.numel(), grid, [&](int64_t i) {
+            out.data_ptr<float>()[i] =
+                body::dorefa_weight_value(t.data_ptr<float>(), m.data_ptr<float>(), v, levels, 1.0f / levels, i);
+          });
+          EXPECT_TRUE(same_values(out, expected)) << bits << " bits";
+          // The same codes; decoding in [−1, 1] through code·(1/n)·2 in [0, 2]: a few ulps of 2 apart.
+          EXPECT_TRUE(close_to_cpu(out, q::fused::dorefa_weight_values(t, m, bits, c.axis), 4.8e-7f))
+              << bits << " bits, CPU";
+        }
+        const at::Tensor g = at::randn(w.sizes());
+        at::Tensor dw = at::empty_like(t);
+        emulate_elementwise(t.numel(), grid, [&](int64_t i) {
+          dw.data_ptr<float>()[i] =
+              body::dorefa_weight_grad_value(g.data_ptr<float>(), t.data_ptr<float>(), m.data_ptr<float>(), v, i);
+        });
+        EXPECT_TRUE(same_values(dw, q::fused::dorefa_weight_grad(g, t, m, c.axis))) << "DoReFa gradient";
+        const at::Tensor finite = at::nan_to_num(w, 0.0, 0.0, 0.0).contiguous();
+        const q::TwnThreshold th = q::twn_threshold(finite, c.granularity, c.axis);
+        const at::Tensor delta = th.delta.contiguous(), alpha = th.alpha.contiguous();
+        at::Tensor tw = at::empty_like(finite);
+        emulate_elementwise(finite.numel(), grid, [&](int64_t i) {
+          tw.data_ptr<float>()[i] = body::ternary_value(finite.data_ptr<float>(), delta.data_ptr<float>(),
+                                                        alpha.data_ptr<float>(), v, delta.numel() > 1,
+                                                        alpha.numel() > 1, i);
+        });
+        EXPECT_TRUE(same_values(tw, q::fused::ternary_values(finite, delta, alpha, c.axis))) << "TWN";
+      }
+}
+
+// Hand-worked bodies: the mask word of 32 elements starting at 32, for n = 42 (two bytes exist
+// past the first four: bytes 4 and 5), and a per-channel lookup.
+TEST(CudaQuantizerBodies, MaskWordsAndChannelsByHand) {
+  std::vector<uint8_t> mask(6, 0xEE);
+  body::store_mask_word(mask.data(), 32, 42, 0x000002A5u);  // elements 32, 34, 37, 39, 41
+  EXPECT_EQ(mask[4], 0xA5);
+  EXPECT_EQ(mask[5], 0x02);
+  EXPECT_EQ(mask[0], 0xEE);  // other warps' bytes untouched
+  body::ChannelView v;
+  v.outer = 2, v.channels = 3, v.inner = 4;  // [2, 3, 4], channel axis 1
+  EXPECT_EQ(body::channel_of(0, v), 0);
+  EXPECT_EQ(body::channel_of(5, v), 1);
+  EXPECT_EQ(body::channel_of(11, v), 2);
+  EXPECT_EQ(body::channel_of(12, v), 0);
+  EXPECT_EQ(body::clip_like_std(-3.0f, 2.0f), 0.0f);
+  EXPECT_EQ(body::clip_like_std(3.0f, 2.0f), 2.0f);
+  EXPECT_TRUE(std::isnan(body::clip_like_std(std::nanf(""), 2.0f)));
+  EXPECT_EQ(body::SignOp{}.value(-0.0f), 1.0f);
+  EXPECT_EQ(body::SignOp{}.value(std::nanf("")), -1.0f);
+  EXPECT_FALSE(body::SignOp{}.pass(std::nanf("")));
+}
+
 // ---- CUDA: the same comparisons on the GPU (FusedQuantizersCuda), against the ATen-op forms on the
 // GPU: ATen's CUDA division by a scalar multiplies by its float reciprocal, which the CUDA kernels
 // follow (quantize/quantize_cuda.cu), so CPU and CUDA values may differ in the last bit where the
@@ -398,9 +636,48 @@ TEST_F(FusedQuantizersCuda, MasksEqualTheCpuMasksBitForBit) {
   EXPECT_EQ(r.mask[1].item<int64_t>(), 3);
 }
 
+// Every grid-stride loop taken more than once: launches capped at 2 blocks (512 threads), over
+// sizes that need 1, 2 and 1,954 trips, against the CUDA form written as CPU ATen ops and the CPU
+// kernels.
+TEST_F(FusedQuantizersCuda, GridStrideLoopsCoverEveryElement) {
+#ifdef WHITTLE_WITH_CUDA  // the grid limit exists where the CUDA kernels are compiled (SetUp skips elsewhere)
+  struct Restore {
+    unsigned previous = q::detail::set_quantize_cuda_grid_limit(2);
+    ~Restore() { q::detail::set_quantize_cuda_grid_limit(previous); }
+  } restore;
+  at::manual_seed(9);
+  for (const int64_t n : {511, 513, 1000003}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    const at::Tensor x = activations(n, 2.0);
+    const q::fused::MaskedOutput cpu = q::fused::dorefa_activation(x, 4, 2.0, true);
+    const q::fused::MaskedOutput gpu = q::fused::dorefa_activation(on_gpu(x), 4, 2.0, true);
+    EXPECT_TRUE(same_values(gpu.output.cpu(), dorefa_activation_cuda_form(x, 4, 2.0f)));
+    EXPECT_TRUE(at::equal(gpu.mask.cpu(), cpu.mask));
+    const q::fused::MaskedOutput cpu_sign = q::fused::sign(x, true);
+    const q::fused::MaskedOutput gpu_sign = q::fused::sign(on_gpu(x), true);
+    EXPECT_TRUE(same_values(gpu_sign.output.cpu(), cpu_sign.output));
+    EXPECT_TRUE(at::equal(gpu_sign.mask.cpu(), cpu_sign.mask));
+    const at::Tensor g = at::randn({n});
+    EXPECT_TRUE(same_values(q::fused::mask_multiply(on_gpu(g), gpu.mask).cpu(), q::fused::mask_multiply(g, cpu.mask)));
+    const at::Tensor w = (at::randn({n}) * 0.1).reshape({1, n});
+    const at::Tensor t = at::tanh(w);
+    const at::Tensor m = q::fused::abs_max(t, false, 0).clamp_min(1e-12);
+    EXPECT_TRUE(close_to_cpu(q::fused::dorefa_weight_values(on_gpu(t), on_gpu(m), 4, 0).cpu(),
+                             q::fused::dorefa_weight_values(t, m, 4, 0), 4.8e-7f));
+    EXPECT_TRUE(same_values(q::fused::dorefa_weight_grad(on_gpu(g.reshape({1, n})), on_gpu(t), on_gpu(m), 0).cpu(),
+                            q::fused::dorefa_weight_grad(g.reshape({1, n}), t, m, 0)));
+    const at::Tensor delta = at::full({1}, 0.05f), alpha = at::full({1}, 0.2f);
+    EXPECT_TRUE(same_values(q::fused::ternary_values(on_gpu(w), on_gpu(delta), on_gpu(alpha), 0).cpu(),
+                            q::fused::ternary_values(w, delta, alpha, 0)));
+  }
+#endif
+}
+
 TEST(FusedQuantizers, CudaKernelsAreOffUntilAsked) {
   // Off by default (until checked on a GPU), so CUDA tensors take the ATen-op forms; the switch holds.
-  if (std::getenv("WHITTLE_FUSED_QUANTIZERS_CUDA") == nullptr) EXPECT_FALSE(q::fused_quantizers_cuda_enabled());
+  if (std::getenv("WHITTLE_FUSED_QUANTIZERS_CUDA") == nullptr) {
+    EXPECT_FALSE(q::fused_quantizers_cuda_enabled());
+  }
   const bool previous = q::fused_quantizers_cuda_enabled();
   q::set_fused_quantizers_cuda(true);
   EXPECT_TRUE(q::fused_quantizers_cuda_enabled());

@@ -1,0 +1,152 @@
+#pragma once
+// The per-element work of the CUDA fused quantizer kernels (quantize/quantize_cuda.cu): what one
+// GPU thread computes, written once as __host__ __device__ functions of plain values, pointers and
+// indices, so that the kernels are grid-stride loops over them and the same code runs on the host
+// in tests (tests/fused_quantizers_test.cpp, CudaQuantizerBodies.*, runs every body over every
+// element on any machine). No LibTorch, no CUDA runtime.
+//
+// Rounding: every product, quotient and sum rounds on its own, as in ATen's one-op-a-kernel CUDA
+// forms: the device code calls __fmul_rn and friends (and nvcc runs with -fmad=false); the host
+// code uses plain float operators, which round each operation as long as the compiler does not
+// contract them (tests compile with -ffp-contract=off). ATen's CUDA division by a scalar multiplies
+// by the scalar's float reciprocal (BinaryDivTrueKernel.cu), so the bodies take reciprocals where
+// the ATen-op form divides by a scalar (the clip level, the number of levels).
+//
+// Mask layout (fused_quantizers.h): element i at bit i mod 8 of byte i / 8; bits past n are zero.
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define WHITTLE_QHD __host__ __device__ __forceinline__
+#else
+#define WHITTLE_QHD inline
+#endif
+
+namespace whittle::quantize::cuda_body {
+
+/// a·b, a/b, a+b, a−b, each rounded to nearest even on its own.
+WHITTLE_QHD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+WHITTLE_QHD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+WHITTLE_QHD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+WHITTLE_QHD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+/// Round half to even (rintf under the default rounding mode on both sides).
+WHITTLE_QHD float round_even(float x) { return rintf(x); }
+
+/// std::min(std::max(x, 0), c) with std's NaN behaviour (the first argument wins a comparison
+/// with NaN, so NaN stays NaN), not fminf/fmaxf's (which drop the NaN).
+WHITTLE_QHD float clip_like_std(float x, float c) {
+  const float t = (x < 0.0f) ? 0.0f : x;
+  return (c < t) ? c : t;
+}
+
+/// DoReFa activation value as the ATen-op form computes it on CUDA: clamp(x, 0, c)·(1/c), then
+/// round(·n)·(1/n), then ·c; without the two c steps when `unit_clip` (c = 1). `inv_clip` and
+/// `inv_levels` are 1/c and 1/n in float.
+WHITTLE_QHD float dorefa_value(float x, float clip, float inv_clip, float levels, float inv_levels, bool unit_clip) {
+  float t = clip_like_std(x, clip);
+  if (!unit_clip) t = mul_rn(t, inv_clip);
+  float q = mul_rn(round_even(mul_rn(t, levels)), inv_levels);
+  if (!unit_clip) q = mul_rn(q, clip);
+  return q;
+}
+
+/// DoReFa activation (Zhou et al. 2016) of one element; the gradient passes on [0, clip], or on
+/// (0, clip] after a folded ReLU (the ReLU's gradient is 0 at 0).
+struct DoReFaActivationOp {
+  float clip, inv_clip, levels, inv_levels;
+  bool unit_clip, after_relu;
+  WHITTLE_QHD float value(float v) const { return dorefa_value(v, clip, inv_clip, levels, inv_levels, unit_clip); }
+  WHITTLE_QHD bool pass(float v) const { return (after_relu ? v > 0.0f : v >= 0.0f) && v <= clip; }
+};
+
+/// BNN sign (Courbariaux et al. 2016; sign(0) = +1, NaN → −1); the straight-through gradient
+/// passes where |x| ≤ 1 (NaN: blocked).
+struct SignOp {
+  WHITTLE_QHD float value(float v) const { return v >= 0.0f ? 1.0f : -1.0f; }
+  WHITTLE_QHD bool pass(float v) const { return fabsf(v) <= 1.0f; }
+};
+
+/// Stores the 32 mask bits of the elements base .. base + 31 (bit k: element base + k; `base` a
+/// multiple of 32) as the mask bytes base/8 .. base/8 + 3 that exist for n elements (⌈n/8⌉
+/// bytes). Bits past n must already be 0.
+WHITTLE_QHD void store_mask_word(uint8_t* mask, int64_t base, int64_t n, uint32_t bits) {
+  const int64_t bytes = (n + 7) / 8;
+  for (int b = 0; b < 4; ++b) {
+    const int64_t at = base / 8 + b;
+    if (at < bytes) mask[at] = static_cast<uint8_t>(bits >> (8 * b));
+  }
+}
+
+/// g·(mask bit i ? 1 : 0): the STE backward of a masked quantizer at element i (a NaN or infinite
+/// gradient where the mask is 0 gives NaN, as ATen's g·mask does).
+WHITTLE_QHD float mask_multiply_value(const float* g, const uint8_t* mask, int64_t i) {
+  return mul_rn(g[i], ((mask[i / 8] >> (i % 8)) & 1u) ? 1.0f : 0.0f);
+}
+
+/// A weight seen as [outer, channels, inner] around its channel axis; a per-channel vector has
+/// `channels` entries or one (then shared).
+struct ChannelView {
+  int64_t outer = 1, channels = 1, inner = 1;
+  bool per_channel = false;
+};
+
+/// The channel of flat element i of a contiguous weight seen through v.
+WHITTLE_QHD int64_t channel_of(int64_t i, const ChannelView& v) { return (i / v.inner) % v.channels; }
+
+/// DoReFa weight value of element i (Zhou et al. 2016, eq. 9): t = tanh(w), m_c = max|t| of its
+/// channel (or of the tensor); clamp(round((t/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with
+/// n = levels = 2^bits − 1 and `inv_levels` = 1/n in float.
+WHITTLE_QHD float dorefa_weight_value(const float* t, const float* m, const ChannelView& v, float levels,
+                                      float inv_levels, int64_t i) {
+  const float m2 = mul_rn(m[v.per_channel ? channel_of(i, v) : 0], 2.0f);
+  float code = round_even(mul_rn(add_rn(div_rn(t[i], m2), 0.5f), levels));
+  code = (code < 0.0f) ? 0.0f : code;  // std::max(code, 0), then std::min(·, levels)
+  code = (levels < code) ? levels : code;
+  return sub_rn(mul_rn(mul_rn(code, inv_levels), 2.0f), 1.0f);
+}
+
+/// Gradient of the DoReFa weight value with respect to w at element i, through tanh and the
+/// straight-through rounding: g·(1 − t²)/m_c.
+WHITTLE_QHD float dorefa_weight_grad_value(const float* g, const float* t, const float* m, const ChannelView& v,
+                                           int64_t i) {
+  const float mc = m[v.per_channel ? channel_of(i, v) : 0];
+  return div_rn(mul_rn(g[i], sub_rn(1.0f, mul_rn(t[i], t[i]))), mc);
+}
+
+/// TWN ternary value of element i (Li et al. 2016): ([w > Δ_c] − [w < −Δ_c])·α_c, computed as the
+/// ATen-op form does, through the code (… + 1) − 1; Δ and α each per channel or shared.
+WHITTLE_QHD float ternary_value(const float* w, const float* delta, const float* alpha, const ChannelView& v,
+                                bool per_channel_delta, bool per_channel_alpha, int64_t i) {
+  const int64_t c = channel_of(i, v);
+  const float d = delta[per_channel_delta ? c : 0], a = alpha[per_channel_alpha ? c : 0];
+  const float code = (w[i] > d ? 1.0f : 0.0f) - (w[i] < -d ? 1.0f : 0.0f) + 1.0f;
+  return mul_rn(code - 1.0f, a);
+}
+
+}  // namespace whittle::quantize::cuda_body
