@@ -13,9 +13,9 @@
 // ATen's intra-op thread pool, the element-wise loops vectorized per instruction set
 // (quantize/quantize_simd.h, chosen by core/isa.h). On CUDA one thread an element on the current
 // stream (quantize/quantize_cuda.h), with the values of the ATen-op forms on the GPU, which may
-// differ from the CPU's in the last bits, or by one level for an activation within an ulp of a
-// rounding midpoint (ATen's CUDA division by a scalar multiplies by its reciprocal); results stay
-// on the input's device.
+// differ from the CPU's in the last bits, or, for a clip level whose reciprocal is inexact, by one
+// level for an activation within an ulp of a rounding midpoint (ATen's CUDA division by a scalar
+// multiplies by its reciprocal); results stay on the input's device.
 //
 // Mask layout: uint8 [⌈n/8⌉], element i (in the tensor's contiguous order) at bit i mod 8 of byte
 // i / 8, least significant bit first; bits past n are 0.

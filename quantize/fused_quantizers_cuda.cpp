@@ -26,11 +26,7 @@ void* stream_of(const at::Tensor& t) {
 }
 
 detail::CudaChannelView view_of(const at::Tensor& t, int64_t axis) {
-  detail::CudaChannelView v;
-  for (int64_t d = 0; d < axis; ++d) v.outer *= t.size(d);
-  v.channels = t.size(axis);
-  for (int64_t d = axis + 1; d < t.dim(); ++d) v.inner *= t.size(d);
-  return v;
+  return cuda_body::channel_view(t.sizes().data(), t.dim(), axis, false);
 }
 
 // The [1] or [C] vector `s` as contiguous float32 on t's device.
@@ -47,10 +43,9 @@ MaskedOutput dorefa_activation(const at::Tensor& x, int64_t bits, double clip, b
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.numel();
   MaskedOutput out{at::empty_like(x), with_mask ? at::empty({(n + 7) / 8}, x.options().dtype(at::kByte)) : at::Tensor()};
-  const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
   check_launch(detail::dorefa_activation_cuda(x.data_ptr<float>(), out.output.data_ptr<float>(),
                                               with_mask ? out.mask.data_ptr<uint8_t>() : nullptr, n,
-                                              static_cast<float>(clip), levels, clip == 1.0, after_relu, stream_of(x)),
+                                              static_cast<float>(clip), static_cast<int>(bits), after_relu, stream_of(x)),
                "fused DoReFa activation");
   return out;
 }
@@ -88,9 +83,8 @@ at::Tensor dorefa_weight_values(const at::Tensor& t, const at::Tensor& m_in, int
   const at::Tensor m = channel_vector(m_in, t, v.channels, "fused DoReFa weight", "the max");
   v.per_channel = m.numel() > 1;
   at::Tensor out = at::empty_like(t);
-  const auto levels = static_cast<float>((int64_t{1} << bits) - 1);
   check_launch(detail::dorefa_weight_values_cuda(t.data_ptr<float>(), m.data_ptr<float>(), out.data_ptr<float>(), v,
-                                                 levels, stream_of(t)),
+                                                 static_cast<int>(bits), stream_of(t)),
                "fused DoReFa weight");
   return out;
 }

@@ -17,41 +17,31 @@ namespace {
 
 using namespace cuda_body;
 
-constexpr int kThreads = 256;  // a multiple of 32: every warp covers 32 elements starting at a multiple of 32
-constexpr unsigned kDefaultMaxBlocks = 2147483647u;
-unsigned max_blocks = kDefaultMaxBlocks;  // set_quantize_cuda_grid_limit
+constexpr unsigned kDefaultMaxBlocks = 2147483647u;  // CUDA's largest x grid dimension
+unsigned max_blocks = kDefaultMaxBlocks;              // set_quantize_cuda_grid_limit
 
 // Blocks for n elements, one thread an element; the kernels loop with a grid stride past the cap.
 unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
+  const int64_t b = (n + kThreadsPerBlock - 1) / kThreadsPerBlock;
   return static_cast<unsigned>(b < static_cast<int64_t>(max_blocks) ? b : max_blocks);
 }
 
 // y[i] = op.value(x[i]) and mask bit i = op.pass(x[i]) for i < n, one thread an element, the 32
-// bits of a warp gathered by __ballot_sync and stored by its lane 0. The loop bound is the warp's
-// first element, so every lane of a warp takes the same trips and joins every ballot.
+// bits of a warp gathered by __ballot_sync and stored by its first lane. Every lane of a warp
+// takes the trips of the warp's first element, so all join every ballot.
 template <class Op>
 __global__ void masked_quantizer_kernel(const float* __restrict__ x, float* __restrict__ y, uint8_t* __restrict__ mask,
                                         int64_t n, Op op) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t stride = grid_stride(gridDim.x, blockDim.x);
   const int64_t lane = threadIdx.x & 31;
-  for (int64_t warp_base = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x - lane); warp_base < n;
-       warp_base += stride) {
-    const int64_t i = warp_base + lane;
-    bool pass = false;
-    if (i < n) {
-      const float v = x[i];
-      y[i] = op.value(v);
-      pass = op.pass(v);
-    }
-    const unsigned bits = __ballot_sync(0xffffffffu, pass);
-    if (mask && lane == 0) store_mask_word(mask, warp_base, n, bits);
+  for (int64_t base = warp_first_element(blockIdx.x, blockDim.x, threadIdx.x); base < n; base += stride) {
+    const bool pass = masked_lane(x, y, n, base + lane, op);
+    store_warp_mask(mask, lane, base, n, __ballot_sync(0xffffffffu, pass));
   }
 }
 
-#define WHITTLE_QUANTIZE_GRID_LOOP(i, n)                                                            \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);           \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+#define WHITTLE_QUANTIZE_GRID_LOOP(i, n)                                                      \
+  for (int64_t i = first_element(blockIdx.x, blockDim.x, threadIdx.x); i < (n); i += grid_stride(gridDim.x, blockDim.x))
 
 __global__ void mask_multiply_kernel(const float* __restrict__ g, const uint8_t* __restrict__ mask,
                                      float* __restrict__ dx, int64_t n) {
@@ -75,35 +65,37 @@ __global__ void ternary_values_kernel(const float* __restrict__ w, const float* 
   dst[i] = ternary_value(w, delta, alpha, v, per_channel_delta, per_channel_alpha, i);
 }
 
+#undef WHITTLE_QUANTIZE_GRID_LOOP
+
 int launched() { return static_cast<int>(cudaGetLastError()); }
 
 }  // namespace
 
-int dorefa_activation_cuda(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels, bool unit_clip,
-                           bool after_relu, void* stream) {
+int dorefa_activation_cuda(const float* x, float* y, uint8_t* mask, int64_t n, float clip, int bits, bool after_relu,
+                           void* stream) {
   if (n <= 0) return 0;
-  // The reciprocals as ATen's CUDA division by a scalar forms them: 1 / float(scalar), in float.
-  const DoReFaActivationOp op{clip, 1.0f / clip, levels, 1.0f / levels, unit_clip, after_relu};
-  masked_quantizer_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n, op);
+  const DoReFaActivationOp op = dorefa_activation_op(clip, bits, after_relu);
+  masked_quantizer_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n, op);
   return launched();
 }
 
 int sign_cuda(const float* x, float* y, uint8_t* mask, int64_t n, void* stream) {
   if (n <= 0) return 0;
-  masked_quantizer_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n, SignOp{});
+  masked_quantizer_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(x, y, mask, n, SignOp{});
   return launched();
 }
 
 int mask_multiply_cuda(const float* g, const uint8_t* mask, float* dx, int64_t n, void* stream) {
   if (n <= 0) return 0;
-  mask_multiply_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(g, mask, dx, n);
+  mask_multiply_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(g, mask, dx, n);
   return launched();
 }
 
-int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaChannelView v, float levels, void* stream) {
+int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaChannelView v, int bits, void* stream) {
+  const float levels = dorefa_levels(bits);
   const int64_t n = v.outer * v.channels * v.inner;
   if (n <= 0) return 0;
-  dorefa_weight_values_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(t, m, dst, v, levels,
+  dorefa_weight_values_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(t, m, dst, v, levels,
                                                                                                  1.0f / levels);
   return launched();
 }
@@ -111,7 +103,7 @@ int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaCh
 int dorefa_weight_grad_cuda(const float* g, const float* t, const float* m, float* dst, CudaChannelView v, void* stream) {
   const int64_t n = v.outer * v.channels * v.inner;
   if (n <= 0) return 0;
-  dorefa_weight_grad_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(g, t, m, dst, v);
+  dorefa_weight_grad_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(g, t, m, dst, v);
   return launched();
 }
 
@@ -119,14 +111,14 @@ int ternary_values_cuda(const float* w, const float* delta, const float* alpha, 
                         bool per_channel_delta, bool per_channel_alpha, void* stream) {
   const int64_t n = v.outer * v.channels * v.inner;
   if (n <= 0) return 0;
-  ternary_values_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  ternary_values_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       w, delta, alpha, dst, v, per_channel_delta, per_channel_alpha);
   return launched();
 }
 
 unsigned set_quantize_cuda_grid_limit(unsigned limit) {
   const unsigned previous = max_blocks;
-  max_blocks = limit == 0 ? kDefaultMaxBlocks : limit;
+  max_blocks = (limit == 0 || limit > kDefaultMaxBlocks) ? kDefaultMaxBlocks : limit;
   return previous;
 }
 

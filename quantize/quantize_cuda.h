@@ -4,8 +4,9 @@
 // product and sum rounds on its own, as ATen's one-op-a-kernel forms do). They give the bits of
 // the ATen-op forms on CUDA, which divide by a scalar as a multiplication by its float reciprocal:
 // so DoReFa values with a clip or level count whose reciprocal is inexact may differ from the CPU
-// kernels' (true division) in the last bits, and an activation whose x/c·n lies within an ulp of
-// a rounding midpoint may take the next level, as ATen's own CPU and CUDA results do. Each launcher enqueues
+// kernels' (true division) in the last bits, and, for a clip level whose reciprocal is inexact, an
+// activation whose x/c·n lies within an ulp of a rounding midpoint may take the next level, as
+// ATen's own CPU and CUDA results do. Each launcher enqueues
 // its kernel on `stream` (a cudaStream_t) and returns the CUDA error code of the launch (0 on
 // success); quantize_cuda_error_string names a code. The element-wise semantics are those of
 // quantize/quantize_simd.h, the mask layout that of fused_quantizers.h (element i at bit i mod 8
@@ -17,10 +18,11 @@
 
 namespace whittle::quantize::detail {
 
-/// y[i] = DoReFa activation of x[i]: clip(x, 0, c)·(1/c), round(·n)·(1/n), ·c (without the two
-/// c steps when `unit_clip`), mask as QuantizeSimd::dorefa_activation; `mask` may be null. n ≥ 0.
-int dorefa_activation_cuda(const float* x, float* y, uint8_t* mask, int64_t n, float clip, float levels, bool unit_clip,
-                           bool after_relu, void* stream);
+/// y[i] = DoReFa activation of x[i] at `bits` (1..16): clip(x, 0, c)·(1/c), round(·n)·(1/n), ·c
+/// with n = 2^bits − 1 (without the two c steps when c = 1), mask as
+/// QuantizeSimd::dorefa_activation; `mask` may be null. n ≥ 0.
+int dorefa_activation_cuda(const float* x, float* y, uint8_t* mask, int64_t n, float clip, int bits, bool after_relu,
+                           void* stream);
 
 /// y[i] = x[i] ≥ 0 ? +1 : −1 (NaN: −1); mask bit i = |x[i]| ≤ 1; `mask` may be null.
 int sign_cuda(const float* x, float* y, uint8_t* mask, int64_t n, void* stream);
@@ -31,8 +33,8 @@ int mask_multiply_cuda(const float* g, const uint8_t* mask, float* dx, int64_t n
 /// A weight seen as [outer, channels, inner] around its channel axis (quantize_cuda_bodies.h).
 using CudaChannelView = cuda_body::ChannelView;
 
-/// dst[i] = clamp(round((t[i]/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with n = levels (2^bits − 1).
-int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaChannelView v, float levels, void* stream);
+/// dst[i] = clamp(round((t[i]/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with n = 2^bits − 1 (bits 2..8).
+int dorefa_weight_values_cuda(const float* t, const float* m, float* dst, CudaChannelView v, int bits, void* stream);
 
 /// dst[i] = g[i]·(1 − t[i]²)/m_c.
 int dorefa_weight_grad_cuda(const float* g, const float* t, const float* m, float* dst, CudaChannelView v, void* stream);
@@ -42,7 +44,8 @@ int dorefa_weight_grad_cuda(const float* g, const float* t, const float* m, floa
 int ternary_values_cuda(const float* w, const float* delta, const float* alpha, float* dst, CudaChannelView v,
                         bool per_channel_delta, bool per_channel_alpha, void* stream);
 
-/// Caps the blocks of every launch at `max_blocks` (≥ 1; 0 restores the default, 2^31 − 1) and
+/// Caps the blocks of every launch at `max_blocks` (0, or more than 2^31 − 1, restores the default
+/// 2^31 − 1, CUDA's largest grid) and
 /// returns the previous cap: a test with a small cap runs every grid-stride loop more than once.
 /// Not thread-safe; for tests.
 unsigned set_quantize_cuda_grid_limit(unsigned max_blocks);

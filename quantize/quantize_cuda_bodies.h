@@ -55,6 +55,19 @@ WHITTLE_QHD float sub_rn(float a, float b) {
 #endif
 }
 
+/// Threads a block in every launch: a multiple of 32, so each warp covers 32 elements starting at a
+/// multiple of 32 (one mask word).
+constexpr int kThreadsPerBlock = 256;
+
+/// The grid-stride loops: thread `thread` of block `block` (of `blocks` blocks of `threads`) takes
+/// elements first_element, first_element + grid_stride, …; in the masked kernels every lane of a
+/// warp runs the trips of its warp's first element (warp_first_element), so all join each ballot.
+WHITTLE_QHD int64_t first_element(int64_t block, int64_t threads, int64_t thread) { return block * threads + thread; }
+WHITTLE_QHD int64_t warp_first_element(int64_t block, int64_t threads, int64_t thread) {
+  return block * threads + (thread - (thread & 31));
+}
+WHITTLE_QHD int64_t grid_stride(int64_t blocks, int64_t threads) { return blocks * threads; }
+
 /// Round half to even (rintf under the default rounding mode on both sides).
 WHITTLE_QHD float round_even(float x) { return rintf(x); }
 
@@ -92,6 +105,27 @@ struct SignOp {
   WHITTLE_QHD bool pass(float v) const { return fabsf(v) <= 1.0f; }
 };
 
+/// DoReFa's number of levels above zero, n = 2^bits − 1, as a float (bits 1..16).
+WHITTLE_QHD float dorefa_levels(int bits) { return static_cast<float>((int64_t{1} << bits) - 1); }
+
+/// The DoReFa activation op of a launch: clip level c, `bits`, reciprocals formed as ATen's CUDA
+/// division by a scalar forms them (1/c and 1/n in float); c = 1 skips the two c steps, which
+/// multiply by 1 exactly.
+WHITTLE_QHD DoReFaActivationOp dorefa_activation_op(float clip, int bits, bool after_relu) {
+  const float levels = dorefa_levels(bits);
+  return {clip, 1.0f / clip, levels, 1.0f / levels, clip == 1.0f, after_relu};
+}
+
+/// One lane of a masked kernel at element i: for i < n writes y[i] = op.value(x[i]) and returns
+/// op.pass(x[i]); past n writes nothing and returns false (so the ballot's bits past n are 0).
+template <class Op>
+WHITTLE_QHD bool masked_lane(const float* x, float* y, int64_t n, int64_t i, const Op& op) {
+  if (i >= n) return false;
+  const float v = x[i];
+  y[i] = op.value(v);
+  return op.pass(v);
+}
+
 /// Stores the 32 mask bits of the elements base .. base + 31 (bit k: element base + k; `base` a
 /// multiple of 32) as the mask bytes base/8 .. base/8 + 3 that exist for n elements (⌈n/8⌉
 /// bytes). Bits past n must already be 0.
@@ -101,6 +135,11 @@ WHITTLE_QHD void store_mask_word(uint8_t* mask, int64_t base, int64_t n, uint32_
     const int64_t at = base / 8 + b;
     if (at < bytes) mask[at] = static_cast<uint8_t>(bits >> (8 * b));
   }
+}
+
+/// The warp's mask word, stored by its first lane (lane 0) when a mask was asked for (mask non-null).
+WHITTLE_QHD void store_warp_mask(uint8_t* mask, int64_t lane, int64_t base, int64_t n, uint32_t bits) {
+  if (mask != nullptr && lane == 0) store_mask_word(mask, base, n, bits);
 }
 
 /// g·(mask bit i ? 1 : 0): the STE backward of a masked quantizer at element i (a NaN or infinite
@@ -115,6 +154,16 @@ struct ChannelView {
   int64_t outer = 1, channels = 1, inner = 1;
   bool per_channel = false;
 };
+
+/// The view of a contiguous tensor of `dim` sizes around its channel axis `axis`.
+WHITTLE_QHD ChannelView channel_view(const int64_t* sizes, int64_t dim, int64_t axis, bool per_channel) {
+  ChannelView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= sizes[d];
+  v.channels = sizes[axis];
+  for (int64_t d = axis + 1; d < dim; ++d) v.inner *= sizes[d];
+  v.per_channel = per_channel;
+  return v;
+}
 
 /// The channel of flat element i of a contiguous weight seen through v.
 WHITTLE_QHD int64_t channel_of(int64_t i, const ChannelView& v) { return (i / v.inner) % v.channels; }
