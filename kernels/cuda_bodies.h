@@ -84,6 +84,26 @@ struct PoolShape {
   int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
 };
 
+/// The PoolShape of max_pool2d_signs from packed signs of sizes [N, H, W, Cw] to [N, Ho, Wo, Cw],
+/// with the window of `o` (kernels::SignPool2dOptions, or anything with its six fields). Host code.
+template <class Options>
+PoolShape pool_shape(const int64_t* sizes, int64_t Ho, int64_t Wo, const Options& o) {
+  PoolShape s;
+  s.N = sizes[0];
+  s.H = sizes[1];
+  s.W = sizes[2];
+  s.Cw = sizes[3];
+  s.Ho = Ho;
+  s.Wo = Wo;
+  s.kernel_h = o.kernel_h;
+  s.kernel_w = o.kernel_w;
+  s.stride_h = o.stride_h;
+  s.stride_w = o.stride_w;
+  s.pad_h = o.pad_h;
+  s.pad_w = o.pad_w;
+  return s;
+}
+
 /// Output word i of max_pool2d_signs ([N, Ho, Wo, Cw] order) as (n, ho, wo, k); also the index map
 /// of the packed threshold output of a binary layer ([N, Ho, Wo, ⌈O/64⌉]: pass ⌈O/64⌉ as Cw).
 struct WordIndex {

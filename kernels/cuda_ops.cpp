@@ -67,19 +67,7 @@ at::Tensor pack_bitplanes(const at::Tensor& codes, int64_t bits) {
 at::Tensor max_pool2d_signs(const at::Tensor& packed, const SignPool2dOptions& o, int64_t Ho, int64_t Wo) {
   const c10::cuda::CUDAGuard guard(packed.device());
   const at::Tensor in = packed.contiguous();
-  cuda_body::PoolShape s;
-  s.N = in.size(0);
-  s.H = in.size(1);
-  s.W = in.size(2);
-  s.Cw = in.size(3);
-  s.Ho = Ho;
-  s.Wo = Wo;
-  s.kernel_h = o.kernel_h;
-  s.kernel_w = o.kernel_w;
-  s.stride_h = o.stride_h;
-  s.stride_w = o.stride_w;
-  s.pad_h = o.pad_h;
-  s.pad_w = o.pad_w;
+  const cuda_body::PoolShape s = cuda_body::pool_shape(in.sizes().data(), Ho, Wo, o);
   at::Tensor out = at::empty({s.N, Ho, Wo, s.Cw}, in.options());
   check_launch(max_pool2d_signs_cuda(words_of(in), words_of(out), s, stream_of(in)), "max_pool2d_signs");
   return out;

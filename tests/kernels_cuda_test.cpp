@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -76,19 +77,7 @@ std::pair<at::Tensor, bool> emulate_pack_bitplanes(const at::Tensor& codes, int 
 }
 
 at::Tensor emulate_max_pool(const at::Tensor& packed, const kernels::SignPool2dOptions& o, int64_t Ho, int64_t Wo) {
-  body::PoolShape s;
-  s.N = packed.size(0);
-  s.H = packed.size(1);
-  s.W = packed.size(2);
-  s.Cw = packed.size(3);
-  s.Ho = Ho;
-  s.Wo = Wo;
-  s.kernel_h = o.kernel_h;
-  s.kernel_w = o.kernel_w;
-  s.stride_h = o.stride_h;
-  s.stride_w = o.stride_w;
-  s.pad_h = o.pad_h;
-  s.pad_w = o.pad_w;
+  const body::PoolShape s = body::pool_shape(packed.sizes().data(), Ho, Wo, o);
   at::Tensor out = at::empty({s.N, Ho, Wo, s.Cw}, at::kLong);
   for (int64_t i = 0; i < out.numel(); ++i) {
     const body::WordIndex at = body::word_index(Ho, Wo, s.Cw, i);
@@ -213,7 +202,11 @@ TEST(CudaKernelBodies, MaxPoolOfSignsEqualsTheCpuKernel) {
 }
 
 // The edge sizes of kernels_test.cpp's BinaryConvEdges: K input channels × O × stride × padding × batch.
-TEST(CudaKernelBodies, BinaryConvDotsEqualTheReferenceAtEveryEdge) {
+// Calls f(x, w, options) for every edge case of kernels_test.cpp's BinaryConvEdges: K input
+// channels × O output channels (1, 7, 8, 9) × stride (1, 2) × padding (0, 1) × batch (1, 3), on 6×5
+// maps of ±1 with a 3×3 kernel; a trace names the case.
+void for_each_binary_conv_edge(
+    const std::function<void(const at::Tensor&, const at::Tensor&, const kernels::BinaryConv2dOptions&)>& f) {
   for (int64_t in_channels : kChannelEdges) {
     at::manual_seed(in_channels);
     for (int64_t out_channels : {1, 7, 8, 9})
@@ -224,11 +217,16 @@ TEST(CudaKernelBodies, BinaryConvDotsEqualTheReferenceAtEveryEdge) {
                          std::to_string(stride) + " pad=" + std::to_string(pad) + " N=" + std::to_string(batch));
             const at::Tensor x = signs_with_specials({batch, in_channels, 6, 5}, false);
             const at::Tensor w = signs_with_specials({out_channels, in_channels, 3, 3}, false);
-            const kernels::BinaryConv2dOptions opt{stride, stride, pad, pad};
-            const at::Tensor got = emulate_binary_conv(kernels::pack_signs(x), kernels::pack_binary_weight(w), opt, nullptr);
-            ASSERT_TRUE(at::equal(got, kernels::binary_conv2d_reference(x, w, opt)));
+            f(x, w, kernels::BinaryConv2dOptions{stride, stride, pad, pad});
           }
   }
+}
+
+TEST(CudaKernelBodies, BinaryConvDotsEqualTheReferenceAtEveryEdge) {
+  for_each_binary_conv_edge([](const at::Tensor& x, const at::Tensor& w, const kernels::BinaryConv2dOptions& opt) {
+    const at::Tensor got = emulate_binary_conv(kernels::pack_signs(x), kernels::pack_binary_weight(w), opt, nullptr);
+    EXPECT_TRUE(at::equal(got, kernels::binary_conv2d_reference(x, w, opt)));
+  });
 }
 
 TEST(CudaKernelBodies, BinaryEpiloguesEqualTheCpuKernel) {
@@ -335,23 +333,12 @@ TEST_F(KernelsCuda, PackingAndPoolingEqualTheCpu) {
 }
 
 TEST_F(KernelsCuda, BinaryLayersEqualTheCpuAtEveryEdge) {
-  for (int64_t in_channels : kChannelEdges) {
-    at::manual_seed(in_channels);
-    for (int64_t out_channels : {1, 7, 8, 9})
-      for (int64_t stride : {1, 2})
-        for (int64_t pad : {0, 1})
-          for (int64_t batch : {1, 3}) {
-            SCOPED_TRACE("C=" + std::to_string(in_channels) + " O=" + std::to_string(out_channels) + " stride=" +
-                         std::to_string(stride) + " pad=" + std::to_string(pad) + " N=" + std::to_string(batch));
-            const at::Tensor x = signs_with_specials({batch, in_channels, 6, 5}, false);
-            const at::Tensor w = signs_with_specials({out_channels, in_channels, 3, 3}, false);
-            const kernels::BinaryConv2dOptions opt{stride, stride, pad, pad};
-            const at::Tensor got = kernels::binary_conv2d_dot(kernels::pack_signs(x.to(gpu)),
-                                                              kernels::pack_binary_weight(w.to(gpu)), opt);
-            ASSERT_TRUE(got.is_cuda());
-            ASSERT_TRUE(at::equal(got.cpu(), kernels::binary_conv2d_reference(x, w, opt)));
-          }
-  }
+  for_each_binary_conv_edge([this](const at::Tensor& x, const at::Tensor& w, const kernels::BinaryConv2dOptions& opt) {
+    const at::Tensor got =
+        kernels::binary_conv2d_dot(kernels::pack_signs(x.to(gpu)), kernels::pack_binary_weight(w.to(gpu)), opt);
+    EXPECT_TRUE(got.is_cuda());
+    EXPECT_TRUE(at::equal(got.cpu(), kernels::binary_conv2d_reference(x, w, opt)));
+  });
   at::manual_seed(6);
   const int64_t C = 256, O = 130;
   const at::Tensor x = kernels::pack_signs(signs_with_specials({2, C, 28, 28}));
