@@ -60,3 +60,15 @@ function(whittle_use_pch target)
   endif()
   target_precompile_headers(${target} REUSE_FROM whittle_pch)
 endfunction()
+
+# whittle_add_cuda_objects(<target> <source.cu>...): an object library of torch-free CUDA kernels
+# for the GPUs of WHITTLE_CUDA_ARCHITECTURES, compiled with -fmad=false (every product and sum
+# rounded on its own, so that the kernels give the bits of ATen's one-op-a-kernel forms and of the
+# host runs of their bodies in the tests). Link it as $<TARGET_OBJECTS:<target>>.
+function(whittle_add_cuda_objects target)
+  add_library(${target} OBJECT ${ARGN})
+  target_include_directories(${target} PRIVATE "${CMAKE_SOURCE_DIR}")
+  target_compile_options(${target} PRIVATE -fmad=false)
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 17
+                        CUDA_ARCHITECTURES "${WHITTLE_CUDA_ARCHITECTURES}")
+endfunction()
