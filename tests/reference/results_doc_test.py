@@ -1,15 +1,16 @@
 """The CIFAR-10 budget results kept honest (docs/results.md).
 
 - The budget FP32 recipe, trained on 2,000 of the training images (class-balanced: the packed JPEG
-  folders are sorted by class) for one epoch, learns: above 25 % top-1 on the 10,000 test images,
-  where chance is 10 %. One epoch of 2,000 images is 15 steps at the recipe's batch of 128, after
+  folders are sorted by class) for one epoch, learns: above 20 % top-1 on the 10,000 test images,
+  twice chance (10 %). One epoch of 2,000 images is 15 steps at the recipe's batch of 128, after
   which the network still guesses one class (10.00 %); the short run uses batches of 32 (62 steps)
-  without crops and flips, and a one-cycle peak of 0.05 instead of the recipe's 0.2. At the
-  recipe's peak the run is chaotic: 24.81 % on an AVX-512 Xeon, 24.59 % with
-  ATEN_CPU_CAPABILITY=avx2 and 21.00 % with =default on the same machine (29.73 % on an AVX2 EPYC
-  before), so the floor would be met or missed by the machine. At 0.05 it is not: 27.98 % (AVX-512),
-  29.57 % (avx2), 29.73 % (default), 28.24 % and 28.88 % with one thread (AVX-512, default); the
-  floor sits 3 points under the lowest.
+  without crops and flips, and a one-cycle peak of 0.05 instead of the recipe's 0.2 (at 0.2 the
+  run is chaotic: 21.00 % to 29.73 % across machines). At 0.05 it still moves by a few points with
+  the thread count and the instruction set: 27.98 % (AVX-512 Xeon, 2 threads), 29.57 %
+  (ATEN_CPU_CAPABILITY=avx2), 29.73 % (=default), 28.24 % and 28.88 % with one thread (AVX-512,
+  default); on an AVX2 EPYC 28.86 % with 2 threads, 25.53 % with OMP_NUM_THREADS=1 and 27.49 %
+  with one thread and =default. The floor sits 5.5 points under the lowest of these. (Two epochs
+  reach 32.2-33.2 % on that EPYC, no steadier.)
 - docs/results.md holds the table `scripts/run_results.py` prints from the committed run summaries
   (docs/results/cifar10_budget/), character for character.
 - The committed runs meet their floors. The target was FP32 ≥ 89.0 % with DoReFa W8A8 ≥ 88.5 %,
@@ -53,8 +54,10 @@ if os.path.exists(CIFAR):
     check(r.returncode == 0, f"the budget FP32 recipe runs on 2,000 images ({r.stderr.strip()[-300:]})")
     if r.returncode == 0:
         rep = json.load(open(os.path.join(run, "report.json")))
-        check(rep["test_images"] == 10000 and rep["test_top1"] > 0.25,
-              f"one epoch on 2,000 images learns: {100 * rep['test_top1']:.2f} % top-1 on {rep['test_images']} images (> 25 %)")
+        # Floor 20 %: 5.5 points under the lowest measured across thread counts and instruction sets
+        # (25.53 %, one thread, AVX2; the docstring lists them).
+        check(rep["test_images"] == 10000 and rep["test_top1"] > 0.20,
+              f"one epoch on 2,000 images learns: {100 * rep['test_top1']:.2f} % top-1 on {rep['test_images']} images (> 20 %)")
 else:
     print(f"skipping the 2,000-image run: no CIFAR-10 archive at {CIFAR}")
 
