@@ -12,11 +12,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define WHITTLE_HD __host__ __device__ __forceinline__
-#else
-#define WHITTLE_HD inline
-#endif
+#include "core/cuda_grid.h"  // WHITTLE_HD, the launch geometry
 
 namespace whittle::kernels::cuda_body {
 

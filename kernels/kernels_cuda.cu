@@ -16,18 +16,15 @@ namespace {
 
 namespace body = whittle::kernels::cuda_body;
 
-constexpr int kThreads = 256;
+using cuda_grid::kThreadsPerBlock;
 constexpr unsigned kDefaultMaxBlocks = 65535u * 16u;  // the grid-stride loops cover the rest
-unsigned max_blocks = kDefaultMaxBlocks;
+unsigned max_blocks = kDefaultMaxBlocks;              // set_cuda_grid_limit
 
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < static_cast<int64_t>(max_blocks) ? (b < 1 ? 1 : b) : max_blocks);
-}
+unsigned blocks_for(int64_t n) { return cuda_grid::blocks_for(n, max_blocks); }
 
-#define WHITTLE_GRID_LOOP(i, n)                                                                     \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);           \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+#define WHITTLE_GRID_LOOP(i, n)                                                                 \
+  for (int64_t i = cuda_grid::first_element(blockIdx.x, blockDim.x, threadIdx.x); i < (n);     \
+       i += cuda_grid::grid_stride(gridDim.x, blockDim.x))
 
 // Output words in [N, HW, Cw] order; thread i → (n, p, k) with k fastest.
 __global__ void pack_signs_kernel(const float* __restrict__ x, uint64_t* __restrict__ out, int64_t N, int64_t C,
@@ -105,7 +102,7 @@ cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream);
 int pack_signs_cuda(const float* x, uint64_t* out, int64_t N, int64_t C, int64_t HW, void* stream) {
   const int64_t total = N * HW * ((C + 63) / 64);
   if (total == 0) return 0;
-  pack_signs_kernel<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(x, out, N, C, HW);
+  pack_signs_kernel<<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(x, out, N, C, HW);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -113,14 +110,14 @@ int pack_bitplanes_cuda(const float* x, uint64_t* out, int* bad_code, int64_t N,
                         void* stream) {
   const int64_t total = N * HW * ((C + 63) / 64);
   if (total == 0) return 0;
-  pack_bitplanes_kernel<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(x, out, bad_code, N, C, HW, bits);
+  pack_bitplanes_kernel<<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(x, out, bad_code, N, C, HW, bits);
   return static_cast<int>(cudaGetLastError());
 }
 
 int max_pool2d_signs_cuda(const uint64_t* src, uint64_t* out, const cuda_body::PoolShape& s, void* stream) {
   const int64_t total = s.N * s.Ho * s.Wo * s.Cw;
   if (total == 0) return 0;
-  max_pool2d_signs_kernel<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(src, out, s);
+  max_pool2d_signs_kernel<<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(src, out, s);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -130,16 +127,16 @@ int binary_conv2d_cuda(const uint64_t* x, const uint64_t* w, const cuda_body::Co
   if (kind == BinaryOutputKind::kSign) {
     const int64_t total = s.N * s.Ho * s.Wo * ((s.O + 63) / 64);
     if (total == 0) return 0;
-    binary_conv2d_sign_kernel<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(
+    binary_conv2d_sign_kernel<<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(
         x, w, s, scale, bias, threshold, direction, static_cast<uint64_t*>(out));
     return static_cast<int>(cudaGetLastError());
   }
   const int64_t total = s.N * s.O * s.Ho * s.Wo;
   if (total == 0) return 0;
   if (kind == BinaryOutputKind::kFloat)
-    binary_conv2d_kernel<true><<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(x, w, s, scale, bias, out);
+    binary_conv2d_kernel<true><<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(x, w, s, scale, bias, out);
   else
-    binary_conv2d_kernel<false><<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(x, w, s, scale, bias, out);
+    binary_conv2d_kernel<false><<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(x, w, s, scale, bias, out);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -148,13 +145,13 @@ int bitplane_conv2d_cuda(const uint64_t* x, int64_t P, const cuda_body::Bitplane
                          void* stream) {
   const int64_t total = s.N * s.O * s.Ho * s.Wo;
   if (total == 0) return 0;
-  bitplane_conv2d_kernel<<<blocks_for(total), kThreads, 0, as_stream(stream)>>>(x, P, w, s, scale, bias, out);
+  bitplane_conv2d_kernel<<<blocks_for(total), kThreadsPerBlock, 0, as_stream(stream)>>>(x, P, w, s, scale, bias, out);
   return static_cast<int>(cudaGetLastError());
 }
 
 unsigned set_cuda_grid_limit(unsigned limit) {
   const unsigned previous = max_blocks;
-  max_blocks = limit == 0 ? kDefaultMaxBlocks : limit;
+  max_blocks = cuda_grid::grid_limit(limit, kDefaultMaxBlocks);
   return previous;
 }
 

@@ -39,7 +39,8 @@ int bitplane_conv2d_cuda(const uint64_t* x, int64_t P, const cuda_body::Bitplane
                          const cuda_body::ConvShape& s, const float* scale, const float* bias, float* out,
                          void* stream);
 
-/// Caps the blocks of every launch at `max_blocks` (≥ 1; 0 restores the default cap) and returns the
+/// Caps the blocks of every launch at `max_blocks` (0, or more than 2^31 − 1, restores the default
+/// cap) and returns the
 /// previous cap: tests use a small cap to run the grid-stride loops over more than one round.
 unsigned set_cuda_grid_limit(unsigned max_blocks);
 

@@ -17,14 +17,12 @@ namespace {
 
 using namespace cuda_body;
 
-constexpr unsigned kDefaultMaxBlocks = 2147483647u;  // CUDA's largest x grid dimension
-unsigned max_blocks = kDefaultMaxBlocks;              // set_quantize_cuda_grid_limit
+using cuda_grid::first_element;
+using cuda_grid::grid_stride;
+using cuda_grid::kThreadsPerBlock;
+unsigned max_blocks = cuda_grid::kMaxGridBlocks;  // set_quantize_cuda_grid_limit
 
-// Blocks for n elements, one thread an element; the kernels loop with a grid stride past the cap.
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  return static_cast<unsigned>(b < static_cast<int64_t>(max_blocks) ? b : max_blocks);
-}
+unsigned blocks_for(int64_t n) { return cuda_grid::blocks_for(n, max_blocks); }
 
 // y[i] = op.value(x[i]) and mask bit i = op.pass(x[i]) for i < n, one thread an element, the 32
 // bits of a warp gathered by __ballot_sync and stored by its first lane. Every lane of a warp
@@ -34,7 +32,7 @@ __global__ void masked_quantizer_kernel(const float* __restrict__ x, float* __re
                                         int64_t n, Op op) {
   const int64_t stride = grid_stride(gridDim.x, blockDim.x);
   const int64_t lane = threadIdx.x & 31;
-  for (int64_t base = warp_first_element(blockIdx.x, blockDim.x, threadIdx.x); base < n; base += stride) {
+  for (int64_t base = cuda_grid::warp_first_element(blockIdx.x, blockDim.x, threadIdx.x); base < n; base += stride) {
     const bool pass = masked_lane(x, y, n, base + lane, op);
     store_warp_mask(mask, lane, base, n, __ballot_sync(0xffffffffu, pass));
   }
@@ -118,7 +116,7 @@ int ternary_values_cuda(const float* w, const float* delta, const float* alpha, 
 
 unsigned set_quantize_cuda_grid_limit(unsigned limit) {
   const unsigned previous = max_blocks;
-  max_blocks = (limit == 0 || limit > kDefaultMaxBlocks) ? kDefaultMaxBlocks : limit;
+  max_blocks = cuda_grid::grid_limit(limit, cuda_grid::kMaxGridBlocks);
   return previous;
 }
 

@@ -6,9 +6,9 @@
 // so DoReFa values with a clip or level count whose reciprocal is inexact may differ from the CPU
 // kernels' (true division) in the last bits, and, for a clip level whose reciprocal is inexact, an
 // activation whose x/c·n lies within an ulp of a rounding midpoint may take the next level, as
-// ATen's own CPU and CUDA results do. Each launcher enqueues
-// its kernel on `stream` (a cudaStream_t) and returns the CUDA error code of the launch (0 on
-// success); quantize_cuda_error_string names a code. The element-wise semantics are those of
+// ATen's own CPU and CUDA results do. Each launcher enqueues its kernel on `stream` (a
+// cudaStream_t) and returns the CUDA error code of the launch (0 on success);
+// quantize_cuda_error_string names a code. The element-wise semantics are those of
 // quantize/quantize_simd.h, the mask layout that of fused_quantizers.h (element i at bit i mod 8
 // of byte i / 8, bits past n zero). What each thread computes is in quantize_cuda_bodies.h.
 
@@ -45,9 +45,8 @@ int ternary_values_cuda(const float* w, const float* delta, const float* alpha, 
                         bool per_channel_delta, bool per_channel_alpha, void* stream);
 
 /// Caps the blocks of every launch at `max_blocks` (0, or more than 2^31 − 1, restores the default
-/// 2^31 − 1, CUDA's largest grid) and
-/// returns the previous cap: a test with a small cap runs every grid-stride loop more than once.
-/// Not thread-safe; for tests.
+/// 2^31 − 1, CUDA's largest grid) and returns the previous cap: a test with a small cap runs every
+/// grid-stride loop more than once. Not thread-safe; for tests.
 unsigned set_quantize_cuda_grid_limit(unsigned max_blocks);
 
 /// cudaGetErrorString of a code returned above.

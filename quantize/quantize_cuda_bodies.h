@@ -1,8 +1,8 @@
 #pragma once
 // The per-element work of the CUDA fused quantizer kernels (quantize/quantize_cuda.cu): what one
 // GPU thread computes, written once as __host__ __device__ functions of plain values, pointers and
-// indices, so that the kernels are grid-stride loops over them and the same code runs on the host
-// in tests (tests/fused_quantizers_test.cpp, CudaQuantizerBodies.*, runs every body over every
+// indices, so that the kernels are grid-stride loops (core/cuda_grid.h) over them and the same
+// code runs on the host in tests (tests/fused_quantizers_test.cpp, CudaQuantizerBodies.*, runs every body over every
 // element on any machine). No LibTorch, no CUDA runtime.
 //
 // Rounding: every product, quotient and sum rounds on its own, as in ATen's one-op-a-kernel CUDA
@@ -17,37 +17,33 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define WHITTLE_QHD __host__ __device__ __forceinline__
-#else
-#define WHITTLE_QHD inline
-#endif
+#include "core/cuda_grid.h"  // WHITTLE_HD; the kernels' loops are cuda_grid's
 
 namespace whittle::quantize::cuda_body {
 
 /// a·b, a/b, a+b, a−b, each rounded to nearest even on its own.
-WHITTLE_QHD float mul_rn(float a, float b) {
+WHITTLE_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-WHITTLE_QHD float div_rn(float a, float b) {
+WHITTLE_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
 #else
   return a / b;
 #endif
 }
-WHITTLE_QHD float add_rn(float a, float b) {
+WHITTLE_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-WHITTLE_QHD float sub_rn(float a, float b) {
+WHITTLE_HD float sub_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
 #else
@@ -55,25 +51,12 @@ WHITTLE_QHD float sub_rn(float a, float b) {
 #endif
 }
 
-/// Threads a block in every launch: a multiple of 32, so each warp covers 32 elements starting at a
-/// multiple of 32 (one mask word).
-constexpr int kThreadsPerBlock = 256;
-
-/// The grid-stride loops: thread `thread` of block `block` (of `blocks` blocks of `threads`) takes
-/// elements first_element, first_element + grid_stride, …; in the masked kernels every lane of a
-/// warp runs the trips of its warp's first element (warp_first_element), so all join each ballot.
-WHITTLE_QHD int64_t first_element(int64_t block, int64_t threads, int64_t thread) { return block * threads + thread; }
-WHITTLE_QHD int64_t warp_first_element(int64_t block, int64_t threads, int64_t thread) {
-  return block * threads + (thread - (thread & 31));
-}
-WHITTLE_QHD int64_t grid_stride(int64_t blocks, int64_t threads) { return blocks * threads; }
-
 /// Round half to even (rintf under the default rounding mode on both sides).
-WHITTLE_QHD float round_even(float x) { return rintf(x); }
+WHITTLE_HD float round_even(float x) { return rintf(x); }
 
 /// std::min(std::max(x, 0), c) with std's NaN behaviour (the first argument wins a comparison
 /// with NaN, so NaN stays NaN), not fminf/fmaxf's (which drop the NaN).
-WHITTLE_QHD float clip_like_std(float x, float c) {
+WHITTLE_HD float clip_like_std(float x, float c) {
   const float t = (x < 0.0f) ? 0.0f : x;
   return (c < t) ? c : t;
 }
@@ -81,7 +64,7 @@ WHITTLE_QHD float clip_like_std(float x, float c) {
 /// DoReFa activation value as the ATen-op form computes it on CUDA: clamp(x, 0, c)·(1/c), then
 /// round(·n)·(1/n), then ·c; without the two c steps when `unit_clip` (c = 1). `inv_clip` and
 /// `inv_levels` are 1/c and 1/n in float.
-WHITTLE_QHD float dorefa_value(float x, float clip, float inv_clip, float levels, float inv_levels, bool unit_clip) {
+WHITTLE_HD float dorefa_value(float x, float clip, float inv_clip, float levels, float inv_levels, bool unit_clip) {
   float t = clip_like_std(x, clip);
   if (!unit_clip) t = mul_rn(t, inv_clip);
   float q = mul_rn(round_even(mul_rn(t, levels)), inv_levels);
@@ -94,24 +77,24 @@ WHITTLE_QHD float dorefa_value(float x, float clip, float inv_clip, float levels
 struct DoReFaActivationOp {
   float clip, inv_clip, levels, inv_levels;
   bool unit_clip, after_relu;
-  WHITTLE_QHD float value(float v) const { return dorefa_value(v, clip, inv_clip, levels, inv_levels, unit_clip); }
-  WHITTLE_QHD bool pass(float v) const { return (after_relu ? v > 0.0f : v >= 0.0f) && v <= clip; }
+  WHITTLE_HD float value(float v) const { return dorefa_value(v, clip, inv_clip, levels, inv_levels, unit_clip); }
+  WHITTLE_HD bool pass(float v) const { return (after_relu ? v > 0.0f : v >= 0.0f) && v <= clip; }
 };
 
 /// BNN sign (Courbariaux et al. 2016; sign(0) = +1, NaN → −1); the straight-through gradient
 /// passes where |x| ≤ 1 (NaN: blocked).
 struct SignOp {
-  WHITTLE_QHD float value(float v) const { return v >= 0.0f ? 1.0f : -1.0f; }
-  WHITTLE_QHD bool pass(float v) const { return fabsf(v) <= 1.0f; }
+  WHITTLE_HD float value(float v) const { return v >= 0.0f ? 1.0f : -1.0f; }
+  WHITTLE_HD bool pass(float v) const { return fabsf(v) <= 1.0f; }
 };
 
 /// DoReFa's number of levels above zero, n = 2^bits − 1, as a float (bits 1..16).
-WHITTLE_QHD float dorefa_levels(int bits) { return static_cast<float>((int64_t{1} << bits) - 1); }
+WHITTLE_HD float dorefa_levels(int bits) { return static_cast<float>((int64_t{1} << bits) - 1); }
 
 /// The DoReFa activation op of a launch: clip level c, `bits`, reciprocals formed as ATen's CUDA
 /// division by a scalar forms them (1/c and 1/n in float); c = 1 skips the two c steps, which
 /// multiply by 1 exactly.
-WHITTLE_QHD DoReFaActivationOp dorefa_activation_op(float clip, int bits, bool after_relu) {
+WHITTLE_HD DoReFaActivationOp dorefa_activation_op(float clip, int bits, bool after_relu) {
   const float levels = dorefa_levels(bits);
   return {clip, 1.0f / clip, levels, 1.0f / levels, clip == 1.0f, after_relu};
 }
@@ -119,7 +102,7 @@ WHITTLE_QHD DoReFaActivationOp dorefa_activation_op(float clip, int bits, bool a
 /// One lane of a masked kernel at element i: for i < n writes y[i] = op.value(x[i]) and returns
 /// op.pass(x[i]); past n writes nothing and returns false (so the ballot's bits past n are 0).
 template <class Op>
-WHITTLE_QHD bool masked_lane(const float* x, float* y, int64_t n, int64_t i, const Op& op) {
+WHITTLE_HD bool masked_lane(const float* x, float* y, int64_t n, int64_t i, const Op& op) {
   if (i >= n) return false;
   const float v = x[i];
   y[i] = op.value(v);
@@ -129,7 +112,7 @@ WHITTLE_QHD bool masked_lane(const float* x, float* y, int64_t n, int64_t i, con
 /// Stores the 32 mask bits of the elements base .. base + 31 (bit k: element base + k; `base` a
 /// multiple of 32) as the mask bytes base/8 .. base/8 + 3 that exist for n elements (⌈n/8⌉
 /// bytes). Bits past n must already be 0.
-WHITTLE_QHD void store_mask_word(uint8_t* mask, int64_t base, int64_t n, uint32_t bits) {
+WHITTLE_HD void store_mask_word(uint8_t* mask, int64_t base, int64_t n, uint32_t bits) {
   const int64_t bytes = (n + 7) / 8;
   for (int b = 0; b < 4; ++b) {
     const int64_t at = base / 8 + b;
@@ -138,13 +121,13 @@ WHITTLE_QHD void store_mask_word(uint8_t* mask, int64_t base, int64_t n, uint32_
 }
 
 /// The warp's mask word, stored by its first lane (lane 0) when a mask was asked for (mask non-null).
-WHITTLE_QHD void store_warp_mask(uint8_t* mask, int64_t lane, int64_t base, int64_t n, uint32_t bits) {
+WHITTLE_HD void store_warp_mask(uint8_t* mask, int64_t lane, int64_t base, int64_t n, uint32_t bits) {
   if (mask != nullptr && lane == 0) store_mask_word(mask, base, n, bits);
 }
 
 /// g·(mask bit i ? 1 : 0): the STE backward of a masked quantizer at element i (a NaN or infinite
 /// gradient where the mask is 0 gives NaN, as ATen's g·mask does).
-WHITTLE_QHD float mask_multiply_value(const float* g, const uint8_t* mask, int64_t i) {
+WHITTLE_HD float mask_multiply_value(const float* g, const uint8_t* mask, int64_t i) {
   return mul_rn(g[i], ((mask[i / 8] >> (i % 8)) & 1u) ? 1.0f : 0.0f);
 }
 
@@ -156,7 +139,7 @@ struct ChannelView {
 };
 
 /// The view of a contiguous tensor of `dim` sizes around its channel axis `axis`.
-WHITTLE_QHD ChannelView channel_view(const int64_t* sizes, int64_t dim, int64_t axis, bool per_channel) {
+WHITTLE_HD ChannelView channel_view(const int64_t* sizes, int64_t dim, int64_t axis, bool per_channel) {
   ChannelView v;
   for (int64_t d = 0; d < axis; ++d) v.outer *= sizes[d];
   v.channels = sizes[axis];
@@ -166,12 +149,12 @@ WHITTLE_QHD ChannelView channel_view(const int64_t* sizes, int64_t dim, int64_t 
 }
 
 /// The channel of flat element i of a contiguous weight seen through v.
-WHITTLE_QHD int64_t channel_of(int64_t i, const ChannelView& v) { return (i / v.inner) % v.channels; }
+WHITTLE_HD int64_t channel_of(int64_t i, const ChannelView& v) { return (i / v.inner) % v.channels; }
 
 /// DoReFa weight value of element i (Zhou et al. 2016, eq. 9): t = tanh(w), m_c = max|t| of its
 /// channel (or of the tensor); clamp(round((t/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with
 /// n = levels = 2^bits − 1 and `inv_levels` = 1/n in float.
-WHITTLE_QHD float dorefa_weight_value(const float* t, const float* m, const ChannelView& v, float levels,
+WHITTLE_HD float dorefa_weight_value(const float* t, const float* m, const ChannelView& v, float levels,
                                       float inv_levels, int64_t i) {
   const float m2 = mul_rn(m[v.per_channel ? channel_of(i, v) : 0], 2.0f);
   float code = round_even(mul_rn(add_rn(div_rn(t[i], m2), 0.5f), levels));
@@ -182,7 +165,7 @@ WHITTLE_QHD float dorefa_weight_value(const float* t, const float* m, const Chan
 
 /// Gradient of the DoReFa weight value with respect to w at element i, through tanh and the
 /// straight-through rounding: g·(1 − t²)/m_c.
-WHITTLE_QHD float dorefa_weight_grad_value(const float* g, const float* t, const float* m, const ChannelView& v,
+WHITTLE_HD float dorefa_weight_grad_value(const float* g, const float* t, const float* m, const ChannelView& v,
                                            int64_t i) {
   const float mc = m[v.per_channel ? channel_of(i, v) : 0];
   return div_rn(mul_rn(g[i], sub_rn(1.0f, mul_rn(t[i], t[i]))), mc);
@@ -190,7 +173,7 @@ WHITTLE_QHD float dorefa_weight_grad_value(const float* g, const float* t, const
 
 /// TWN ternary value of element i (Li et al. 2016): ([w > Δ_c] − [w < −Δ_c])·α_c, computed as the
 /// ATen-op form does, through the code (… + 1) − 1; Δ and α each per channel or shared.
-WHITTLE_QHD float ternary_value(const float* w, const float* delta, const float* alpha, const ChannelView& v,
+WHITTLE_HD float ternary_value(const float* w, const float* delta, const float* alpha, const ChannelView& v,
                                 bool per_channel_delta, bool per_channel_alpha, int64_t i) {
   const int64_t c = channel_of(i, v);
   const float d = delta[per_channel_delta ? c : 0], a = alpha[per_channel_alpha ? c : 0];

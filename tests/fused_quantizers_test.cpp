@@ -287,8 +287,8 @@ TEST(FusedQuantizers, OtherLayoutsFallBackToTheAtenForm) {
 
 // ---- The CUDA kernels' per-element bodies (quantize/quantize_cuda_bodies.h), run on the host over
 // every element, on any machine (CudaQuantizerBodies). The kernels of quantize/quantize_cuda.cu are
-// grid-stride loops over those bodies; here the same loops (the bodies header's first_element,
-// warp_first_element, grid_stride, masked_lane, store_warp_mask) run over a few grids, with the
+// grid-stride loops over those bodies; here the same loops (core/cuda_grid.h's first_element,
+// warp_first_element, grid_stride; the bodies' masked_lane, store_warp_mask) run over a few grids, with the
 // warp ballot emulated as the OR of the lanes' bits, checking that each element is written once.
 // What stays untested on the host is the launch itself and __ballot_sync (the GPU tests below).
 // The values must be those of the ATen-op forms as ATen computes them on CUDA (division by a
@@ -306,7 +306,7 @@ struct Grid {
 // The grids each emulation runs over: one warp (every loop takes many trips), three blocks of 64,
 // and the launch's own (kThreadsPerBlock threads, a block per kThreadsPerBlock elements).
 std::vector<Grid> grids_for(int64_t n) {
-  const int64_t t = body::kThreadsPerBlock;
+  const int64_t t = whittle::cuda_grid::kThreadsPerBlock;
   return {{1, 32}, {3, 64}, {(n + t - 1) / t, t}};
 }
 
@@ -321,13 +321,13 @@ std::pair<at::Tensor, at::Tensor> emulate_masked(const at::Tensor& x_in, Op op, 
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   std::vector<int> visits(static_cast<size_t>(n), 0);
-  const int64_t stride = body::grid_stride(g.blocks, g.threads);
+  const int64_t stride = whittle::cuda_grid::grid_stride(g.blocks, g.threads);
   for (int64_t block = 0; block < g.blocks; ++block)
     for (int64_t warp = 0; warp < g.threads / 32; ++warp) {
       // Every lane of a warp (thread warp·32 + lane, lane = thread & 31) starts at the same element.
-      const int64_t first = body::warp_first_element(block, g.threads, warp * 32);
+      const int64_t first = whittle::cuda_grid::warp_first_element(block, g.threads, warp * 32);
       for (int64_t lane = 1; lane < 32; ++lane)
-        if (body::warp_first_element(block, g.threads, warp * 32 + lane) != first) {
+        if (whittle::cuda_grid::warp_first_element(block, g.threads, warp * 32 + lane) != first) {
           ADD_FAILURE() << "lane " << lane << " of warp " << warp << " starts elsewhere";
           return {y, mask};
         }
@@ -347,10 +347,10 @@ std::pair<at::Tensor, at::Tensor> emulate_masked(const at::Tensor& x_in, Op op, 
 // The element-wise kernels' grid-stride loop on the host: f(i) for every i < n, each once (checked).
 void emulate_elementwise(int64_t n, Grid g, const std::function<void(int64_t)>& f) {
   std::vector<int> visits(static_cast<size_t>(n), 0);
-  const int64_t stride = body::grid_stride(g.blocks, g.threads);
+  const int64_t stride = whittle::cuda_grid::grid_stride(g.blocks, g.threads);
   for (int64_t block = 0; block < g.blocks; ++block)
     for (int64_t thread = 0; thread < g.threads; ++thread)
-      for (int64_t i = body::first_element(block, g.threads, thread); i < n; i += stride) {
+      for (int64_t i = whittle::cuda_grid::first_element(block, g.threads, thread); i < n; i += stride) {
         f(i);
         ++visits[static_cast<size_t>(i)];
       }
