@@ -201,7 +201,6 @@ TEST(CudaKernelBodies, MaxPoolOfSignsEqualsTheCpuKernel) {
     }
 }
 
-// The edge sizes of kernels_test.cpp's BinaryConvEdges: K input channels × O × stride × padding × batch.
 // Calls f(x, w, options) for every edge case of kernels_test.cpp's BinaryConvEdges: K input
 // channels × O output channels (1, 7, 8, 9) × stride (1, 2) × padding (0, 1) × batch (1, 3), on 6×5
 // maps of ±1 with a 3×3 kernel; a trace names the case.
