@@ -122,6 +122,11 @@ bool is_weighted_layer(const Node& node) { return weight_output_axis(node).has_v
 
 bool folds_batchnorm(const Node& node) { return op_traits(node.op).folds_batchnorm; }
 
+bool is_norm_param(const Node& node, const std::string& param) {
+  const auto& names = op_traits(node.op).norm_params;
+  return std::find(names.begin(), names.end(), param) != names.end();
+}
+
 namespace {
 
 // Every output channel c bound to channel c of each input of the output's rank with the output's

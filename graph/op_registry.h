@@ -145,6 +145,10 @@ struct OpTraits {
   /// sign(op(x)) = op(sign(x)) in eval form: monotone, channel-preserving, no arithmetic (max
   /// pooling, flatten, dropout, identity), so a binarizer may move across the op.
   bool commutes_with_sign = false;
+  /// Parameters that are a normalization's affine (γ and β of y = γ·x̂ + β): batch_norm's weight
+  /// and bias, conv_bn_qat's bn_weight and bn_bias. The optimizer's norm_weight_decay applies to
+  /// them (training.optimizer, docs/recipes.md).
+  std::vector<std::string> norm_params;
   /// The TorchScript operators (qualified, "aten::conv2d") the importer maps onto this op.
   std::vector<std::string> torchscript_ops;
   OnnxWriteFn to_onnx;                ///< filled by the module that owns the op; empty: no ONNX form yet
@@ -178,6 +182,8 @@ std::optional<int64_t> weight_output_axis(const Node& node);
 bool is_weighted_layer(const Node& node);
 /// True when a batch_norm may fold into the node's op (OpTraits::folds_batchnorm).
 bool folds_batchnorm(const Node& node);
+/// True when parameter `param` of the node is a normalization's affine (OpTraits::norm_params).
+bool is_norm_param(const Node& node, const std::string& param);
 /// Slices the node to the channels `keep` on `side` through its op's slice hook (see
 /// SliceChannelsFn for the rules and errors); the caller re-runs shape inference.
 void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep);

@@ -285,6 +285,7 @@ void register_batch_norm() {
   t.description = "batch normalization over dim 1 (BatchNorm1d/2d); batch statistics in training";
   t.channel_flow = ChannelFlow::kPassThrough;
   t.optional_params = {"weight", "bias"};
+  t.norm_params = {"weight", "bias"};
   t.required_buffers = {"running_mean", "running_var"};
   t.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kChannel, 0, false},
                                       {"bias", false, ChannelRole::kChannel, 0, false},

@@ -8,9 +8,12 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "graph/op_registry.h"
 
 namespace whittle::runner {
 
@@ -84,43 +87,132 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   return loss;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, const std::vector<at::Tensor>& params) {
-  if (o.name == "sgd" && o.fused) {
-    return std::make_unique<FusedSGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+WeightDecayOverrides weight_decay_overrides(const GraphModule& model, const OptimizerSpec& spec) {
+  WeightDecayOverrides out;
+  const double norm = spec.norm_weight_decay.value_or(spec.weight_decay);
+  const double bias = spec.bias_weight_decay.value_or(spec.weight_decay);
+  if (norm == spec.weight_decay && bias == spec.weight_decay) return out;
+  for (const Node& node : model->graph().nodes())
+    for (const auto& [name, tensor] : node.params) {
+      if (!tensor.defined()) continue;
+      const double decay = is_norm_param(node, name) ? norm : name == "bias" ? bias : spec.weight_decay;
+      if (decay != spec.weight_decay) out.emplace(tensor.unsafeGetTensorImpl(), decay);
+    }
+  return out;
+}
+
+namespace {
+
+// The parameter groups of make_optimizer: `params` with `spec.weight_decay` first, then one group
+// per other decay in `overrides`, in order of first appearance; empty groups are left out.
+std::vector<std::pair<double, std::vector<at::Tensor>>> decay_groups(double weight_decay,
+                                                                     const std::vector<at::Tensor>& params,
+                                                                     const WeightDecayOverrides& overrides) {
+  std::vector<std::pair<double, std::vector<at::Tensor>>> groups{{weight_decay, {}}};
+  for (const auto& p : params) {
+    auto it = overrides.find(p.unsafeGetTensorImpl());
+    const double decay = it == overrides.end() ? weight_decay : it->second;
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == decay; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {decay, {}});
+    g->second.push_back(p);
   }
+  if (groups.size() > 1 && groups.front().second.empty()) groups.erase(groups.begin());
+  return groups;
+}
+
+// An optimizer of type Kind over `params`, one group per weight decay (decay_groups).
+template <typename Kind, typename Options>
+std::unique_ptr<torch::optim::Optimizer> make_grouped(const Options& options, const std::vector<at::Tensor>& params,
+                                                      const WeightDecayOverrides& overrides) {
+  if (overrides.empty()) return std::make_unique<Kind>(params, options);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (auto& [decay, members] : decay_groups(options.weight_decay(), params, overrides)) {
+    auto o = std::make_unique<Options>(options);
+    o->weight_decay(decay);
+    groups.emplace_back(members, std::move(o));
+  }
+  return std::make_unique<Kind>(groups, options);
+}
+
+// The weight decay of an optimizer group's options (SGD, Adam, AdamW, RMSprop, Adagrad); nullopt
+// for another type.
+std::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& o) {
+  if (const auto* x = dynamic_cast<const torch::optim::SGDOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::AdamOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::AdagradOptions*>(&o)) return x->weight_decay();
+  return std::nullopt;
+}
+
+// `o` (cloned) with weight decay `decay`.
+std::unique_ptr<torch::optim::OptimizerOptions> with_weight_decay(const torch::optim::OptimizerOptions& o, double decay) {
+  std::unique_ptr<torch::optim::OptimizerOptions> out = o.clone();
+  if (auto* x = dynamic_cast<torch::optim::SGDOptions*>(out.get())) x->weight_decay(decay);
+  else if (auto* x = dynamic_cast<torch::optim::AdamWOptions*>(out.get())) x->weight_decay(decay);
+  else if (auto* x = dynamic_cast<torch::optim::AdamOptions*>(out.get())) x->weight_decay(decay);
+  else if (auto* x = dynamic_cast<torch::optim::RMSpropOptions*>(out.get())) x->weight_decay(decay);
+  else if (auto* x = dynamic_cast<torch::optim::AdagradOptions*>(out.get())) x->weight_decay(decay);
+  else throw Error("rebuild_optimizer: unsupported optimizer options (SGD, Adam, AdamW, RMSprop, Adagrad)");
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, const std::vector<at::Tensor>& params,
+                                                        const WeightDecayOverrides& overrides) {
   if (o.name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+    const auto options =
+        torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay);
+    return o.fused ? make_grouped<FusedSGD>(options, params, overrides)
+                   : make_grouped<torch::optim::SGD>(options, params, overrides);
   }
   if (o.name == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+    return make_grouped<torch::optim::Adam>(
+        torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay), params,
+        overrides);
   }
   if (o.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+    return make_grouped<torch::optim::AdamW>(
+        torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay), params,
+        overrides);
   }
   throw Error("unknown optimizer '" + o.name + "' (sgd, adam, adamw)", ErrorKind::kUsage);
 }
 
 std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::Optimizer& old,
-                                                           const std::vector<at::Tensor>& params) {
+                                                           const std::vector<at::Tensor>& params,
+                                                           const WeightDecayOverrides& overrides) {
   const auto& old_groups = old.param_groups();
   if (old_groups.empty()) throw Error("rebuild_optimizer: the optimizer has no parameter group");
   // Which group held each tensor.
   std::unordered_map<const void*, size_t> group_of;
   for (size_t g = 0; g < old_groups.size(); ++g)
     for (const auto& p : old_groups[g].params()) group_of.emplace(p.unsafeGetTensorImpl(), g);
+  // A new parameter with a decay of its own joins the first group with that decay, or a new one.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
+  for (const auto& g : old_groups) options.push_back(g.options().clone());
   std::vector<std::vector<at::Tensor>> members(old_groups.size());
   for (const auto& p : params) {
-    auto it = group_of.find(p.unsafeGetTensorImpl());
-    members[it == group_of.end() ? 0 : it->second].push_back(p);
+    if (auto it = group_of.find(p.unsafeGetTensorImpl()); it != group_of.end()) {
+      members[it->second].push_back(p);
+      continue;
+    }
+    size_t g = 0;
+    if (auto d = overrides.find(p.unsafeGetTensorImpl()); d != overrides.end()) {
+      for (g = 0; g < options.size() && weight_decay_of(*options[g]) != d->second; ++g) {
+      }
+      if (g == options.size()) {
+        options.push_back(with_weight_decay(*options[0], d->second));
+        members.emplace_back();
+      }
+    }
+    members[g].push_back(p);
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (size_t g = 0; g < old_groups.size(); ++g) {
+  for (size_t g = 0; g < options.size(); ++g) {
     if (members[g].empty() && !(g == 0 && params.empty())) continue;
-    groups.emplace_back(members[g], old_groups[g].options().clone());
+    groups.emplace_back(members[g], std::move(options[g]));
   }
 
   std::unique_ptr<torch::optim::Optimizer> fresh;

@@ -169,6 +169,11 @@ std::vector<KeySpec> build_schema() {
                 key("momentum", KeyType::kFloat, "0.9", "SGD momentum", Range::half_open(0, 1)),
                 key("nesterov", KeyType::kBool, "false", "SGD Nesterov momentum"),
                 key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)", Range::closed(0, 1e3)),
+                key("norm_weight_decay", KeyType::kFloat, "= weight_decay",
+                    "weight decay of normalization layers' γ and β (batch_norm weight and bias); 0 exempts them",
+                    Range::closed(0, 1e3)),
+                key("bias_weight_decay", KeyType::kFloat, "= weight_decay",
+                    "weight decay of the other biases (conv, linear); 0 exempts them", Range::closed(0, 1e3)),
                 key("beta1", KeyType::kFloat, "0.9", "Adam β1", Range::half_open(0, 1)),
                 key("beta2", KeyType::kFloat, "0.999", "Adam β2", Range::half_open(0, 1)),
                 key("eps", KeyType::kFloat, "1e-8", "Adam ε", Range::above(0)),
@@ -714,6 +719,16 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     get(o, "momentum", op.momentum);
     get(o, "nesterov", op.nesterov);
     get(o, "weight_decay", op.weight_decay);
+    if (o["norm_weight_decay"] && !o["norm_weight_decay"].IsNull()) {
+      double v = 0;
+      get(o, "norm_weight_decay", v);
+      op.norm_weight_decay = v;
+    }
+    if (o["bias_weight_decay"] && !o["bias_weight_decay"].IsNull()) {
+      double v = 0;
+      get(o, "bias_weight_decay", v);
+      op.bias_weight_decay = v;
+    }
     get(o, "beta1", op.beta1);
     get(o, "beta2", op.beta2);
     get(o, "eps", op.eps);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -51,6 +52,10 @@ struct OptimizerSpec {
   double momentum = 0.9;      ///< sgd
   bool nesterov = false;      ///< sgd
   double weight_decay = 0.0;  ///< L2 (sgd, adam) or decoupled (adamw)
+  /// Weight decay of normalization layers' γ and β (OpTraits::norm_params); unset: weight_decay.
+  std::optional<double> norm_weight_decay;
+  /// Weight decay of the other parameters named `bias`; unset: weight_decay.
+  std::optional<double> bias_weight_decay;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< adam, adamw
   bool fused = false;         ///< sgd: ATen's fused kernel (runner/optimizer.h FusedSGD)
 };

@@ -205,6 +205,144 @@ TEST_F(RebuildOptimizer, AdamWAndParameterGroups) {
   EXPECT_DOUBLE_EQ(static_cast<const torch::optim::AdamWOptions&>(fresh->defaults()).weight_decay(), 0.05);
 }
 
+// norm_weight_decay and bias_weight_decay: which tensors the registry names, the groups
+// make_optimizer makes, and one hand-worked SGD step in each group.
+TEST(WeightDecayGroups, NormAndBiasParametersGetTheirOwnDecay) {
+  GraphModule model(build_model("resnet20"));
+  OptimizerSpec spec;
+  spec.lr = 0.1;
+  spec.momentum = 0;
+  spec.weight_decay = 5e-4;
+  EXPECT_TRUE(weight_decay_overrides(model, spec).empty());
+  spec.norm_weight_decay = 5e-4;  // equal to weight_decay: no group of its own
+  EXPECT_TRUE(weight_decay_overrides(model, spec).empty());
+  EXPECT_EQ(make_optimizer(spec, trainable_parameters(model), weight_decay_overrides(model, spec))->param_groups().size(),
+            1u);
+
+  spec.norm_weight_decay = 0;
+  const WeightDecayOverrides norm_only = weight_decay_overrides(model, spec);
+  // ResNet-20 with projection shortcuts: 19 batch norms (1 stem, 18 in the blocks) and 2 shortcut
+  // BNs, each with γ and β; the classifier's bias keeps weight_decay.
+  size_t batch_norms = 0;
+  for (const Node& n : model->graph().nodes()) batch_norms += n.op == "batch_norm";
+  EXPECT_EQ(batch_norms, 21u);
+  EXPECT_EQ(norm_only.size(), 2 * batch_norms);
+  for (const Node& n : model->graph().nodes())
+    for (const auto& [name, t] : n.params)
+      EXPECT_EQ(norm_only.count(t.unsafeGetTensorImpl()), n.op == "batch_norm" ? 1u : 0u) << n.name << "." << name;
+
+  spec.bias_weight_decay = 1e-3;
+  const WeightDecayOverrides both = weight_decay_overrides(model, spec);
+  const at::Tensor& fc_bias = model->graph().node("linear").params.at("bias");
+  const at::Tensor& fc_weight = model->graph().node("linear").params.at("weight");
+  const at::Tensor& gamma = model->graph().node("bn1").params.at("weight");
+  ASSERT_EQ(both.count(fc_bias.unsafeGetTensorImpl()), 1u);
+  EXPECT_DOUBLE_EQ(both.at(fc_bias.unsafeGetTensorImpl()), 1e-3);
+  EXPECT_DOUBLE_EQ(both.at(gamma.unsafeGetTensorImpl()), 0.0);
+  EXPECT_EQ(both.count(fc_weight.unsafeGetTensorImpl()), 0u);
+
+  // Groups: weight_decay first, then the others in order of first appearance (bn1 comes before
+  // the classifier).
+  const std::vector<at::Tensor> params = trainable_parameters(model);
+  auto opt = make_optimizer(spec, params, both);
+  ASSERT_EQ(opt->param_groups().size(), 3u);
+  const auto decay = [&](size_t g) {
+    return static_cast<const torch::optim::SGDOptions&>(opt->param_groups()[g].options()).weight_decay();
+  };
+  EXPECT_DOUBLE_EQ(decay(0), 5e-4);
+  EXPECT_DOUBLE_EQ(decay(1), 0.0);
+  EXPECT_DOUBLE_EQ(decay(2), 1e-3);
+  EXPECT_EQ(opt->param_groups()[1].params().size(), 2 * batch_norms);
+  ASSERT_EQ(opt->param_groups()[2].params().size(), 1u);
+  EXPECT_TRUE(opt->param_groups()[2].params()[0].is_same(fc_bias));
+  EXPECT_EQ(opt->param_groups()[0].params().size() + 2 * batch_norms + 1, params.size());
+
+  // One step with gradient p + 1: p − 0.1·((p + 1) + λ·p), λ the tensor's decay.
+  const at::Tensor w0 = fc_weight.detach().clone(), g0 = gamma.detach().clone(), b0 = fc_bias.detach().clone();
+  one_step(*opt, params);
+  EXPECT_TRUE(fc_weight.allclose(w0 - 0.1 * ((w0 + 1) + 5e-4 * w0), 0, 1e-6));
+  EXPECT_TRUE(gamma.allclose(g0 - 0.1 * (g0 + 1), 0, 1e-6));
+  EXPECT_TRUE(fc_bias.allclose(b0 - 0.1 * ((b0 + 1) + 1e-3 * b0), 0, 1e-6));
+
+  // Adam and AdamW group the same way.
+  spec.name = "adamw";
+  EXPECT_EQ(make_optimizer(spec, params, both)->param_groups().size(), 3u);
+}
+
+// The registry names the normalization parameters, also inside a QAT conv_bn_qat node.
+TEST(WeightDecayGroups, RegistryNamesNormParameters) {
+  Node bn;
+  bn.op = "batch_norm";
+  EXPECT_TRUE(is_norm_param(bn, "weight"));
+  EXPECT_TRUE(is_norm_param(bn, "bias"));
+  Node qat;
+  qat.op = "conv_bn_qat";
+  EXPECT_TRUE(is_norm_param(qat, "bn_weight"));
+  EXPECT_TRUE(is_norm_param(qat, "bn_bias"));
+  EXPECT_FALSE(is_norm_param(qat, "weight"));
+  EXPECT_FALSE(is_norm_param(qat, "bias"));
+  Node conv;
+  conv.op = "conv2d";
+  EXPECT_FALSE(is_norm_param(conv, "bias"));
+}
+
+// The recipe keys: unset means weight_decay; a value out of range is a usage error naming the key.
+TEST(WeightDecayGroups, RecipeKeys) {
+  const std::string mnist = join_path(source_dir(), "data/mnist10k");
+  const auto recipe = [&](const std::string& optimizer) {
+    return parse_recipe("model: {name: lenet5}\ndata: {train: " + mnist + ", test: " + mnist +
+                            ", test_split: t10k}\ntraining:\n  optimizer: " + optimizer + "\n",
+                        "<wd>", source_dir());
+  };
+  const Recipe plain = recipe("{weight_decay: 5e-4}");
+  EXPECT_FALSE(plain.training.optimizer.norm_weight_decay.has_value());
+  EXPECT_FALSE(plain.training.optimizer.bias_weight_decay.has_value());
+  const Recipe set = recipe("{weight_decay: 5e-4, norm_weight_decay: 0, bias_weight_decay: 1e-4}");
+  EXPECT_EQ(set.training.optimizer.norm_weight_decay, 0.0);
+  EXPECT_EQ(set.training.optimizer.bias_weight_decay, 1e-4);
+  try {
+    recipe("{norm_weight_decay: -1}");
+    ADD_FAILURE() << "a negative norm_weight_decay was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("norm_weight_decay"), std::string::npos) << e.what();
+  }
+}
+
+// A parameter a modifier adds joins the group of its decay, or a new group with that decay.
+TEST_F(RebuildOptimizer, NewParametersJoinTheGroupOfTheirDecay) {
+  at::Tensor d = at::randn({5}).set_requires_grad(true);
+  at::Tensor e = at::randn({6}).set_requires_grad(true);
+  OptimizerSpec spec;
+  spec.weight_decay = 5e-4;
+  spec.momentum = 0.9;
+  auto old = make_optimizer(spec, {a, b}, {{b.unsafeGetTensorImpl(), 0.0}});
+  ASSERT_EQ(old->param_groups().size(), 2u);
+  one_step(*old, {a, b});
+  set_learning_rate(*old, 0.05);
+  // c has decay 0 (joins b's group), d none (joins a's), e 1e-3 (a new group).
+  auto fresh = rebuild_optimizer(*old, {a, b, c, d, e},
+                                 {{b.unsafeGetTensorImpl(), 0.0}, {c.unsafeGetTensorImpl(), 0.0}, {e.unsafeGetTensorImpl(), 1e-3}});
+  ASSERT_EQ(fresh->param_groups().size(), 3u);
+  const auto& g = fresh->param_groups();
+  ASSERT_EQ(g[0].params().size(), 2u);
+  EXPECT_TRUE(g[0].params()[0].is_same(a));
+  EXPECT_TRUE(g[0].params()[1].is_same(d));
+  ASSERT_EQ(g[1].params().size(), 2u);
+  EXPECT_TRUE(g[1].params()[0].is_same(b));
+  EXPECT_TRUE(g[1].params()[1].is_same(c));
+  ASSERT_EQ(g[2].params().size(), 1u);
+  EXPECT_TRUE(g[2].params()[0].is_same(e));
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(g[i].options());
+    const double want[] = {5e-4, 0.0, 1e-3};
+    EXPECT_DOUBLE_EQ(o.weight_decay(), want[i]);
+    EXPECT_DOUBLE_EQ(o.lr(), 0.05);  // the schedule's current rate, in the new group too
+    EXPECT_DOUBLE_EQ(o.momentum(), 0.9);
+  }
+  EXPECT_EQ(fresh->state().count(b.unsafeGetTensorImpl()), 1u);
+}
+
 // ---------------------------------------------------------------- a Trainer whose modifier
 // replaces a parameter mid-epoch
 
