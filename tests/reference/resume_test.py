@@ -2,7 +2,9 @@
 and whose `fuse_batchnorm` (mode qat) freezes the BN statistics at epoch 2 is interrupted with
 SIGINT in epoch 2 (after quantizers and QAT-folded layers were added) and again in epoch 3 (after
 the freeze), resumed each time, and must end exactly as the uninterrupted run: every dataset of the
-final checkpoint (h5py) and test_top1 / test_loss of report.json and metrics.jsonl equal. Also: a
+final checkpoint (h5py) and test_top1 / test_loss of report.json and metrics.jsonl equal. The
+optimizer has three weight-decay groups (norm_weight_decay, bias_weight_decay), so the folded BN's
+γ and β, new tensors at the fold, must keep theirs through the rebuild and the resume. Also: a
 resume with another recipe text is refused, naming the training state.
 
 Run by CTest with WHITTLE_BIN, WHITTLE_SOURCE_DIR and WHITTLE_BINARY_DIR set.
@@ -41,7 +43,8 @@ data:
   num_workers: 2
 training:
   epochs: 3
-  optimizer: {{name: sgd, lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0005}}
+  optimizer: {{name: sgd, lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0005,
+              norm_weight_decay: 0, bias_weight_decay: 0.0001}}
   lr_schedule: {{name: cosine}}
   seed: 0
   deterministic: true
