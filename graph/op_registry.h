@@ -183,6 +183,7 @@ bool is_weighted_layer(const Node& node);
 /// True when a batch_norm may fold into the node's op (OpTraits::folds_batchnorm).
 bool folds_batchnorm(const Node& node);
 /// True when parameter `param` of the node is a normalization's affine (OpTraits::norm_params).
+/// Throws whittle::Error when the node's op is not registered.
 bool is_norm_param(const Node& node, const std::string& param);
 /// Slices the node to the channels `keep` on `side` through its op's slice hook (see
 /// SliceChannelsFn for the rules and errors); the caller re-runs shape inference.

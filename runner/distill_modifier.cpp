@@ -92,6 +92,8 @@ class DistillModifier : public Modifier {
     return out;
   }
 
+  std::vector<GraphModule> parameter_modules() override { return adapters_; }
+
   std::vector<std::pair<std::string, at::Tensor>> state_tensors() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t i = 0; i < adapters_.size(); ++i) {

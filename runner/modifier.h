@@ -82,6 +82,9 @@ class Modifier {
   /// created by on_start: the optimizer updates them with the model's parameters (after those, in
   /// recipe order), and gradient clipping and the loss scaler see them too. None by default.
   virtual std::vector<at::Tensor> parameters() { return {}; }
+  /// The graph modules that hold parameters() (the hint adapters), so the optimizer can ask the
+  /// registry which of those are normalization γ and β (norm_weight_decay). None by default.
+  virtual std::vector<GraphModule> parameter_modules() { return {}; }
   /// Every tensor the modifier owns (its parameters and buffers, e.g. the adapters' BN running
   /// statistics), by a name unique within the modifier: saved with the training state and copied
   /// back in place on resume, after on_start. None by default.

@@ -87,17 +87,18 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   return loss;
 }
 
-WeightDecayOverrides weight_decay_overrides(const GraphModule& model, const OptimizerSpec& spec) {
+WeightDecayOverrides weight_decay_overrides(const std::vector<GraphModule>& modules, const OptimizerSpec& spec) {
   WeightDecayOverrides out;
   const double norm = spec.norm_weight_decay.value_or(spec.weight_decay);
   const double bias = spec.bias_weight_decay.value_or(spec.weight_decay);
   if (norm == spec.weight_decay && bias == spec.weight_decay) return out;
-  for (const Node& node : model->graph().nodes())
-    for (const auto& [name, tensor] : node.params) {
-      if (!tensor.defined()) continue;
-      const double decay = is_norm_param(node, name) ? norm : name == "bias" ? bias : spec.weight_decay;
-      if (decay != spec.weight_decay) out.emplace(tensor.unsafeGetTensorImpl(), decay);
-    }
+  for (const GraphModule& module : modules)
+    for (const Node& node : module->graph().nodes())
+      for (const auto& [name, tensor] : node.params) {
+        if (!tensor.defined()) continue;
+        const double decay = is_norm_param(node, name) ? norm : name == "bias" ? bias : spec.weight_decay;
+        if (decay != spec.weight_decay) out.emplace(tensor.unsafeGetTensorImpl(), decay);
+      }
   return out;
 }
 
@@ -134,17 +135,6 @@ std::unique_ptr<torch::optim::Optimizer> make_grouped(const Options& options, co
   return std::make_unique<Kind>(groups, options);
 }
 
-// The weight decay of an optimizer group's options (SGD, Adam, AdamW, RMSprop, Adagrad); nullopt
-// for another type.
-std::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& o) {
-  if (const auto* x = dynamic_cast<const torch::optim::SGDOptions*>(&o)) return x->weight_decay();
-  if (const auto* x = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) return x->weight_decay();
-  if (const auto* x = dynamic_cast<const torch::optim::AdamOptions*>(&o)) return x->weight_decay();
-  if (const auto* x = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) return x->weight_decay();
-  if (const auto* x = dynamic_cast<const torch::optim::AdagradOptions*>(&o)) return x->weight_decay();
-  return std::nullopt;
-}
-
 // `o` (cloned) with weight decay `decay`.
 std::unique_ptr<torch::optim::OptimizerOptions> with_weight_decay(const torch::optim::OptimizerOptions& o, double decay) {
   std::unique_ptr<torch::optim::OptimizerOptions> out = o.clone();
@@ -158,6 +148,15 @@ std::unique_ptr<torch::optim::OptimizerOptions> with_weight_decay(const torch::o
 }
 
 }  // namespace
+
+std::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& o) {
+  if (const auto* x = dynamic_cast<const torch::optim::SGDOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::AdamOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::RMSpropOptions*>(&o)) return x->weight_decay();
+  if (const auto* x = dynamic_cast<const torch::optim::AdagradOptions*>(&o)) return x->weight_decay();
+  return std::nullopt;
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, const std::vector<at::Tensor>& params,
                                                         const WeightDecayOverrides& overrides) {
@@ -182,7 +181,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& o, 
 
 std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::Optimizer& old,
                                                            const std::vector<at::Tensor>& params,
-                                                           const WeightDecayOverrides& overrides) {
+                                                           const WeightDecayOverrides& overrides,
+                                                           std::optional<double> weight_decay) {
   const auto& old_groups = old.param_groups();
   if (old_groups.empty()) throw Error("rebuild_optimizer: the optimizer has no parameter group");
   // Which group held each tensor.
@@ -198,12 +198,13 @@ std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::O
       members[it->second].push_back(p);
       continue;
     }
+    std::optional<double> decay = weight_decay;
+    if (auto d = overrides.find(p.unsafeGetTensorImpl()); d != overrides.end()) decay = d->second;
     size_t g = 0;
-    if (auto d = overrides.find(p.unsafeGetTensorImpl()); d != overrides.end()) {
-      for (g = 0; g < options.size() && weight_decay_of(*options[g]) != d->second; ++g) {
-      }
+    if (decay) {
+      while (g < options.size() && weight_decay_of(*options[g]) != decay) ++g;
       if (g == options.size()) {
-        options.push_back(with_weight_decay(*options[0], d->second));
+        options.push_back(with_weight_decay(*options[0], *decay));
         members.emplace_back();
       }
     }

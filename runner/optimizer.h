@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -30,13 +31,18 @@ class FusedSGD : public torch::optim::SGD {
 /// TensorImpl* (the key LibTorch's optimizers use).
 using WeightDecayOverrides = std::unordered_map<const void*, double>;
 
-/// The parameters of `model` whose weight decay `spec` sets apart from `spec.weight_decay`:
+/// The parameters of `modules` whose weight decay `spec` sets apart from `spec.weight_decay`:
 /// `norm_weight_decay` for a normalization's γ and β (the registry's OpTraits::norm_params: batch
 /// norm, the BN half of a QAT conv_bn_qat), `bias_weight_decay` for the other parameters named
 /// `bias`. Empty when neither is set or both equal weight_decay. The usual exemption of γ, β and
 /// biases from L2 (Goyal et al., 2017, arXiv:1706.02677 §5; He et al., 2019, "Bag of Tricks",
-/// §3.1), as torchvision's `norm_weight_decay` and `bias_weight_decay`.
-WeightDecayOverrides weight_decay_overrides(const GraphModule& model, const OptimizerSpec& spec);
+/// §3.1), as torchvision's `norm_weight_decay` and `bias_weight_decay`. Throws whittle::Error for a
+/// node whose op is not registered.
+WeightDecayOverrides weight_decay_overrides(const std::vector<GraphModule>& modules, const OptimizerSpec& spec);
+
+/// The weight decay of an optimizer group's options (SGD, Adam, AdamW, RMSprop, Adagrad); nullopt
+/// for another optimizer.
+std::optional<double> weight_decay_of(const torch::optim::OptimizerOptions& options);
 
 /// A new optimizer as `spec` names it (torch::optim::SGD, FusedSGD when `spec.fused`, Adam or
 /// AdamW with its hyper-parameters) over `params`. One parameter group with `spec.weight_decay`,
@@ -52,14 +58,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spe
 /// learning rate included) and the per-parameter state (SGD momentum_buffer; Adam/AdamW step,
 /// exp_avg, exp_avg_sq, max_exp_avg_sq; ...) of every tensor of `params` that `old` held: the
 /// same tensor object (LibTorch keys Optimizer::state() by TensorImpl*), not a copy with equal
-/// values. A parameter old held stays in its group; a new one joins the first group whose weight
-/// decay is its decay in `overrides` (absent: the first group's), or a new group with the first
-/// group's options and that decay; groups left empty are dropped. Parameters old held that are not in `params` lose their state. The state is
+/// values. A parameter old held stays in its group. A new one takes its decay in `overrides`, or
+/// else `weight_decay` (when given; otherwise it joins the first group), and joins the first group
+/// with that decay, or a new group with the first group's options and that decay. Groups left
+/// empty are dropped. Parameters old held that are not in `params` lose their state. The state is
 /// shared with old (the tensors are not copied), so `old` should be discarded. Throws
 /// whittle::Error for another optimizer type.
 std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(const torch::optim::Optimizer& old,
                                                            const std::vector<at::Tensor>& params,
-                                                           const WeightDecayOverrides& overrides = {});
+                                                           const WeightDecayOverrides& overrides = {},
+                                                           std::optional<double> weight_decay = std::nullopt);
 
 /// The tensors of one parameter's optimizer state that have the parameter's shape, in a fixed
 /// order per optimizer type: SGD {momentum_buffer}; Adam and AdamW {exp_avg, exp_avg_sq,

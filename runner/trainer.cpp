@@ -360,7 +360,7 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   for (auto& m : modifiers_) m->on_start(tc_);
   if (saved) saved->restore_modifier_tensors(modifiers_);
   apply_parameter_changes();
-  optimizer_ = make_optimizer(t.optimizer, optimized_parameters(), weight_decay_overrides(model_, t.optimizer));
+  optimizer_ = make_optimizer(t.optimizer, optimized_parameters(), weight_decay_overrides(parameter_modules(), t.optimizer));
   tc_.optimizer = optimizer_.get();
   if (t.channels_last && device_.is_cuda()) {
     at::NoGradGuard g;
@@ -425,13 +425,12 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     log << "data parallel: " << group_->world_size() << " ranks (" << group_->backend() << "), each training "
         << train_loader_->num_samples() << " images an epoch in batches of " << r.data.batch_size << " and testing "
         << test_loader_->num_samples() << "; " << result_.global_batch_size << " images a step\n";
-  if (const WeightDecayOverrides wd = weight_decay_overrides(model_, t.optimizer); !wd.empty()) {
-    std::map<double, int> tensors;  // decay → how many tensors take it
-    for (const auto& [impl, decay] : wd) ++tensors[decay];
-    log << "optimizer: weight decay " << t.optimizer.weight_decay;
-    for (const auto& [decay, n] : tensors) log << "; " << decay << " on " << n << " tensors";
-    log << " (norm_weight_decay " << t.optimizer.norm_weight_decay.value_or(t.optimizer.weight_decay)
-        << ", bias_weight_decay " << t.optimizer.bias_weight_decay.value_or(t.optimizer.weight_decay) << ")\n";
+  if (optimizer_->param_groups().size() > 1) {  // norm_weight_decay, bias_weight_decay
+    log << "optimizer: weight decay";
+    for (const auto& g : optimizer_->param_groups())
+      log << (&g == &optimizer_->param_groups().front() ? " " : "; ") << weight_decay_of(g.options()).value_or(0)
+          << " on " << g.params().size() << " tensors";
+    log << "\n";
   }
   log << std::flush;
 
@@ -573,6 +572,13 @@ void Trainer::check_modifier_targets() const {
   }
 }
 
+std::vector<GraphModule> Trainer::parameter_modules() {
+  std::vector<GraphModule> out{model_};
+  for (auto& m : modifiers_)
+    for (auto& module : m->parameter_modules()) out.push_back(module);
+  return out;
+}
+
 std::vector<at::Tensor> Trainer::optimized_parameters() {
   std::vector<at::Tensor> params = trainable_parameters(model_);
   for (auto& m : modifiers_)
@@ -584,8 +590,9 @@ void Trainer::apply_parameter_changes() {
   if (!tc_.parameters_changed) return;
   model_->to(device_);
   if (optimizer_) {
-    optimizer_ = rebuild_optimizer(*optimizer_, optimized_parameters(),
-                                   weight_decay_overrides(model_, recipe_.training.optimizer));
+    const OptimizerSpec& o = recipe_.training.optimizer;
+    optimizer_ = rebuild_optimizer(*optimizer_, optimized_parameters(), weight_decay_overrides(parameter_modules(), o),
+                                   o.weight_decay);
     tc_.optimizer = optimizer_.get();
   }
   // Every rank made the same change (the modifiers see the same parameters and step).

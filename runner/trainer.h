@@ -168,6 +168,7 @@ class Trainer {
  private:
   using Clock = std::chrono::steady_clock;
   void apply_parameter_changes();
+  std::vector<GraphModule> parameter_modules();  // the model, then the modifiers' (Modifier::parameter_modules)
   std::vector<at::Tensor> optimized_parameters();  // the model's trainable parameters, then the modifiers' (Modifier::parameters)
   RunResult finish();
   // Writes the outputs.export files of the final model beside the checkpoint (export/).

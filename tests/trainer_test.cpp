@@ -14,7 +14,9 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "data/loader.h"
+#include "distill/distill.h"
 #include "export/checkpoint.h"
+#include "fuse/qat_batchnorm.h"
 #include "graph/graph_module.h"
 #include "graph/serialize.h"
 #include "graph/zoo.h"
@@ -213,14 +215,14 @@ TEST(WeightDecayGroups, NormAndBiasParametersGetTheirOwnDecay) {
   spec.lr = 0.1;
   spec.momentum = 0;
   spec.weight_decay = 5e-4;
-  EXPECT_TRUE(weight_decay_overrides(model, spec).empty());
+  EXPECT_TRUE(weight_decay_overrides({model}, spec).empty());
   spec.norm_weight_decay = 5e-4;  // equal to weight_decay: no group of its own
-  EXPECT_TRUE(weight_decay_overrides(model, spec).empty());
-  EXPECT_EQ(make_optimizer(spec, trainable_parameters(model), weight_decay_overrides(model, spec))->param_groups().size(),
+  EXPECT_TRUE(weight_decay_overrides({model}, spec).empty());
+  EXPECT_EQ(make_optimizer(spec, trainable_parameters(model), weight_decay_overrides({model}, spec))->param_groups().size(),
             1u);
 
   spec.norm_weight_decay = 0;
-  const WeightDecayOverrides norm_only = weight_decay_overrides(model, spec);
+  const WeightDecayOverrides norm_only = weight_decay_overrides({model}, spec);
   // ResNet-20 with projection shortcuts: 19 batch norms (1 stem, 18 in the blocks) and 2 shortcut
   // BNs, each with γ and β; the classifier's bias keeps weight_decay.
   size_t batch_norms = 0;
@@ -232,7 +234,7 @@ TEST(WeightDecayGroups, NormAndBiasParametersGetTheirOwnDecay) {
       EXPECT_EQ(norm_only.count(t.unsafeGetTensorImpl()), n.op == "batch_norm" ? 1u : 0u) << n.name << "." << name;
 
   spec.bias_weight_decay = 1e-3;
-  const WeightDecayOverrides both = weight_decay_overrides(model, spec);
+  const WeightDecayOverrides both = weight_decay_overrides({model}, spec);
   const at::Tensor& fc_bias = model->graph().node("linear").params.at("bias");
   const at::Tensor& fc_weight = model->graph().node("linear").params.at("weight");
   const at::Tensor& gamma = model->graph().node("bn1").params.at("weight");
@@ -257,16 +259,59 @@ TEST(WeightDecayGroups, NormAndBiasParametersGetTheirOwnDecay) {
   EXPECT_TRUE(opt->param_groups()[2].params()[0].is_same(fc_bias));
   EXPECT_EQ(opt->param_groups()[0].params().size() + 2 * batch_norms + 1, params.size());
 
-  // One step with gradient p + 1: p − 0.1·((p + 1) + λ·p), λ the tensor's decay.
-  const at::Tensor w0 = fc_weight.detach().clone(), g0 = gamma.detach().clone(), b0 = fc_bias.detach().clone();
+  // One step at lr 1 with gradient p + 1 from p = c: c − ((c + 1) + λ·c) = −1 − λ·c, λ the
+  // tensor's decay.
+  const at::Tensor& beta = model->graph().node("bn1").params.at("bias");
+  {
+    at::NoGradGuard no_grad;
+    fc_weight.fill_(1);
+    gamma.fill_(2);
+    beta.fill_(3);
+    fc_bias.fill_(4);
+  }
+  spec.lr = 1;
+  opt = make_optimizer(spec, params, both);
   one_step(*opt, params);
-  EXPECT_TRUE(fc_weight.allclose(w0 - 0.1 * ((w0 + 1) + 5e-4 * w0), 0, 1e-6));
-  EXPECT_TRUE(gamma.allclose(g0 - 0.1 * (g0 + 1), 0, 1e-6));
-  EXPECT_TRUE(fc_bias.allclose(b0 - 0.1 * ((b0 + 1) + 1e-3 * b0), 0, 1e-6));
+  EXPECT_TRUE(fc_weight.allclose(at::full_like(fc_weight, -1.0005), 0, 1e-6));  // 5e-4
+  EXPECT_TRUE(gamma.allclose(at::full_like(gamma, -1.0), 0, 1e-6));              // 0
+  EXPECT_TRUE(beta.allclose(at::full_like(beta, -1.0), 0, 1e-6));                // 0
+  EXPECT_TRUE(fc_bias.allclose(at::full_like(fc_bias, -1.004), 0, 1e-6));        // 1e-3
 
-  // Adam and AdamW group the same way.
+  // The fused SGD and AdamW group the same way.
+  spec.fused = true;
+  auto fused = make_optimizer(spec, params, both);
+  EXPECT_NE(dynamic_cast<FusedSGD*>(fused.get()), nullptr);
+  ASSERT_EQ(fused->param_groups().size(), 3u);
+  EXPECT_EQ(weight_decay_of(fused->param_groups()[1].options()), 0.0);
+  spec.fused = false;
   spec.name = "adamw";
-  EXPECT_EQ(make_optimizer(spec, params, both)->param_groups().size(), 3u);
+  auto adamw = make_optimizer(spec, params, both);
+  ASSERT_EQ(adamw->param_groups().size(), 3u);
+  EXPECT_EQ(weight_decay_of(adamw->param_groups()[0].options()), 5e-4);
+  EXPECT_EQ(weight_decay_of(adamw->param_groups()[2].options()), 1e-3);
+}
+
+// In QAT-folded layers (conv_bn_qat) the BN's γ and β keep norm_weight_decay, as do a
+// distillation hint adapter's (the trainer passes the modifiers' modules too).
+TEST(WeightDecayGroups, QatFoldedBatchNormAndModifierModules) {
+  GraphModule model(build_model("resnet20"));
+  fuse::prepare_qat_batchnorm(model);
+  OptimizerSpec spec;
+  spec.weight_decay = 5e-4;
+  spec.norm_weight_decay = 0;
+  const WeightDecayOverrides wd = weight_decay_overrides({model}, spec);
+  size_t folded = 0;
+  for (const Node& n : model->graph().nodes())
+    if (n.op == "conv_bn_qat") {
+      ++folded;
+      EXPECT_EQ(wd.count(n.params.at("bn_weight").unsafeGetTensorImpl()), 1u) << n.name;
+      EXPECT_EQ(wd.count(n.params.at("bn_bias").unsafeGetTensorImpl()), 1u) << n.name;
+      EXPECT_EQ(wd.count(n.params.at("weight").unsafeGetTensorImpl()), 0u) << n.name;
+    }
+  EXPECT_EQ(folded, 21u);
+  EXPECT_EQ(wd.size(), 2 * folded);
+  GraphModule adapter = distill::hint_adapter({1, 16, 8, 8}, 32, 0);
+  EXPECT_EQ(weight_decay_overrides({model, adapter}, spec).size(), 2 * folded + 2);
 }
 
 // The registry names the normalization parameters, also inside a QAT conv_bn_qat node.
@@ -341,6 +386,17 @@ TEST_F(RebuildOptimizer, NewParametersJoinTheGroupOfTheirDecay) {
     EXPECT_DOUBLE_EQ(o.momentum(), 0.9);
   }
   EXPECT_EQ(fresh->state().count(b.unsafeGetTensorImpl()), 1u);
+  EXPECT_EQ(fresh->state().count(c.unsafeGetTensorImpl()), 0u);
+
+  // Without the base group (every old parameter had decay 0), a new parameter without an override
+  // takes the weight_decay given, in a new group, not group 0's decay.
+  auto only_zero = make_optimizer(spec, {a}, {{a.unsafeGetTensorImpl(), 0.0}});
+  ASSERT_EQ(only_zero->param_groups().size(), 1u);
+  auto grown = rebuild_optimizer(*only_zero, {a, d}, {{a.unsafeGetTensorImpl(), 0.0}}, 5e-4);
+  ASSERT_EQ(grown->param_groups().size(), 2u);
+  EXPECT_EQ(weight_decay_of(grown->param_groups()[0].options()), 0.0);
+  EXPECT_EQ(weight_decay_of(grown->param_groups()[1].options()), 5e-4);
+  EXPECT_TRUE(grown->param_groups()[1].params()[0].is_same(d));
 }
 
 // ---------------------------------------------------------------- a Trainer whose modifier
