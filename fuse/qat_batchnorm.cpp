@@ -96,6 +96,7 @@ void register_qat() {
   t.required_params = {"weight"};
   t.optional_params = {"bias", "bn_weight", "bn_bias"};
   t.norm_params = {"bn_weight", "bn_bias"};
+  t.norm_scale = "bn_weight";
   t.required_buffers = {"bn_running_mean", "bn_running_var"};
   // The base layer's channel tensors, and the BN's on the output channels.
   t.channel_tensors = [](const Node& n) {

@@ -127,6 +127,8 @@ bool is_norm_param(const Node& node, const std::string& param) {
   return std::find(names.begin(), names.end(), param) != names.end();
 }
 
+const std::string& norm_scale_param(const Node& node) { return op_traits(node.op).norm_scale; }
+
 namespace {
 
 // Every output channel c bound to channel c of each input of the output's rank with the output's

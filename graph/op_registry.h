@@ -149,6 +149,9 @@ struct OpTraits {
   /// and bias, conv_bn_qat's bn_weight and bn_bias. The optimizer's norm_weight_decay applies to
   /// them (training.optimizer, docs/recipes.md).
   std::vector<std::string> norm_params;
+  /// The scale γ among norm_params (batch_norm's weight, conv_bn_qat's bn_weight); empty: the op
+  /// has none. Network slimming's penalty (bn_sparsity) and the bn_scale pruning criterion read it.
+  std::string norm_scale;
   /// The TorchScript operators (qualified, "aten::conv2d") the importer maps onto this op.
   std::vector<std::string> torchscript_ops;
   OnnxWriteFn to_onnx;                ///< filled by the module that owns the op; empty: no ONNX form yet
@@ -185,6 +188,9 @@ bool folds_batchnorm(const Node& node);
 /// True when parameter `param` of the node is a normalization's affine (OpTraits::norm_params).
 /// Throws whittle::Error when the node's op is not registered.
 bool is_norm_param(const Node& node, const std::string& param);
+/// The name of the node's normalization scale γ (OpTraits::norm_scale), "" when its op has none.
+/// Throws whittle::Error when the node's op is not registered.
+const std::string& norm_scale_param(const Node& node);
 /// Slices the node to the channels `keep` on `side` through its op's slice hook (see
 /// SliceChannelsFn for the rules and errors); the caller re-runs shape inference.
 void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep);

@@ -286,6 +286,7 @@ void register_batch_norm() {
   t.channel_flow = ChannelFlow::kPassThrough;
   t.optional_params = {"weight", "bias"};
   t.norm_params = {"weight", "bias"};
+  t.norm_scale = "weight";
   t.required_buffers = {"running_mean", "running_var"};
   t.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kChannel, 0, false},
                                       {"bias", false, ChannelRole::kChannel, 0, false},

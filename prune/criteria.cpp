@@ -142,9 +142,13 @@ std::vector<double> score(const Graph& graph, const DependencyGroup& group, cons
       const Node& n = graph.node(m.node);
       const int64_t groups = n.attr_int("groups", 1);
       for (const auto& [name, axis] : m.tensors) {
-        const bool bn = m.role == ChannelRole::kChannel;
-        if (o.criterion == Criterion::kBnScale && !(bn && name == "weight" && n.op == "batch_norm")) continue;
-        if (name != "weight") continue;  // weights (and BN γ) only: biases and statistics do not rank
+        if (o.criterion == Criterion::kBnScale) {
+          // |γ| of the normalization (the registry's norm_scale: a batch_norm's weight, or the
+          // bn_weight of a layer QAT has folded its BN into).
+          if (name != norm_scale_param(n)) continue;
+        } else if (name != "weight") {
+          continue;  // weights (and BN γ) only: biases and statistics do not rank
+        }
         at::Tensor t = member_tensor(n, name);
         if (!t.defined()) continue;
         at::Tensor per;

@@ -226,7 +226,9 @@ class PruneModifier : public Modifier {
 };
 
 // Network slimming's sparsity regularizer (Liu et al. 2017): the loss gains s·Σ|γ| over the
-// targeted batch_norm layers, so their γ gradients gain s·sign(γ).
+// targeted nodes that have a normalization scale γ (the registry's norm_scale: batch_norm's
+// weight, and conv_bn_qat's bn_weight once QAT has folded a BN into its layer), so their γ
+// gradients gain s·sign(γ). No targets: every such node.
 class BnSparsityModifier : public Modifier {
  public:
   BnSparsityModifier(const ModifierSpec& spec, const BnSparsityOptions& o) : Modifier(spec), o_(o) {}
@@ -234,13 +236,13 @@ class BnSparsityModifier : public Modifier {
   at::Tensor on_loss(TrainContext& tc, const at::Tensor& loss, const at::Tensor&, const at::Tensor&,
                      const at::Tensor&) override {
     const Graph& g = tc.model->graph();
-    std::vector<std::string> targets = spec().targets;
-    if (targets.empty()) targets = {"batch_norm"};
     at::Tensor penalty = at::zeros({}, loss.options());
-    for (const std::string& name : select_nodes(g, targets, spec().ignore)) {
+    for (const std::string& name : select_nodes(g, spec().targets, spec().ignore)) {
       const Node& n = g.node(name);
-      if (n.op != "batch_norm") continue;
-      if (const at::Tensor* gamma = n.params.find("weight")) penalty = penalty + gamma->abs().sum();
+      const std::string& scale = norm_scale_param(n);
+      if (scale.empty()) continue;
+      if (const at::Tensor* gamma = n.params.find(scale); gamma && gamma->defined())
+        penalty = penalty + gamma->abs().sum();
     }
     return loss + o_.penalty * penalty;
   }

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "export/checkpoint.h"
+#include "fuse/qat_batchnorm.h"
 #include "graph/graph_module.h"
 #include "graph/zoo.h"
 #include "runner/modifier.h"
@@ -175,9 +176,19 @@ TEST(BnSparsity, AddsTheL1PenaltyOfGamma) {
   double sum = 0;
   for (const Node& n : tc.model->graph().nodes())
     if (n.op == "batch_norm") sum += n.params.at("weight").abs().sum().item<double>();
+  ASSERT_GT(sum, 0);
   const at::Tensor loss = at::tensor(1.0);
   const at::Tensor out = mod->on_loss(tc, loss, {}, {}, {});
   EXPECT_NEAR(out.item<double>(), 1.0 + 0.5 * sum, 1e-5);
+
+  // Once QAT has folded each BN into its layer, γ is the conv_bn_qat node's bn_weight (the
+  // registry's norm_scale): the penalty stays the same.
+  const size_t folded = fuse::prepare_qat_batchnorm(tc.model).fused.size();
+  ASSERT_GT(folded, 0u);
+  int64_t left = 0;
+  for (const Node& n : tc.model->graph().nodes()) left += n.op == "batch_norm";
+  EXPECT_EQ(left, 0);
+  EXPECT_NEAR(mod->on_loss(tc, loss, {}, {}, {}).item<double>(), 1.0 + 0.5 * sum, 1e-5);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "fuse/qat_batchnorm.h"
 #include "graph/graph_module.h"
 #include "graph/zoo.h"
 #include "prune/prune.h"
@@ -444,6 +445,35 @@ TEST_F(PruneTest, CriteriaRankByHand) {
   EXPECT_EQ(score(g, grp, o), (std::vector<double>{5.0, 9.0, 6.0}));
   o.criterion = Criterion::kBnScale;  // no BN in this group: not ranked
   for (double s : score(g, grp, o)) EXPECT_TRUE(std::isinf(s));
+}
+
+// bn_scale ranks a group by its BN's |γ|: a batch_norm's weight, and the same γ once QAT has
+// folded the BN into its conv (conv_bn_qat's bn_weight), which the registry names (norm_scale).
+TEST_F(PruneTest, BnScaleRanksGammaBeforeAndAfterQatFolding) {
+  Graph g;
+  g.add_input("x", {2, 1, 2, 2});
+  g.add_node(conv("a", "x", 1, 3));
+  Node bn = make("bn", "batch_norm", {"a"});
+  bn.params.set("weight", at::tensor({0.2f, -0.9f, 0.5f}));
+  bn.params.set("bias", at::zeros({3}));
+  bn.buffers.set("running_mean", at::zeros({3}));
+  bn.buffers.set("running_var", at::ones({3}));
+  g.add_node(bn);
+  g.add_node(conv("b", "bn", 3, 1));
+  g.set_outputs({"b"});
+  g.infer_shapes();
+  ScoreOptions o;
+  o.criterion = Criterion::kBnScale;
+  const std::vector<double> want{0.2, 0.9, 0.5};
+  auto near = [&](const std::vector<double>& got) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-7) << k;
+  };
+  near(score(g, group_of(dependency_groups(g), "a", ChannelRole::kOutput), o));
+
+  EXPECT_EQ(fuse::prepare_qat_batchnorm(g).fused.size(), 1u);
+  ASSERT_EQ(g.node("a").op, "conv_bn_qat");
+  near(score(g, group_of(dependency_groups(g), "a", ChannelRole::kOutput), o));
 }
 
 // a: conv 1→3 with weights 1, −3, 2; b: conv 3→1 with weights 0.5, 0.5, −4; no biases. On a 1×1
