@@ -132,12 +132,32 @@ def load_split(recipe, split):
         return torch.from_numpy(np.asarray(f["images"])), torch.from_numpy(np.asarray(f["labels"]))
 
 
-def learning_rate(t, base, e):
-    """whittle's cosine schedule (runner/schedule.cpp) at fractional epoch e."""
-    s = t.get("lr_schedule", {})
-    assert s.get("name") == "cosine" and not s.get("warmup_epochs"), "only cosine without warm-up is mirrored"
-    lo = s.get("min_lr", 0.0)
-    return lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, e / t["epochs"]))))
+def learning_rate(s, base, e, total):
+    """whittle's learning rate (runner/schedule.cpp's learning_rate_at) at fractional epoch `e` of
+    `total`: schedule `s` (the recipe's lr_schedule mapping: constant, step, multistep, cosine or
+    one_cycle, with optional linear warm-up) from the optimizer's `base` rate."""
+    name = s.get("name", "constant")
+    f = min(1.0, max(0.0, e / total))
+    if name == "constant":
+        rate = base
+    elif name == "step":
+        rate = base * s.get("gamma", 0.1) ** math.floor(e / s["step_size"])
+    elif name == "multistep":
+        rate = base * s.get("gamma", 0.1) ** sum(e >= m for m in s["milestones"])
+    elif name == "cosine":
+        lo = s.get("min_lr", 0.0)
+        rate = lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * f))
+    elif name == "one_cycle":
+        peak = s.get("max_lr") or base
+        start, end, pct = peak / 25.0, peak / 1e4, s.get("pct_start", 0.3)
+        if f < pct:
+            rate = peak + (start - peak) * 0.5 * (1 + math.cos(math.pi * f / pct))
+        else:
+            rate = end + (peak - end) * 0.5 * (1 + math.cos(math.pi * (f - pct) / max(1e-12, 1 - pct)))
+    else:
+        sys.exit(f"unknown lr_schedule '{name}'")
+    w = s.get("warmup_epochs", 0)
+    return rate * e / w if w and e < w else rate
 
 
 def evaluate(model, x, y, mean, std):
@@ -171,10 +191,12 @@ def augment(xb, pad, flip_images, gen):
     return out
 
 
-def train_batch(model, opt, xb, yb, mean, std):
-    """One SGD step on uint8 images `xb` (normalized here) and labels `yb`: (mean loss, correct predictions)."""
+def train_batch(model, opt, xb, yb, mean, std, label_smoothing=0.0):
+    """One SGD step on uint8 images `xb` (normalized here) and labels `yb`, cross-entropy with the
+    recipe's label smoothing (the same form as whittle's: ε spread over all classes): (mean loss,
+    correct predictions)."""
     logits = model((xb.float() / 255 - mean) / std)
-    loss = F.cross_entropy(logits, yb)
+    loss = F.cross_entropy(logits, yb, label_smoothing=label_smoothing)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -254,6 +276,7 @@ def main():
         if d.get(key):
             sys.exit(f"micronet_cifar.py: data.{key} is not mirrored")
     batch, epochs, pad = d["batch_size"], t["epochs"], d.get("random_crop_padding", 0)
+    schedule = t.get("lr_schedule", {})
     # whittle drops the last incomplete batch unless data.drop_last is false
     steps = xtr.shape[0] // batch if d.get("drop_last", True) else -(-xtr.shape[0] // batch)
     for epoch in range(start, epochs):
@@ -263,12 +286,12 @@ def main():
         loss_sum, correct, seen = 0.0, 0, 0
         for i in range(steps):
             for g in opt.param_groups:
-                g["lr"] = learning_rate(t, o["lr"], epoch + i / steps)
+                g["lr"] = learning_rate(schedule, o["lr"], epoch + i / steps, epochs)
             idx = perm[i * batch:(i + 1) * batch]
             xb = xtr[idx]
             if pad or d.get("horizontal_flip"):
                 xb = augment(xb, pad, bool(d.get("horizontal_flip")), gen)
-            loss, hits = train_batch(model, opt, xb, ytr[idx], mean, std)
+            loss, hits = train_batch(model, opt, xb, ytr[idx], mean, std, t.get("label_smoothing", 0.0))
             loss_sum += loss * idx.numel()
             correct += hits
             seen += idx.numel()
@@ -278,7 +301,7 @@ def main():
         eval_seconds = time.perf_counter() - t1
         elapsed += train_seconds + eval_seconds
         line = {"epoch": epoch + 1, "train_loss": finite_or_none(loss_sum / seen), "train_top1": correct / seen,
-                "test_top1": top1, "test_top5": top5, "test_loss": finite_or_none(test_loss), "lr": learning_rate(t, o["lr"], epoch + 1 - 1e-9),
+                "test_top1": top1, "test_top5": top5, "test_loss": finite_or_none(test_loss), "lr": learning_rate(schedule, o["lr"], epoch + 1 - 1e-9, epochs),
                 "train_images_per_second": seen / train_seconds, "train_images": seen,
                 "train_seconds": train_seconds, "eval_seconds": eval_seconds}
         with open(os.path.join(out, "metrics.jsonl"), "a") as f:

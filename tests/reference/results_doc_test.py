@@ -13,6 +13,8 @@
   reach 32.2-33.2 % on that EPYC, no steadier. More, smaller steps do no better there, one
   thread: batches of 16 at peaks of 0.02, 0.05 and 0.1 reach 27.68, 27.65 and 24.14 %, batches of
   8 at 0.05 24.03 %, batches of 32 at 0.02 30.72 %.)
+- The Python mirror of whittle's learning-rate schedule that the PyTorch scripts use gives every
+  committed whittle run's recorded learning rates.
 - docs/results.md holds the table `scripts/run_results.py` prints from the committed run summaries
   (docs/results/cifar10_budget/), character for character.
 - The committed runs meet their floors. The target was FP32 ≥ 89.0 % with DoReFa W8A8 ≥ 88.5 %,
@@ -105,6 +107,24 @@ for name, rep in reports.items():
         if stem in reports:
             check(reports[stem]["checkpoint_bytes"] < rep["checkpoint_bytes"],
                   f"{stem}: {reports[stem]['checkpoint_bytes']:,} B < micronet's {rep['checkpoint_bytes']:,} B")
+# The PyTorch side (bench/micronet_cifar.py, bench/fp32_reference.py) sets its learning rate with a
+# mirror of runner/schedule.cpp: it must give the rate each committed run recorded at the end of
+# every epoch (metrics.jsonl "lr"), for the one-cycle FP32 run and the cosine fine-tunes alike.
+sys.path.insert(0, os.path.join(SRC, "bench"))
+import micronet_cifar  # noqa: E402
+import yaml  # noqa: E402
+for name in reports:
+    recipe_path = os.path.join(SUMMARIES, name, "recipe.yaml")
+    metrics_path = os.path.join(SUMMARIES, name, "metrics.jsonl")
+    if name.startswith("micronet_") or not (os.path.isfile(recipe_path) and os.path.isfile(metrics_path)):
+        continue
+    t = yaml.safe_load(open(recipe_path))["training"]
+    worst = 0.0
+    for line in open(metrics_path):
+        m = json.loads(line)
+        mirror = micronet_cifar.learning_rate(t.get("lr_schedule", {}), t["optimizer"]["lr"], m["epoch"] - 1e-9, t["epochs"])
+        worst = max(worst, abs(mirror - m["lr"]) / max(m["lr"], 1e-12))
+    check(worst < 1e-6, f"{name}: the Python schedule mirror gives the recorded learning rates (worst relative error {worst:.1e})")
 if not reports:
     print(f"no run summaries committed in {SUMMARIES} yet: the table has no rows")
 finish()
