@@ -39,6 +39,9 @@ def main():
     o, s = t["optimizer"], t.get("lr_schedule", {})
     if o["name"] != "sgd":
         sys.exit("fp32_reference.py: mirrors SGD only")
+    for key in ("norm_weight_decay", "bias_weight_decay"):
+        if key in o:
+            sys.exit(f"fp32_reference.py: training.optimizer.{key} is not mirrored")
     epochs = args.epochs or t["epochs"]
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)

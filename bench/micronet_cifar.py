@@ -141,9 +141,9 @@ def learning_rate(s, base, e, total):
     if name == "constant":
         rate = base
     elif name == "step":
-        rate = base * s.get("gamma", 0.1) ** math.floor(e / s["step_size"])
+        rate = base * s.get("gamma", 0.1) ** math.floor(e / s.get("step_size", 30))
     elif name == "multistep":
-        rate = base * s.get("gamma", 0.1) ** sum(e >= m for m in s["milestones"])
+        rate = base * s.get("gamma", 0.1) ** sum(e >= m for m in s.get("milestones", []))
     elif name == "cosine":
         lo = s.get("min_lr", 0.0)
         rate = lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * f))
