@@ -257,6 +257,9 @@ def main():
                                eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.0))
     else:
         sys.exit(f"micronet_cifar.py: optimizer {o['name']} is not mirrored")
+    for key in ("norm_weight_decay", "bias_weight_decay"):
+        if key in o:
+            sys.exit(f"micronet_cifar.py: training.optimizer.{key} is not mirrored")
     gen = torch.Generator().manual_seed(t.get("seed", 0))
     start, elapsed = 0, 0.0
     if args.resume:
