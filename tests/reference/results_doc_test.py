@@ -12,7 +12,9 @@
   with one thread and =default. The floor sits 5.5 points under the lowest of these. (Two epochs
   reach 32.2-33.2 % on that EPYC, no steadier. More, smaller steps do no better there, one
   thread: batches of 16 at peaks of 0.02, 0.05 and 0.1 reach 27.68, 27.65 and 24.14 %, batches of
-  8 at 0.05 24.03 %, batches of 32 at 0.02 30.72 %.)
+  8 at 0.05 24.03 %, batches of 32 at 0.02 30.72 %. Seeds 1 and 2, one thread: 28.63 and 27.95 %
+  at 0.05, 28.77 and 32.73 % at 0.02; Adam at peaks of 0.002, 0.005 and 0.01 (seed 0) 29.30, 25.64
+  and 26.74 %.)
 - The Python mirror of whittle's learning-rate schedule that the PyTorch scripts use gives every
   committed whittle run's recorded learning rates.
 - docs/results.md holds the table `scripts/run_results.py` prints from the committed run summaries
