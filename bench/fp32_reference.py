@@ -8,7 +8,8 @@ schedule set every batch (runner/schedule.cpp's formulas, micronet_cifar.learnin
 smoothing, batch size, normalization, random crop and flip, on the same images (whittle's packed HDF5 copy, data/cache/).
 --epochs N shortens the schedule (it then spans N epochs), for a comparison with
   build/whittle run recipes/cifar10/resnet20_budget.yaml --set training.epochs=N --set outputs.dir=DIR
-Prints one line per epoch (test top-1 on the 10,000 test images, train top-1, seconds) and writes
+Exits, naming the key, on a recipe setting it does not mirror (micronet_cifar.UNMIRRORED, another
+model, modifiers). Prints one line per epoch (test top-1 on the 10,000 test images, train top-1, seconds) and writes
 metrics.jsonl in whittle's format to --out, so `whittle report` can show both.
 
 usage: .venv/bin/python bench/fp32_reference.py [--recipe R] [--epochs N] [--threads T] [--out DIR]
@@ -37,11 +38,13 @@ def main():
     recipe = yaml.safe_load(open(args.recipe))
     d, t = recipe["data"], recipe["training"]
     o, s = t["optimizer"], t.get("lr_schedule", {})
+    mc.refuse_unmirrored(recipe, "fp32_reference.py")
     if o["name"] != "sgd":
         sys.exit("fp32_reference.py: mirrors SGD only")
-    for key in ("norm_weight_decay", "bias_weight_decay"):
-        if key in o:
-            sys.exit(f"fp32_reference.py: training.optimizer.{key} is not mirrored")
+    if recipe.get("model", {}).get("name") != "resnet20":
+        sys.exit("fp32_reference.py: trains model resnet20 only")
+    if recipe.get("modifiers"):
+        sys.exit("fp32_reference.py: trains FP32 only; the recipe has modifiers")
     epochs = args.epochs or t["epochs"]
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -58,7 +61,8 @@ def main():
                           nesterov=o.get("nesterov", False), weight_decay=o.get("weight_decay", 0.0))
     gen = torch.Generator().manual_seed(t.get("seed", 0))
     batch, pad = d["batch_size"], d.get("random_crop_padding", 0)
-    steps = xtr.shape[0] // batch
+    # whittle drops the last incomplete batch unless data.drop_last is false
+    steps = xtr.shape[0] // batch if d.get("drop_last", True) else -(-xtr.shape[0] // batch)
     for epoch in range(epochs):
         model.train()
         t0 = time.perf_counter()

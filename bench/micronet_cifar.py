@@ -132,6 +132,24 @@ def load_split(recipe, split):
         return torch.from_numpy(np.asarray(f["images"])), torch.from_numpy(np.asarray(f["labels"]))
 
 
+# Recipe settings that change the training math and that the PyTorch replays do not mirror:
+# (section, key, the value that leaves it off; None: refused whenever present).
+UNMIRRORED = (("training", "grad_accumulation", 1), ("training", "grad_clip_norm", 0), ("training", "amp", "none"),
+              ("training.optimizer", "norm_weight_decay", None), ("training.optimizer", "bias_weight_decay", None),
+              ("data", "train_limit", 0), ("data", "test_limit", 0))
+
+
+def refuse_unmirrored(recipe, script):
+    """Exits, naming the key, when the whittle recipe (a parsed YAML mapping) sets something in
+    UNMIRRORED: the replay would silently differ from whittle's run."""
+    for section, key, off in UNMIRRORED:
+        node = recipe
+        for part in section.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if key in node and (off is None or node[key] != off):
+            sys.exit(f"{script}: {section}.{key} is not mirrored")
+
+
 def learning_rate(s, base, e, total):
     """whittle's learning rate (runner/schedule.cpp's learning_rate_at) at fractional epoch `e` of
     `total`: schedule `s` (the recipe's lr_schedule mapping: constant, step, multistep, cosine or
@@ -157,7 +175,7 @@ def learning_rate(s, base, e, total):
     else:
         sys.exit(f"unknown lr_schedule '{name}'")
     w = s.get("warmup_epochs", 0)
-    return rate * e / w if w and e < w else rate
+    return rate * (e / w) if w and e < w else rate
 
 
 def evaluate(model, x, y, mean, std):
@@ -233,6 +251,7 @@ def main():
         sys.exit(f"micronet_cifar.py: {out} holds a training state: continue with --resume or delete the directory")
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)
+    refuse_unmirrored(recipe, "micronet_cifar.py")
     d, t = recipe["data"], recipe["training"]
     o = t["optimizer"]
     mean = torch.tensor(d["mean"]).view(1, -1, 1, 1)
@@ -257,9 +276,6 @@ def main():
                                eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.0))
     else:
         sys.exit(f"micronet_cifar.py: optimizer {o['name']} is not mirrored")
-    for key in ("norm_weight_decay", "bias_weight_decay"):
-        if key in o:
-            sys.exit(f"micronet_cifar.py: training.optimizer.{key} is not mirrored")
     gen = torch.Generator().manual_seed(t.get("seed", 0))
     start, elapsed = 0, 0.0
     if args.resume:
@@ -275,9 +291,6 @@ def main():
     elif os.path.exists(os.path.join(out, "metrics.jsonl")):
         os.remove(os.path.join(out, "metrics.jsonl"))
 
-    for key in ("train_limit", "test_limit"):
-        if d.get(key):
-            sys.exit(f"micronet_cifar.py: data.{key} is not mirrored")
     batch, epochs, pad = d["batch_size"], t["epochs"], d.get("random_crop_padding", 0)
     schedule = t.get("lr_schedule", {})
     # whittle drops the last incomplete batch unless data.drop_last is false
