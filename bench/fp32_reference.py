@@ -39,7 +39,7 @@ def main():
     d, t = recipe["data"], recipe["training"]
     o, s = t["optimizer"], t.get("lr_schedule", {})
     mc.refuse_unmirrored(recipe, "fp32_reference.py")
-    if o["name"] != "sgd":
+    if o.get("name", "sgd") != "sgd":
         sys.exit("fp32_reference.py: mirrors SGD only")
     if recipe.get("model", {}).get("name") != "resnet20":
         sys.exit("fp32_reference.py: trains model resnet20 only")

@@ -5,8 +5,9 @@ default), loads it into the PyTorch ResNet-20 of tests/reference/zoo_models.py (
 `whittle export` to TorchScript: the state_dict keys are the same), applies micronet 1.12.0's
 `prepare`, and fine-tunes in a plain PyTorch loop with what whittle's recipe
 recipes/cifar10/resnet20_budget_<method>.yaml says: epochs, batch size, optimizer (SGD with
-momentum / Nesterov / weight decay, or Adam), cosine learning rate set every batch, normalization,
-random crop and flip, seed, on the same images (whittle's packed HDF5 copy of the JPEG archive,
+momentum / Nesterov / weight decay, or Adam), the learning-rate schedule set every batch
+(runner/schedule.cpp's formulas, `learning_rate`), label smoothing, normalization, random crop and
+flip, seed (a recipe setting it does not mirror, UNMIRRORED, stops it with the key's name), on the same images (whittle's packed HDF5 copy of the JPEG archive,
 data/cache/). Each epoch it evaluates on the 10,000 test images and saves its training state, so
 --resume continues an interrupted run; at the end it saves the model as micronet's users do,
 torch.save(model.state_dict()), and writes report.json and metrics.jsonl in whittle's run
@@ -133,9 +134,12 @@ def load_split(recipe, split):
 
 
 # Recipe settings that change the training math and that the PyTorch replays do not mirror:
-# (section, key, the value that leaves it off; None: refused whenever present).
+# (section, key, the value that leaves it off; WEIGHT_DECAY: off when null or equal to the
+# optimizer's weight_decay, as runner/recipe.cpp reads the exemptions).
+WEIGHT_DECAY = object()
 UNMIRRORED = (("training", "grad_accumulation", 1), ("training", "grad_clip_norm", 0), ("training", "amp", "none"),
-              ("training.optimizer", "norm_weight_decay", None), ("training.optimizer", "bias_weight_decay", None),
+              ("training.optimizer", "norm_weight_decay", WEIGHT_DECAY),
+              ("training.optimizer", "bias_weight_decay", WEIGHT_DECAY),
               ("data", "train_limit", 0), ("data", "test_limit", 0))
 
 
@@ -145,9 +149,16 @@ def refuse_unmirrored(recipe, script):
     for section, key, off in UNMIRRORED:
         node = recipe
         for part in section.split("."):
-            node = node.get(part, {}) if isinstance(node, dict) else {}
-        if key in node and (off is None or node[key] != off):
-            sys.exit(f"{script}: {section}.{key} is not mirrored")
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or key not in node:
+            continue
+        value = node[key]
+        if off is WEIGHT_DECAY:
+            if value is None or value == node.get("weight_decay", 0.0):
+                continue
+        elif value == off:
+            continue
+        sys.exit(f"{script}: {section}.{key} is not mirrored")
 
 
 def learning_rate(s, base, e, total):
@@ -249,9 +260,9 @@ def main():
         sys.exit(f"micronet_cifar.py: {out} already holds a finished run (delete it to rerun)")
     if os.path.exists(state_path) and not args.resume:
         sys.exit(f"micronet_cifar.py: {out} holds a training state: continue with --resume or delete the directory")
+    refuse_unmirrored(recipe, "micronet_cifar.py")
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)
-    refuse_unmirrored(recipe, "micronet_cifar.py")
     d, t = recipe["data"], recipe["training"]
     o = t["optimizer"]
     mean = torch.tensor(d["mean"]).view(1, -1, 1, 1)

@@ -115,6 +115,20 @@ for name, rep in reports.items():
 sys.path.insert(0, os.path.join(SRC, "bench"))
 import micronet_cifar  # noqa: E402
 import yaml  # noqa: E402
+# The branches no committed run uses, hand-worked from runner/schedule.cpp (lr 0.1, 40 epochs):
+# (schedule, epoch, rate).
+HAND_WORKED = [({"name": "constant"}, 7, 0.1),
+               ({"name": "step", "step_size": 30}, 45, 0.01),  # one decay by the default gamma 0.1
+               ({"name": "multistep", "milestones": [10, 20], "gamma": 0.5}, 25, 0.025),
+               ({"name": "cosine", "min_lr": 0.01}, 20, 0.055),  # 0.01 + 0.09 · (1 + cos π/2) / 2
+               ({"name": "cosine", "warmup_epochs": 2}, 1, 0.04992293),  # 0.05 · (1 + cos π/40) · 1/2
+               ({"name": "one_cycle", "max_lr": 0.2, "pct_start": 0.25}, 0, 0.008),  # peak / 25
+               ({"name": "one_cycle", "max_lr": 0.2, "pct_start": 0.25}, 10, 0.2),  # the peak
+               ({"name": "one_cycle", "max_lr": 0.2, "pct_start": 0.25}, 40, 2e-5),  # peak / 1e4
+               ({"name": "one_cycle"}, 12, 0.1)]  # defaults: the peak is the optimizer's lr, at 0.3 · 40
+for schedule, epoch, rate in HAND_WORKED:
+    got = micronet_cifar.learning_rate(schedule, 0.1, epoch, 40)
+    check(abs(got - rate) <= 1e-6 * rate, f"schedule mirror: {schedule} at epoch {epoch} gives {got:.7g} (hand-worked {rate:.7g})")
 for name in reports:
     recipe_path = os.path.join(SUMMARIES, name, "recipe.yaml")
     metrics_path = os.path.join(SUMMARIES, name, "metrics.jsonl")
