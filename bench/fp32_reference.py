@@ -61,8 +61,7 @@ def main():
                           nesterov=o.get("nesterov", False), weight_decay=o.get("weight_decay", 0.0))
     gen = torch.Generator().manual_seed(t.get("seed", 0))
     batch, pad = d["batch_size"], d.get("random_crop_padding", 0)
-    # whittle drops the last incomplete batch unless data.drop_last is false
-    steps = xtr.shape[0] // batch if d.get("drop_last", True) else -(-xtr.shape[0] // batch)
+    steps = mc.steps_per_epoch(xtr.shape[0], d)
     for epoch in range(epochs):
         model.train()
         t0 = time.perf_counter()

@@ -161,6 +161,13 @@ def refuse_unmirrored(recipe, script):
         sys.exit(f"{script}: {section}.{key} is not mirrored")
 
 
+def steps_per_epoch(images, d):
+    """Batches in an epoch of `images` training images under the recipe's data mapping `d`, as
+    whittle's loader counts them: the last incomplete batch is dropped unless data.drop_last is false."""
+    batch = d["batch_size"]
+    return images // batch if d.get("drop_last", True) else -(-images // batch)
+
+
 def learning_rate(s, base, e, total):
     """whittle's learning rate (runner/schedule.cpp's learning_rate_at) at fractional epoch `e` of
     `total`: schedule `s` (the recipe's lr_schedule mapping: constant, step, multistep, cosine or
@@ -304,8 +311,7 @@ def main():
 
     batch, epochs, pad = d["batch_size"], t["epochs"], d.get("random_crop_padding", 0)
     schedule = t.get("lr_schedule", {})
-    # whittle drops the last incomplete batch unless data.drop_last is false
-    steps = xtr.shape[0] // batch if d.get("drop_last", True) else -(-xtr.shape[0] // batch)
+    steps = steps_per_epoch(xtr.shape[0], d)
     for epoch in range(start, epochs):
         model.train()
         t0 = time.perf_counter()

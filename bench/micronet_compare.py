@@ -22,7 +22,6 @@ usage: .venv/bin/python bench/micronet_compare.py [--bits 8,4,2] [--seeds 0,1,2]
                                                   [--build build] [--out runs/sweep] [--check]
 """
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -35,7 +34,9 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 import zoo_models  # noqa: E402
+from micronet_cifar import learning_rate, steps_per_epoch  # noqa: E402  (whittle's schedule and batch count)
 from mnist_idx import load_split  # noqa: E402
 from seed_sweep import run_one  # noqa: E402
 
@@ -64,7 +65,7 @@ def micronet_run(recipe, seed, threads, train, test):
     xtr, ytr = prep(train[0]), torch.from_numpy(train[1])
     xte, yte = prep(test[0]), torch.from_numpy(test[1])
     batch, epochs = d["batch_size"], t["epochs"]
-    steps = xtr.shape[0] // batch  # whittle drops the last incomplete batch by default
+    steps = steps_per_epoch(xtr.shape[0], d)
     gen = torch.Generator().manual_seed(seed)
     for epoch in range(epochs):
         model.train()
@@ -72,7 +73,7 @@ def micronet_run(recipe, seed, threads, train, test):
         for i in range(steps):
             e = epoch + i / steps
             for g in opt.param_groups:
-                g["lr"] = o["lr"] * 0.5 * (1 + math.cos(math.pi * min(1.0, e / epochs)))
+                g["lr"] = learning_rate(t["lr_schedule"], o["lr"], e, epochs)
             idx = perm[i * batch:(i + 1) * batch]
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             opt.zero_grad(set_to_none=True)
