@@ -15,6 +15,9 @@
   8 at 0.05 24.03 %, batches of 32 at 0.02 30.72 %. Seeds 1 and 2, one thread: 28.63 and 27.95 %
   at 0.05, 28.77 and 32.73 % at 0.02; Adam at peaks of 0.002, 0.005 and 0.01 (seed 0) 29.30, 25.64
   and 26.74 %.)
+- Every image of the CIFAR-10 archive is a baseline 32×32 JPEG at IJG quality 75 with 4:2:0 chroma
+  subsampling, as docs/results.md says: its quantization tables are the Annex K ones scaled to
+  quality 75 by IJG's rule (worked out here, not copied), its luma sampled 2×2 and chroma 1×1.
 - The Python mirror of whittle's learning-rate schedule that the PyTorch scripts use gives every
   committed whittle run's recorded learning rates.
 - docs/results.md holds the table `scripts/run_results.py` prints from the committed run summaries
@@ -35,6 +38,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 
 from cli_harness import BIN, SRC, check, finish, out_dir
 
@@ -66,6 +70,68 @@ if os.path.exists(CIFAR):
               f"one epoch on 2,000 images learns: {100 * rep['test_top1']:.2f} % top-1 on {rep['test_images']} images (> 20 %)")
 else:
     print(f"skipping the 2,000-image run: no CIFAR-10 archive at {CIFAR}")
+
+# docs/results.md: every image of the archive is a baseline JPEG coded at IJG quality 75 with 4:2:0
+# chroma subsampling, a lossier copy than the CIFAR-10 the published figures are measured on. The
+# tables are worked out from JPEG's Annex K tables with IJG's quality scaling, not copied.
+ANNEX_K_LUMA = [16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13, 16, 24, 40, 57, 69, 56,
+                14, 17, 22, 29, 51, 87, 80, 62, 18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64, 81, 104, 113, 92,
+                49, 64, 78, 87, 103, 121, 120, 101, 72, 92, 95, 98, 112, 100, 103, 99]  # row-major
+ANNEX_K_CHROMA = [17, 18, 24, 47] + [99] * 4 + [18, 21, 26, 66] + [99] * 4 + [24, 26, 56] + [99] * 5 + \
+    [47, 66] + [99] * 6 + [99] * 32
+
+
+def ijg_table(base, quality):
+    """IJG's jpeg_quality_scaling: the row-major table scaled to `quality`, in zigzag order."""
+    scale = 5000 // quality if quality < 50 else 200 - 2 * quality
+    order = sorted(range(64), key=lambda i: (i // 8 + i % 8, (i % 8) if (i // 8 + i % 8) % 2 == 0 else i // 8))
+    return [max(1, min(255, (base[i] * scale + 50) // 100)) for i in order]
+
+
+def jpeg_header(data):
+    """(quantization tables by id, [(component id, h, v, table id)], (height, width)) from the
+    segments before the scan; raises ValueError on anything but a baseline 8-bit JPEG."""
+    if data[:2] != b"\xff\xd8":
+        raise ValueError("no SOI marker")
+    pos, tables, comps, size = 2, {}, [], None
+    while pos + 4 <= len(data) and data[pos] == 0xFF and data[pos + 1] != 0xDA:
+        marker, length = data[pos + 1], int.from_bytes(data[pos + 2:pos + 4], "big")
+        body = data[pos + 4:pos + 2 + length]
+        if marker == 0xDB:
+            i = 0
+            while i < len(body):
+                if body[i] >> 4:
+                    raise ValueError("16-bit quantization table")
+                tables[body[i] & 15] = list(body[i + 1:i + 65])
+                i += 65
+        elif 0xC1 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            raise ValueError(f"not baseline (SOF marker {marker:#x})")
+        elif marker == 0xC0:
+            size = (int.from_bytes(body[1:3], "big"), int.from_bytes(body[3:5], "big"))
+            comps = [(body[6 + 3 * c], body[7 + 3 * c] >> 4, body[7 + 3 * c] & 15, body[8 + 3 * c]) for c in range(body[5])]
+        pos += 2 + length
+    return tables, comps, size
+
+
+if os.path.exists(CIFAR):
+    luma, chroma = ijg_table(ANNEX_K_LUMA, 75), ijg_table(ANNEX_K_CHROMA, 75)
+    check(luma[:8] == [8, 6, 6, 7, 6, 5, 8, 7], f"IJG quality-75 luma table worked out: {luma[:8]}...")
+    images, odd = 0, []
+    with tarfile.open(CIFAR) as archive:
+        for member in archive:
+            if not member.isfile():
+                continue
+            images += 1
+            try:
+                tables, comps, size = jpeg_header(archive.extractfile(member).read())
+                ok = (size == (32, 32) and [c[1:] for c in comps] == [(2, 2, 0), (1, 1, 1), (1, 1, 1)]
+                      and tables.get(0) == luma and tables.get(1) == chroma)
+            except ValueError:
+                ok = False
+            if not ok and len(odd) < 5:
+                odd.append(member.name)
+    check(images == 60000 and not odd,
+          f"the CIFAR-10 archive: {images} baseline 32×32 JPEGs, IJG quality 75, 4:2:0 (first others: {odd})")
 
 build = os.path.dirname(BIN)
 r = subprocess.run([sys.executable, os.path.join(SRC, "scripts", "run_results.py"), "--build", build],
