@@ -159,6 +159,8 @@ std::string scalar(const YAML::Node& m, const char* key, const std::string& fall
 }
 
 // "FP32", or the recipe's modifiers in order: "DoReFa W2A2", "TWN", "pruned L1 (50 % MACs)", "KD", ...
+// A method named by several modifiers (one quantize modifier per group of layers, each with its own
+// clip level, say) is named once, where it first appears.
 std::string method_of_recipe(const std::string& path) {
   YAML::Node root;
   try {
@@ -206,7 +208,9 @@ std::string method_of_recipe(const std::string& path) {
   }
   if (parts.empty()) return "FP32";
   std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : " + ") + p;
+  for (size_t i = 0; i < parts.size(); ++i)
+    if (std::find(parts.begin(), parts.begin() + i, parts[i]) == parts.begin() + i)
+      out += (out.empty() ? "" : " + ") + parts[i];
   return out;
 }
 

@@ -56,7 +56,9 @@ timed = {"train_seconds": 10.0, "eval_seconds": 2.0, "train_images": 500, "train
 a = make_run("fp32", 0.90, 100000, [], [timed, timed])
 # Lines of an earlier whittle (no seconds): 500 images per epoch over each line's rate, 500/25 = 20 s,
 # and a timed line of a later sitting (12 s): 32 s.
-b = make_run("w2a2", 0.85, 50000, ["{name: quantize, method: dorefa, weight_bits: 2, activation_bits: 2}"],
+# Two quantize modifiers of one method over two groups of layers (two clip levels): named once.
+b = make_run("w2a2", 0.85, 50000, ["{name: quantize, method: dorefa, weight_bits: 2, activation_bits: 2, targets: [conv1]}",
+                                   "{name: quantize, method: dorefa, weight_bits: 2, activation_bits: 2, ignore: [conv1]}"],
              [{"train_images_per_second": 25.0}, timed])
 c = make_run("pruned_w4a4", 0.80, 60000,
              ["{name: prune, criterion: l1, target_macs: 0.5}", "{name: quantize, method: dorefa, weight_bits: 4, activation_bits: 4}"],
@@ -72,7 +74,7 @@ by = {x["label"]: x for x in runs}
 check(sorted(by) == ["bnn_kd", "fp32", "pruned_w4a4", "w2a2"], f"labels are the run directories' names: {sorted(by)}")
 if len(by) == 4:
     check(by["fp32"]["method"] == "FP32", f"no modifiers: FP32 ({by['fp32']['method']})")
-    check(by["w2a2"]["method"] == "DoReFa W2A2", f"quantize dorefa 2/2: {by['w2a2']['method']}")
+    check(by["w2a2"]["method"] == "DoReFa W2A2", f"quantize dorefa 2/2, twice: named once ({by['w2a2']['method']})")
     check(by["pruned_w4a4"]["method"] == "pruned L1 (50 % MACs) + DoReFa W4A4", f"prune then quantize: {by['pruned_w4a4']['method']}")
     check(by["bnn_kd"]["method"] == "KD + BNN (micronet 1.12.0)", f"distill, bnn, another tool: {by['bnn_kd']['method']}")
     check(abs(by["fp32"]["training_seconds"] - 24.0) < 1e-9 and not by["fp32"]["training_seconds_from_wall"],
