@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# The full 160-epoch CIFAR-10 ResNet-20 recipes (FP32, recipes/cifar10/resnet20.yaml, and DoReFa
+# W2A2 from scratch, resnet20_dorefa_w2a2.yaml) on a GPU machine that has the same LibTorch (the
+# torch 2.11 CUDA wheel) in its python3 but none of whittle's build dependencies, within a time
+# limit per call: a run cut short by the limit saves its state, comes back, and the next call
+# resumes it.
+#
+#   scripts/gpu_cifar160.sh pack [BUILD] [STATE]  here: puts BUILD's whittle (default build/) with
+#                                       the shared libraries it needs beyond LibTorch and glibc
+#                                       (xz-compressed, about 20 MB) and the CIFAR-10 archive of
+#                                       ../shared/data into .gpu160/, a folder git ignores; with
+#                                       STATE, the <recipe>.tar files a previous call brought back
+#                                       (to resume those runs)
+#   scripts/gpu_cifar160.sh run OUT [SECONDS]  there, from the repository root with .gpu160/
+#                                       beside it: trains each recipe not yet finished, in order,
+#                                       until SECONDS (default 540) have passed, then writes each
+#                                       run's directory as OUT/<recipe>.tar (checkpoint, metrics,
+#                                       report, and the training state while unfinished), its log
+#                                       as OUT/<recipe>.log, and the GPU's name as OUT/gpu.txt
+#   scripts/gpu_cifar160.sh record DIR [DEST]  here: unpacks the <recipe>.tar files of DIR into
+#                                       DEST/<recipe>/ (default docs/results/cifar10_gpu160/): a
+#                                       finished run's model.h5, metrics.jsonl, recipe.yaml and
+#                                       report.json, an unfinished one's train_state.pt,
+#                                       metrics.jsonl and recipe.yaml; prints where each stands
+#
+# Environment for `run`: WHITTLE_GPU160_RECIPES (default "resnet20 resnet20_dorefa_w2a2"),
+# WHITTLE_GPU160_DEVICE (default cuda; cpu tries the script on any machine), WHITTLE_GPU160_SET
+# (more `--set key=value` overrides, space-separated, for every recipe). The CUDA quantizer kernels
+# stay off (the ATen-op forms run) unless WHITTLE_FUSED_QUANTIZERS_CUDA=1 is set.
+# Exit status of `run`: 0 when every run finished or stopped at the time limit with its state
+# saved, 1 when one failed (its log says why), 2 on a usage or setup error.
+set -uo pipefail
+
+die() { echo "gpu_cifar160.sh: $*" >&2; exit 2; }
+archive=../shared/data/cifar10-jpeg/cifar10-jpeg.tar.gz
+
+mode=${1:-}
+case "$mode" in
+  pack)
+    build=${2:-build}
+    state=${3:-}
+    [[ -x "$build/whittle" ]] || die "$build/whittle is missing: build it first (ninja -C $build whittle)"
+    [[ -f "$archive" ]] || die "no CIFAR-10 archive at $archive"
+    if [[ -n "$state" ]]; then
+      [[ -d "$state" ]] || die "state folder $state does not exist"
+      compgen -G "$state/*.tar" >/dev/null || die "state folder $state holds no <recipe>.tar"
+    fi
+    tmp=$(mktemp -d) || die "no temporary folder"
+    trap 'rm -rf "$tmp"' EXIT
+    cp "$build/whittle" "$tmp/"
+    # Every library the loader resolves outside LibTorch, except glibc's and the C++ runtime, which
+    # come from the machine (built on Debian 12: glibc 2.36 and GCC 12's libstdc++ or later there).
+    ldd "$build/whittle" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+      grep -v -E '^(libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s)\.so' |
+      grep -v -E '/(torch|nvidia)/' | while read -r name path; do cp -L "$path" "$tmp/$name"; done
+    rm -rf .gpu160 && mkdir -p .gpu160
+    tar -C "$tmp" -cf - . | xz -6 -T0 >.gpu160/whittle.tar.xz || die "packing the binary failed"
+    cp "$archive" .gpu160/
+    if [[ -n "$state" ]]; then mkdir -p .gpu160/state && cp "$state"/*.tar .gpu160/state/; fi
+    if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
+      grep -qx '/.gpu160/' "$exclude" 2>/dev/null || echo '/.gpu160/' >>"$exclude"
+    fi
+    du -sh .gpu160
+    echo "carry .gpu160 and run: scripts/gpu_cifar160.sh run \$OUT 540"
+    ;;
+  run)
+    out=${2:-}
+    [[ -n "$out" ]] || die "run needs an output folder"
+    limit=${3:-540}
+    [[ "$limit" =~ ^[0-9]+$ ]] || die "SECONDS must be a whole number, not '$limit'"
+    [[ -f .gpu160/whittle.tar.xz ]] || die ".gpu160/whittle.tar.xz is missing: run 'scripts/gpu_cifar160.sh pack' here first and carry .gpu160"
+    start=$(date +%s)
+    mkdir -p "$out" || die "cannot create $out"
+    # Fixed paths: a resumed run's effective recipe (its pack_to) is the one it started with.
+    bin=/tmp/whittle-gpu160
+    rm -rf "$bin" && mkdir -p "$bin" || die "cannot create $bin"
+    xz -dc .gpu160/whittle.tar.xz | tar -C "$bin" -xf - || die "unpacking .gpu160/whittle.tar.xz failed"
+    torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
+      die "python3 has no torch"
+    export LD_LIBRARY_PATH="$torch_lib:$bin:${LD_LIBRARY_PATH:-}"
+    if ldd "$bin/whittle" | grep -q "not found"; then
+      ldd "$bin/whittle" | grep "not found" | tee "$out/missing_libraries.txt" >&2
+      exit 2
+    fi
+    device=${WHITTLE_GPU160_DEVICE:-cuda}
+    if [[ "$device" == cuda* ]]; then
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
+    else
+      echo "device $device" >"$out/gpu.txt"
+    fi
+    read -r -a extra <<<"${WHITTLE_GPU160_SET:-}"
+    sets=(--set "data.train=.gpu160/cifar10-jpeg.tar.gz" --set "data.test=.gpu160/cifar10-jpeg.tar.gz"
+          --set "data.pack_to=/tmp/whittle-gpu160-cache" --set "data.num_workers=8")
+    for s in "${extra[@]}"; do sets+=(--set "$s"); done
+    status=0
+    for stem in ${WHITTLE_GPU160_RECIPES:-resnet20 resnet20_dorefa_w2a2}; do
+      recipe=recipes/cifar10/$stem.yaml
+      [[ -f "$recipe" ]] || { echo "gpu_cifar160.sh: no recipe $recipe" >&2; status=1; continue; }
+      run_dir=runs/gpu160/$stem
+      rm -rf "$run_dir" && mkdir -p "$run_dir"
+      [[ -f ".gpu160/state/$stem.tar" ]] && tar -C "$run_dir" -xf ".gpu160/state/$stem.tar"
+      log="$out/$stem.log"
+      if [[ -f "$run_dir/report.json" ]]; then
+        echo "$stem: finished in an earlier call" | tee "$log"
+      else
+        left=$((limit - ($(date +%s) - start) - 30))  # 30 s to save the state and write the archives
+        if ((left < 60)); then
+          echo "$stem: not started, $left s left of $limit" | tee "$log"
+          continue
+        fi
+        resume=()
+        [[ -f "$run_dir/train_state.pt" ]] && resume=(--resume)
+        # SIGTERM: whittle finishes the batch, saves its state and exits; KILL a minute later.
+        timeout --signal=TERM --kill-after=60 "$left" "$bin/whittle" run "$recipe" --device "$device" \
+          --out "$run_dir" "${resume[@]}" "${sets[@]}" >"$log" 2>&1
+        rc=$?
+        if [[ -f "$run_dir/report.json" ]]; then
+          echo "$stem: finished" | tee -a "$log"
+        elif [[ -f "$run_dir/train_state.pt" ]] && ((rc == 124 || rc == 130)); then
+          echo "$stem: stopped at the time limit, state saved (resume it in the next call)" | tee -a "$log"
+        else
+          echo "$stem: failed (exit status $rc)" | tee -a "$log"
+          status=1
+        fi
+      fi
+      tar -C "$run_dir" -cf "$out/$stem.tar" . || status=1
+    done
+    rm -rf "$bin"
+    exit $status
+    ;;
+  record)
+    dir=${2:-}
+    dest=${3:-docs/results/cifar10_gpu160}
+    [[ -d "$dir" ]] || die "record needs the folder the run's files came back to"
+    compgen -G "$dir/*.tar" >/dev/null || die "$dir holds no <recipe>.tar"
+    for t in "$dir"/*.tar; do
+      stem=$(basename "$t" .tar)
+      tmp=$(mktemp -d) || die "no temporary folder"
+      tar -C "$tmp" -xf "$t" || { rm -rf "$tmp"; die "$t is not a readable tar archive"; }
+      if [[ -f "$tmp/report.json" ]]; then
+        keep=(model.h5 metrics.jsonl recipe.yaml report.json)
+      elif [[ -f "$tmp/train_state.pt" ]]; then
+        keep=(train_state.pt metrics.jsonl recipe.yaml)
+      else
+        rm -rf "$tmp"
+        echo "$stem: neither finished nor resumable (no report.json, no train_state.pt): not recorded" >&2
+        continue
+      fi
+      rm -rf "${dest:?}/$stem" && mkdir -p "$dest/$stem"
+      for f in "${keep[@]}"; do [[ -f "$tmp/$f" ]] && cp "$tmp/$f" "$dest/$stem/"; done
+      rm -rf "$tmp"
+      python3 - "$dest/$stem" <<'EOF'
+import json, os, sys
+d = sys.argv[1]
+lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()] if os.path.exists(os.path.join(d, "metrics.jsonl")) else []
+done = os.path.exists(os.path.join(d, "report.json"))
+last = lines[-1] if lines else None
+where = f"epoch {last['epoch']}, test top-1 {100 * last['test_top1']:.2f} %" if last else "no epoch finished"
+print(f"{os.path.basename(d)}: {'finished' if done else 'unfinished'}, {where} -> {d}")
+EOF
+    done
+    ;;
+  *)
+    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
