@@ -9,8 +9,10 @@
 #                                       the shared libraries it needs beyond LibTorch and glibc
 #                                       (xz-compressed, about 20 MB) and the CIFAR-10 archive of
 #                                       ../shared/data into .gpu160/, a folder git ignores; with
-#                                       STATE, the <recipe>.tar files a previous call brought back
-#                                       (to resume those runs)
+#                                       STATE, the runs to carry on: the <recipe>.tar files a
+#                                       previous call brought back, or the <recipe>/ folders
+#                                       `record` wrote (docs/results/cifar10_gpu160/, for a later
+#                                       sitting)
 #   scripts/gpu_cifar160.sh run OUT [SECONDS]  there, from the repository root with .gpu160/
 #                                       beside it: trains each recipe not yet finished, in order,
 #                                       until SECONDS (default 540) have passed, then writes each
@@ -28,10 +30,13 @@
 # (more `--set key=value` overrides, space-separated, for every recipe). The CUDA quantizer kernels
 # stay off (the ATen-op forms run) unless WHITTLE_FUSED_QUANTIZERS_CUDA=1 is set.
 # Exit status of `run`: 0 when every run finished or stopped at the time limit with its state
-# saved, 1 when one failed (its log says why), 2 on a usage or setup error.
+# saved, 1 when one failed (its log says why), 2 on a usage or setup error. Of `record`: 1 when an
+# archive holds fewer epochs than the run recorded in DEST (it is not replaced), 2 on bad input.
 set -uo pipefail
 
 die() { echo "gpu_cifar160.sh: $*" >&2; exit 2; }
+# The number of epochs a run's metrics.jsonl records (0 when it has none).
+epochs_in() { local n; n=$(grep -c . "$1" 2>/dev/null); echo "${n:-0}"; }
 archive=../shared/data/cifar10-jpeg/cifar10-jpeg.tar.gz
 
 mode=${1:-}
@@ -41,22 +46,33 @@ case "$mode" in
     state=${3:-}
     [[ -x "$build/whittle" ]] || die "$build/whittle is missing: build it first (ninja -C $build whittle)"
     [[ -f "$archive" ]] || die "no CIFAR-10 archive at $archive"
-    if [[ -n "$state" ]]; then
-      [[ -d "$state" ]] || die "state folder $state does not exist"
-      compgen -G "$state/*.tar" >/dev/null || die "state folder $state holds no <recipe>.tar"
-    fi
     tmp=$(mktemp -d) || die "no temporary folder"
     trap 'rm -rf "$tmp"' EXIT
-    cp "$build/whittle" "$tmp/"
+    # The state is gathered before .gpu160 is replaced: STATE may lie inside it.
+    mkdir -p "$tmp/state" "$tmp/bin" || die "no temporary folder"
+    if [[ -n "$state" ]]; then
+      [[ -d "$state" ]] || die "state folder $state does not exist"
+      for t in "$state"/*.tar; do [[ -f "$t" ]] && { cp "$t" "$tmp/state/" || die "cannot copy $t"; }; done
+      for d in "$state"/*/; do
+        [[ -f "$d/train_state.pt" || -f "$d/report.json" ]] || continue
+        tar -C "$d" -cf "$tmp/state/$(basename "$d").tar" . || die "cannot archive $d"
+      done
+      compgen -G "$tmp/state/*.tar" >/dev/null ||
+        die "state folder $state holds no <recipe>.tar and no <recipe>/ with train_state.pt or report.json"
+    fi
+    cp "$build/whittle" "$tmp/bin/"
     # Every library the loader resolves outside LibTorch, except glibc's and the C++ runtime, which
     # come from the machine (built on Debian 12: glibc 2.36 and GCC 12's libstdc++ or later there).
     ldd "$build/whittle" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
       grep -v -E '^(libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s)\.so' |
-      grep -v -E '/(torch|nvidia)/' | while read -r name path; do cp -L "$path" "$tmp/$name"; done
-    rm -rf .gpu160 && mkdir -p .gpu160
-    tar -C "$tmp" -cf - . | xz -6 -T0 >.gpu160/whittle.tar.xz || die "packing the binary failed"
-    cp "$archive" .gpu160/
-    if [[ -n "$state" ]]; then mkdir -p .gpu160/state && cp "$state"/*.tar .gpu160/state/; fi
+      grep -v -E '/(torch|nvidia)/' | while read -r name path; do cp -L "$path" "$tmp/bin/$name"; done
+    rm -rf .gpu160 && mkdir -p .gpu160 || die "cannot create .gpu160"
+    tar -C "$tmp/bin" -cf - . | xz -6 -T0 >.gpu160/whittle.tar.xz || die "packing the binary failed"
+    cp "$archive" .gpu160/ || die "cannot copy $archive"
+    if [[ -n "$state" ]]; then
+      cp -r "$tmp/state" .gpu160/state || die "cannot copy the state"
+      for t in .gpu160/state/*.tar; do echo "carrying on $(basename "$t" .tar)"; done
+    fi
     if exclude=$(git rev-parse --git-path info/exclude 2>/dev/null); then
       grep -qx '/.gpu160/' "$exclude" 2>/dev/null || echo '/.gpu160/' >>"$exclude"
     fi
@@ -68,13 +84,17 @@ case "$mode" in
     [[ -n "$out" ]] || die "run needs an output folder"
     limit=${3:-540}
     [[ "$limit" =~ ^[0-9]+$ ]] || die "SECONDS must be a whole number, not '$limit'"
+    # The device runs a command for 600 s at most; whittle is killed 60 s after the limit at worst.
+    ((limit <= 540)) || die "SECONDS is at most 540 (the device's 600 s a command, less a minute to stop), not $limit"
     [[ -f .gpu160/whittle.tar.xz ]] || die ".gpu160/whittle.tar.xz is missing: run 'scripts/gpu_cifar160.sh pack' here first and carry .gpu160"
     start=$(date +%s)
     mkdir -p "$out" || die "cannot create $out"
     # Fixed paths: a resumed run's effective recipe (its pack_to) is the one it started with.
     bin=/tmp/whittle-gpu160
     rm -rf "$bin" && mkdir -p "$bin" || die "cannot create $bin"
-    xz -dc .gpu160/whittle.tar.xz | tar -C "$bin" -xf - || die "unpacking .gpu160/whittle.tar.xz failed"
+    # Python's tarfile reads xz: the machine need not have xz-utils.
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .gpu160/whittle.tar.xz "$bin" ||
+      die "unpacking .gpu160/whittle.tar.xz failed"
     torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
       die "python3 has no torch"
     export LD_LIBRARY_PATH="$torch_lib:$bin:${LD_LIBRARY_PATH:-}"
@@ -100,19 +120,22 @@ case "$mode" in
       rm -rf "$run_dir" && mkdir -p "$run_dir"
       [[ -f ".gpu160/state/$stem.tar" ]] && tar -C "$run_dir" -xf ".gpu160/state/$stem.tar"
       log="$out/$stem.log"
+      left=$((limit - ($(date +%s) - start) - 30))  # 30 s to save the state and write the archives
       if [[ -f "$run_dir/report.json" ]]; then
         echo "$stem: finished in an earlier call" | tee "$log"
+      elif ((left < 60)); then
+        echo "$stem: not started in this call ($left s left of $limit)" | tee "$log"
       else
-        left=$((limit - ($(date +%s) - start) - 30))  # 30 s to save the state and write the archives
-        if ((left < 60)); then
-          echo "$stem: not started, $left s left of $limit" | tee "$log"
-          continue
-        fi
         resume=()
-        [[ -f "$run_dir/train_state.pt" ]] && resume=(--resume)
+        if [[ -f "$run_dir/train_state.pt" ]]; then
+          resume=(--resume)
+          echo "$stem: carrying on after epoch $(epochs_in "$run_dir/metrics.jsonl")" | tee "$log"
+        else
+          echo "$stem: starting at epoch 1" | tee "$log"
+        fi
         # SIGTERM: whittle finishes the batch, saves its state and exits; KILL a minute later.
         timeout --signal=TERM --kill-after=60 "$left" "$bin/whittle" run "$recipe" --device "$device" \
-          --out "$run_dir" "${resume[@]}" "${sets[@]}" >"$log" 2>&1
+          --out "$run_dir" "${resume[@]}" "${sets[@]}" >>"$log" 2>&1
         rc=$?
         if [[ -f "$run_dir/report.json" ]]; then
           echo "$stem: finished" | tee -a "$log"
@@ -123,7 +146,8 @@ case "$mode" in
           status=1
         fi
       fi
-      tar -C "$run_dir" -cf "$out/$stem.tar" . || status=1
+      # Whatever the run dir holds goes back, a run not started in this call included.
+      if [[ -n "$(ls -A "$run_dir")" ]]; then tar -C "$run_dir" -cf "$out/$stem.tar" . || status=1; fi
     done
     rm -rf "$bin"
     exit $status
@@ -133,6 +157,7 @@ case "$mode" in
     dest=${3:-docs/results/cifar10_gpu160}
     [[ -d "$dir" ]] || die "record needs the folder the run's files came back to"
     compgen -G "$dir/*.tar" >/dev/null || die "$dir holds no <recipe>.tar"
+    status=0
     for t in "$dir"/*.tar; do
       stem=$(basename "$t" .tar)
       tmp=$(mktemp -d) || die "no temporary folder"
@@ -144,6 +169,14 @@ case "$mode" in
       else
         rm -rf "$tmp"
         echo "$stem: neither finished nor resumable (no report.json, no train_state.pt): not recorded" >&2
+        continue
+      fi
+      new_epochs=$(epochs_in "$tmp/metrics.jsonl")
+      old_epochs=$(epochs_in "$dest/$stem/metrics.jsonl")
+      if ((new_epochs < old_epochs)); then
+        rm -rf "$tmp"
+        echo "$stem: $t holds $new_epochs epochs, $dest/$stem $old_epochs: not replaced (was the state carried?)" >&2
+        status=1
         continue
       fi
       rm -rf "${dest:?}/$stem" && mkdir -p "$dest/$stem"
@@ -159,9 +192,10 @@ where = f"epoch {last['epoch']}, test top-1 {100 * last['test_top1']:.2f} %" if 
 print(f"{os.path.basename(d)}: {'finished' if done else 'unfinished'}, {where} -> {d}")
 EOF
     done
+    exit $status
     ;;
   *)
-    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
