@@ -10,9 +10,11 @@ smoothing, batch size, normalization, random crop and flip, on the same images (
   build/whittle run recipes/cifar10/resnet20_budget.yaml --set training.epochs=N --set outputs.dir=DIR
 Exits, naming the key, on a recipe setting it does not mirror (micronet_cifar.UNMIRRORED, another
 model, modifiers). Prints one line per epoch (test top-1 on the 10,000 test images, train top-1, seconds) and writes
-metrics.jsonl in whittle's format to --out, so `whittle report` can show both.
+metrics.jsonl in whittle's format to --out, so `whittle report` can show both. After each epoch it
+saves its state (model, optimizer, data-order generator) to --out/train_state.pt; --resume carries
+on after the last finished epoch, exactly as the uninterrupted run would (a run spans sittings).
 
-usage: .venv/bin/python bench/fp32_reference.py [--recipe R] [--epochs N] [--threads T] [--out DIR]
+usage: .venv/bin/python bench/fp32_reference.py [--recipe R] [--epochs N] [--threads T] [--out DIR] [--resume]
 """
 import argparse
 import json
@@ -33,6 +35,7 @@ def main():
     ap.add_argument("--epochs", type=int, help="epochs (default: the recipe's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="runs/pytorch/resnet20_budget")
+    ap.add_argument("--resume", action="store_true", help="carry on from --out/train_state.pt")
     args = ap.parse_args()
     os.chdir(mc.ROOT)
     recipe = yaml.safe_load(open(args.recipe))
@@ -49,7 +52,22 @@ def main():
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     metrics = os.path.join(args.out, "metrics.jsonl")
-    if os.path.exists(metrics):
+    state_path = os.path.join(args.out, "train_state.pt")
+    state = None
+    if args.resume:
+        if not os.path.exists(state_path):
+            sys.exit(f"fp32_reference.py: --resume: no {state_path}")
+        state = torch.load(state_path, weights_only=False)
+        if state["recipe"] != recipe or state["epochs"] != epochs:
+            sys.exit(f"fp32_reference.py: --resume: {state_path} is a run of another recipe or epoch count "
+                     f"({state['epochs']} epochs)")
+        done = state["epoch"]
+        lines = open(metrics).read().splitlines()[:done] if os.path.exists(metrics) else []
+        if len(lines) != done:
+            sys.exit(f"fp32_reference.py: --resume: {metrics} holds {len(lines)} epochs, the state {done}")
+        with open(metrics, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+    elif os.path.exists(metrics):
         os.remove(metrics)
     mean = torch.tensor(d["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(d["std"]).view(1, -1, 1, 1)
@@ -60,9 +78,16 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o.get("momentum", 0.9),
                           nesterov=o.get("nesterov", False), weight_decay=o.get("weight_decay", 0.0))
     gen = torch.Generator().manual_seed(t.get("seed", 0))
+    first = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        first = state["epoch"]
+        print(f"resuming {args.out} after epoch {first}", flush=True)
     batch, pad = d["batch_size"], d.get("random_crop_padding", 0)
     steps = mc.steps_per_epoch(xtr.shape[0], d)
-    for epoch in range(epochs):
+    for epoch in range(first, epochs):
         model.train()
         t0 = time.perf_counter()
         perm = torch.randperm(xtr.shape[0], generator=gen)
@@ -83,6 +108,10 @@ def main():
                 "train_images_per_second": seen / seconds, "train_seconds": seconds}
         with open(metrics, "a") as f:
             f.write(json.dumps(line) + "\n")
+        # Written whole, then renamed: an interrupted save leaves the previous state.
+        torch.save({"recipe": recipe, "epochs": epochs, "epoch": epoch + 1, "model": model.state_dict(),
+                    "optimizer": opt.state_dict(), "generator": gen.get_state()}, state_path + ".tmp")
+        os.replace(state_path + ".tmp", state_path)
         print(f"epoch {epoch + 1}/{epochs}: test top-1 {100 * top1:.2f} %  train top-1 {100 * correct / seen:.2f} %  "
               f"({seconds:.0f} s)", flush=True)
 
