@@ -98,8 +98,9 @@ case "$mode" in
     torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
       die "python3 has no torch"
     export LD_LIBRARY_PATH="$torch_lib:$bin:${LD_LIBRARY_PATH:-}"
-    if ldd "$bin/whittle" | grep -q "not found"; then
-      ldd "$bin/whittle" | grep "not found" | tee "$out/missing_libraries.txt" >&2
+    missing=$(ldd "$bin/whittle" | grep "not found")  # grep reads it all: no early exit under pipefail
+    if [[ -n "$missing" ]]; then
+      echo "$missing" | tee "$out/missing_libraries.txt" >&2
       exit 2
     fi
     device=${WHITTLE_GPU160_DEVICE:-cuda}
