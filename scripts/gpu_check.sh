@@ -47,8 +47,9 @@ case "$mode" in
     export LD_LIBRARY_PATH="$torch_lib:$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
     # Built on Debian 12 (glibc 2.36, GCC 12's libstdc++): an older system cannot load them.
-    if ldd .gpu/kernels_cuda_test .gpu/bench_kernels | grep -q "not found"; then
-      ldd .gpu/kernels_cuda_test .gpu/bench_kernels | grep "not found" | tee "$out/missing_libraries.txt" >&2
+    missing=$(ldd .gpu/kernels_cuda_test .gpu/bench_kernels | grep "not found")  # no early grep exit under pipefail
+    if [[ -n "$missing" ]]; then
+      echo "$missing" | tee "$out/missing_libraries.txt" >&2
       exit 2
     fi
     status=0
