@@ -252,6 +252,8 @@ def main():
     ap.add_argument("--resume", action="store_true", help="continue from the run directory's training state")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--build", default="build")
+    ap.add_argument("--seed", type=int, help="the run's seed in place of the recipe's training.seed (a replicate; "
+                    "whittle's side: --set training.seed=N)")
     args = ap.parse_args()
     os.chdir(ROOT)
     try:
@@ -268,6 +270,8 @@ def main():
     if os.path.exists(state_path) and not args.resume:
         sys.exit(f"micronet_cifar.py: {out} holds a training state: continue with --resume or delete the directory")
     refuse_unmirrored(recipe, "micronet_cifar.py")
+    if args.seed is not None:
+        recipe["training"]["seed"] = args.seed
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)
     d, t = recipe["data"], recipe["training"]
@@ -300,6 +304,9 @@ def main():
         if not os.path.exists(state_path):
             sys.exit(f"micronet_cifar.py: --resume: no training state at {state_path}")
         st = torch.load(state_path, weights_only=False)
+        if st.get("seed", 0) != recipe["training"].get("seed", 0):
+            sys.exit(f"micronet_cifar.py: --resume: {state_path} is a run of seed {st.get('seed', 0)}, "
+                     f"not {recipe['training'].get('seed', 0)}")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         gen.set_state(st["generator"])
@@ -341,7 +348,8 @@ def main():
             f.write(json.dumps(line, allow_nan=False) + "\n")
         tmp = state_path + ".tmp"
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
-                    "cpu_rng": torch.get_rng_state(), "epoch": epoch + 1, "elapsed": elapsed}, tmp)
+                    "cpu_rng": torch.get_rng_state(), "epoch": epoch + 1, "elapsed": elapsed,
+                    "seed": t.get("seed", 0)}, tmp)
         os.replace(tmp, state_path)
         print(f"epoch {epoch + 1}/{epochs}: test top-1 {100 * top1:.2f} %  top-5 {100 * top5:.2f} %  "
               f"loss {test_loss:.4f}  ({train_seconds + eval_seconds:.0f} s)", flush=True)
@@ -360,7 +368,10 @@ def main():
         "seed": t.get("seed", 0), "torch_version": torch.__version__,
     }
     with open(os.path.join(out, "recipe.yaml"), "w") as f:
-        f.write(open(recipe_path).read())
+        if args.seed is None:
+            f.write(open(recipe_path).read())
+        else:  # the recipe as run: its seed replaced
+            yaml.safe_dump(recipe, f, sort_keys=False)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2, allow_nan=False)
     os.remove(state_path)

@@ -10,7 +10,7 @@
 
 namespace whittle {
 
-GraphBuilder::GraphBuilder(std::optional<uint64_t> seed) {
+GraphBuilder::GraphBuilder(std::optional<uint64_t> seed, WeightInit conv_init) : conv_init_(conv_init) {
   if (seed) generator_ = at::detail::createCPUGenerator(*seed);
 }
 
@@ -19,6 +19,12 @@ std::string GraphBuilder::input(const std::string& name, Shape shape) { return g
 at::Tensor GraphBuilder::uniform(std::vector<int64_t> sizes, double bound) {
   at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
   t.uniform_(-bound, bound, generator_);
+  return t.set_requires_grad(true);
+}
+
+at::Tensor GraphBuilder::normal(std::vector<int64_t> sizes, double std) {
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+  t.normal_(0.0, std, generator_);
   return t.set_requires_grad(true);
 }
 
@@ -48,7 +54,10 @@ std::string GraphBuilder::conv2d(const std::string& name, const std::string& x, 
   n.attrs = {{"stride", std::vector<int64_t>{stride, stride}},
              {"padding", std::vector<int64_t>{padding, padding}},
              {"groups", groups}};
-  n.params.set("weight", uniform({out_channels, in[1] / groups, kernel, kernel}, bound));
+  const std::vector<int64_t> sizes = {out_channels, in[1] / groups, kernel, kernel};
+  n.params.set("weight", conv_init_ == WeightInit::kKaimingNormal
+                             ? normal(sizes, std::sqrt(2.0 / static_cast<double>(fan_in)))
+                             : uniform(sizes, bound));
   if (bias) n.params.set("bias", uniform({out_channels}, bound));
   return graph_.add_node(std::move(n));
 }

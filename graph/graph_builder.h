@@ -11,13 +11,15 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/zoo.h"
 
 namespace whittle {
 
 /// Builds a Graph layer by layer. Each method appends one node named `name` (which is also its
 /// state_dict prefix), infers the input channels / features from the shape of the input value,
 /// and returns the name of the node's output value. Parameters are float32 CPU tensors with
-/// requires_grad(true), initialized as torch.nn does: weights Kaiming-uniform with a = √5
+/// requires_grad(true), initialized as torch.nn does (conv weights optionally as He et al., 2015:
+/// the constructor's `conv_init`): weights Kaiming-uniform with a = √5
 /// (U(−1/√fan_in, 1/√fan_in)), biases U(−1/√fan_in, 1/√fan_in); BN weight 1, bias 0, running_mean 0,
 /// running_var 1, num_batches_tracked an int64 scalar 0. Shape errors throw whittle::Error naming
 /// the node (from Graph::add_node).
@@ -26,7 +28,9 @@ class GraphBuilder {
   /// `seed`: when given, parameters are drawn from a private CPU generator seeded with it (the
   /// result does not depend on, and does not advance, LibTorch's global generator); otherwise from
   /// LibTorch's default CPU generator, as torch.nn layers do.
-  explicit GraphBuilder(std::optional<uint64_t> seed = std::nullopt);
+  /// `conv_init`: how conv2d draws its weights (zoo.h, WeightInit); biases and the other layers
+  /// are as torch.nn does whatever it is.
+  explicit GraphBuilder(std::optional<uint64_t> seed = std::nullopt, WeightInit conv_init = WeightInit::kTorch);
 
   /// Declares the graph input `name` with its example shape (batch dimension included).
   std::string input(const std::string& name, Shape shape);
@@ -67,9 +71,12 @@ class GraphBuilder {
                  std::map<std::string, Attr> attrs = {});
   /// A float32 tensor of `sizes` drawn from U(−bound, bound), requires_grad(true).
   at::Tensor uniform(std::vector<int64_t> sizes, double bound);
+  /// A float32 tensor of `sizes` drawn from N(0, std²), requires_grad(true).
+  at::Tensor normal(std::vector<int64_t> sizes, double std);
 
   Graph graph_;
   std::optional<at::Generator> generator_;
+  WeightInit conv_init_;
 };
 
 }  // namespace whittle

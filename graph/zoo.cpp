@@ -176,6 +176,14 @@ const std::vector<Entry>& registry() {
 
 }  // namespace
 
+std::vector<std::string> weight_init_names() { return {"torch", "kaiming_normal"}; }
+
+WeightInit weight_init_from_name(const std::string& name) {
+  if (name == "torch") return WeightInit::kTorch;
+  if (name == "kaiming_normal") return WeightInit::kKaimingNormal;
+  throw Error("unknown weight_init '" + name + "'; known: torch, kaiming_normal", ErrorKind::kUsage);
+}
+
 std::vector<std::string> zoo_models() {
   std::vector<std::string> names;
   for (const Entry& e : registry()) names.emplace_back(e.name);
@@ -209,7 +217,7 @@ Graph build_model(const std::string& name, const ZooOptions& options) {
                   ErrorKind::kUsage);
   }
 
-  GraphBuilder b(options.seed);
+  GraphBuilder b(options.seed, options.weight_init);
   const std::string x = b.input("input", shape);
   const std::string out = entry->build(b, x, options.num_classes);
   return b.finish({out});

@@ -6,7 +6,8 @@
 // tests/reference/zoo_models.py ("layer1.0.conv1", "layer2.0.shortcut.0", ...), so a PyTorch
 // checkpoint of the same model loads by name. Parameters are float32 CPU tensors with
 // requires_grad(true), initialized as torch.nn does (conv/linear weights Kaiming-uniform a = √5,
-// biases U(±1/√fan_in); BN weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0).
+// biases U(±1/√fan_in); BN weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0),
+// or with conv weights drawn as He et al. (2015) do (ZooOptions::weight_init).
 // The graph input is named "input"; the single output is the classifier's logits [N, num_classes].
 //
 // Models (default input shape; parameters and MACs at that shape with 10 classes):
@@ -64,6 +65,21 @@
 
 namespace whittle {
 
+/// How build_model draws the conv weights of a fresh model.
+///   kTorch          torch.nn's default: U(−1/√fan_in, 1/√fan_in) (Kaiming-uniform with a = √5,
+///                   standard deviation 1/√(3·fan_in)).
+///   kKaimingNormal  He et al., 2015 ("Delving deep into rectifiers", eq. 10), the initialization
+///                   of the ResNet papers: N(0, 2/fan_in), torch.nn.init.kaiming_normal_ with its
+///                   defaults (fan_in, ReLU gain √2).
+/// fan_in = in_channels/groups · kernel². Linear layers, biases and BN are as kTorch in both.
+enum class WeightInit { kTorch, kKaimingNormal };
+
+/// The names of WeightInit values as recipes spell them: "torch", "kaiming_normal".
+std::vector<std::string> weight_init_names();
+/// The WeightInit named `name` (one of weight_init_names()); throws whittle::Error (usage) naming
+/// the known ones otherwise.
+WeightInit weight_init_from_name(const std::string& name);
+
 /// Options of build_model.
 struct ZooOptions {
   /// Classifier outputs (≥ 1). Default 10.
@@ -78,6 +94,8 @@ struct ZooOptions {
   /// Initialization seed. Unset (default): LibTorch's global CPU generator, as torch.nn does; set:
   /// a private generator seeded with it, so the weights depend on the seed alone.
   std::optional<uint64_t> seed;
+  /// How the conv weights are drawn (WeightInit). Default: torch.nn's.
+  WeightInit weight_init = WeightInit::kTorch;
 };
 
 /// Builds zoo model `name` (one of zoo_models(); see the list at the top of this header) with fresh

@@ -31,6 +31,7 @@ Graph load_model(const ModelSource& source, ModelMetadata* metadata) {
     z.num_classes = source.num_classes;
     z.input_shape = source.input_shape;
     z.seed = source.seed;
+    z.weight_init = source.weight_init;
     meta.kind = ModelMetadata::Kind::kZoo;
     return build_model(source.name, z);
   }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "graph/graph.h"
+#include "graph/zoo.h"
 
 namespace whittle::runner {
 
@@ -17,6 +18,7 @@ struct ModelSource {
   std::string file;              ///< a whittle checkpoint (.h5/.hdf5, or any file with the HDF5
                                  ///< signature) or else a TorchScript file
   int64_t num_classes = 10;      ///< zoo: classifier outputs
+  WeightInit weight_init = WeightInit::kTorch;  ///< zoo: how conv weights are drawn
   std::optional<uint64_t> seed;  ///< zoo: initialization seed (unset: LibTorch's global CPU generator)
   Shape input_shape;             ///< example input [N, C, H, W]; zoo: empty = the model's default;
                                  ///< TorchScript: required; checkpoint: ignored (the file has one)
@@ -30,7 +32,7 @@ struct ModelMetadata {
   std::string metrics;  ///< checkpoint: its metrics JSON ("" when none)
 };
 
-/// The graph of `source`: build_model(name, {num_classes, input_shape, seed}) for a zoo model;
+/// The graph of `source`: build_model(name, {num_classes, input_shape, seed, weight_init}) for a zoo model;
 /// load_checkpoint(file).graph for a checkpoint; import_torchscript(file, input_shape) otherwise.
 /// Fills `metadata` when given. Throws whittle::Error (usage) when both or neither of name and
 /// file are given, for an unknown zoo name (listing the models), a file that does not exist, or a

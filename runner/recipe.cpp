@@ -141,6 +141,7 @@ std::vector<KeySpec> build_schema() {
       {key("name", KeyType::kString, "—", "zoo model: " + zoo_list),
        key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`)"),
        key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model", Range::at_least(1)),
+       key("weight_init", KeyType::kString, "torch", "how a zoo model's conv weights are drawn: torch (torch.nn's default, U(±1/√fan_in)) or kaiming_normal (He et al. 2015, N(0, 2/fan_in), as the ResNet papers)", weight_init_names()),
        key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph", Range::at_least(1))}));
   s.push_back(section(
       "data", "Datasets, preprocessing and loading (required section).",
@@ -672,6 +673,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   get(m, "name", r.model.name);
   get_path(m, "file", r.model.file);
   get(m, "num_classes", r.model.num_classes);
+  get(m, "weight_init", r.model.weight_init);
   get(m, "input_shape", r.model.input_shape);
   if (r.model.name.empty() == r.model.file.empty())
     usage_error(at_line(origin, m) + ": 'model' needs exactly one of 'name' (a zoo model) or 'file'");

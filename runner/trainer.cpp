@@ -95,6 +95,7 @@ ModelSource model_source(const Recipe& r, const data::Dataset& train) {
   s.name = m.name;
   s.file = m.file;
   s.num_classes = m.num_classes;
+  s.weight_init = weight_init_from_name(m.weight_init);
   s.seed = static_cast<uint64_t>(r.training.seed);
   s.input_shape = m.input_shape.empty() ? Shape{1, train.channels(), train.height(), train.width()} : m.input_shape;
   return s;

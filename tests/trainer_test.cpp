@@ -354,6 +354,44 @@ TEST(WeightDecayGroups, RecipeKeys) {
   }
 }
 
+// model.weight_init reaches the zoo model the Trainer builds: with kaiming_normal, the first conv
+// of LeNet-5 (fan_in 25) has the weights build_model draws with that option and training.seed,
+// not the default ones. An unknown value is a usage error naming the key and the choices.
+TEST(ModelWeightInit, RecipeKeyReachesTheModel) {
+  const std::string mnist = join_path(source_dir(), "data/mnist10k");
+  const auto recipe = [&](const std::string& model) {
+    return parse_recipe("model: " + model + "\ndata: {train: " + mnist + ", test: " + mnist +
+                            ", test_split: t10k, batch_size: 32, train_limit: 64, test_limit: 32, num_workers: 0}\n"
+                            "training: {epochs: 1, seed: 5, threads: 1}\n",
+                        "<weight_init>", source_dir());
+  };
+  EXPECT_EQ(recipe("{name: lenet5}").model.weight_init, "torch");
+  const Recipe he = recipe("{name: lenet5, weight_init: kaiming_normal}");
+  EXPECT_EQ(he.model.weight_init, "kaiming_normal");
+  RunOptions o;
+  o.out_dir = out_dir("weight_init");
+  std::ostringstream log;
+  o.log = &log;
+  Trainer tr(he, o);
+  ZooOptions z;
+  z.seed = 5;
+  z.weight_init = WeightInit::kKaimingNormal;
+  const at::Tensor expected = build_model("lenet5", z).node("conv1").params.at("weight");
+  EXPECT_TRUE(tr.model()->graph().node("conv1").params.at("weight").equal(expected));
+  z.weight_init = WeightInit::kTorch;
+  EXPECT_FALSE(tr.model()->graph().node("conv1").params.at("weight").equal(
+      build_model("lenet5", z).node("conv1").params.at("weight")));
+  try {
+    recipe("{name: lenet5, weight_init: he}");
+    ADD_FAILURE() << "model.weight_init: he was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("weight_init"), std::string::npos) << what;
+    EXPECT_NE(what.find("kaiming_normal"), std::string::npos) << what;
+  }
+}
+
 // A parameter a modifier adds joins the group of its decay, or a new group with that decay.
 TEST_F(RebuildOptimizer, NewParametersJoinTheGroupOfTheirDecay) {
   at::Tensor d = at::randn({5}).set_requires_grad(true);

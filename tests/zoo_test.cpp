@@ -188,6 +188,54 @@ TEST_P(ZooModelTest, InitializationFollowsTorchNnDefaults) {
   }
 }
 
+// WeightInit::kKaimingNormal: conv weights N(0, 2/fan_in) (He et al., 2015, eq. 10); linear
+// layers, biases and BN as torch.nn does. The two draws are told apart by their shape, not only
+// their spread: a normal has 68.3 % of its mass within one standard deviation, where the torch
+// default (uniform) has 57.7 %, and reaches past √3 standard deviations, where the uniform stops.
+TEST_P(ZooModelTest, KaimingNormalDrawsConvWeightsAsHeEtAl) {
+  ZooOptions o;
+  o.seed = 3;
+  o.weight_init = WeightInit::kKaimingNormal;
+  Graph g = build_model(GetParam(), o);
+  int checked = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.op != "conv2d" && n.op != "linear") continue;
+    const at::Tensor& w = n.params.at("weight");
+    const int64_t fan_in = w.numel() / w.size(0);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    if (const at::Tensor* b = n.params.find("bias")) {
+      EXPECT_LE(b->abs().max().item<double>(), bound) << n.name;
+    }
+    if (n.op == "linear") {
+      EXPECT_LE(w.abs().max().item<double>(), bound) << n.name;
+      continue;
+    }
+    EXPECT_TRUE(w.requires_grad()) << n.name;
+    if (w.numel() < 2000) continue;  // too few samples for the checks below
+    const double sigma = std::sqrt(2.0 / static_cast<double>(fan_in));
+    const double n_samples = static_cast<double>(w.numel());
+    // Standard errors: σ/√n for the mean, about σ/√(2n) for the standard deviation,
+    // √(p(1−p)/n) for the fraction; 5 of each.
+    EXPECT_NEAR(w.mean().item<double>(), 0.0, 5 * sigma / std::sqrt(n_samples)) << n.name;
+    EXPECT_NEAR(w.std().item<double>(), sigma, 5 * sigma / std::sqrt(2 * n_samples)) << n.name;
+    const double within = w.abs().lt(sigma).to(at::kDouble).mean().item<double>();
+    EXPECT_NEAR(within, 0.6827, 5 * std::sqrt(0.6827 * 0.3173 / n_samples)) << n.name;
+    EXPECT_GT(w.abs().max().item<double>(), std::sqrt(3.0) * sigma) << n.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  // The same seed draws the same weights; the default draw differs.
+  Graph again = build_model(GetParam(), o);
+  o.weight_init = WeightInit::kTorch;
+  Graph plain = build_model(GetParam(), o);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.op != "conv2d") continue;
+    EXPECT_TRUE(n.params.at("weight").equal(again.nodes()[i].params.at("weight"))) << n.name;
+    EXPECT_FALSE(n.params.at("weight").equal(plain.nodes()[i].params.at("weight"))) << n.name;
+  }
+}
+
 TEST_P(ZooModelTest, NumClassesAndInChannelsChangeTheShapes) {
   ZooOptions o;
   o.num_classes = 7;
@@ -234,6 +282,20 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ZooModelTest, ::testing::ValuesIn(kModels),
 class ZooTest : public test::SeededTest {};
 
 TEST_F(ZooTest, ListsTheNineModels) { EXPECT_EQ(zoo_models(), kModels); }
+
+TEST_F(ZooTest, WeightInitNames) {
+  EXPECT_EQ(weight_init_names(), (std::vector<std::string>{"torch", "kaiming_normal"}));
+  EXPECT_EQ(weight_init_from_name("torch"), WeightInit::kTorch);
+  EXPECT_EQ(weight_init_from_name("kaiming_normal"), WeightInit::kKaimingNormal);
+  try {
+    weight_init_from_name("he");
+    ADD_FAILURE() << "an unknown weight_init was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("'he'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kaiming_normal"), std::string::npos) << e.what();
+  }
+}
 
 TEST_F(ZooTest, UnknownNameThrowsNamingTheKnownModels) {
   try {
