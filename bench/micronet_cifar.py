@@ -28,7 +28,7 @@ classifier in full precision; micronet's DoReFa quantizes the classifier, its bi
 modules keep layer3.2.conv2.
 
 usage: .venv/bin/python bench/micronet_cifar.py METHOD [--fp32 RUN_DIR] [--out DIR] [--resume]
-                                                [--threads 2] [--build build]
+                                                [--threads 2] [--build build] [--seed N]
   METHOD: dorefa_w8a8, dorefa_w4a4, dorefa_w2a2, twn or bnn
 Prints the FP32 checkpoint's top-1 as PyTorch computes it (a check of the loading: it must equal
 whittle's), then one line per epoch, then top-1, top-5, training time and the saved file's bytes.
@@ -271,7 +271,14 @@ def main():
         sys.exit(f"micronet_cifar.py: {out} holds a training state: continue with --resume or delete the directory")
     refuse_unmirrored(recipe, "micronet_cifar.py")
     if args.seed is not None:
+        if args.seed < 0:
+            sys.exit(f"micronet_cifar.py: --seed {args.seed}: a seed is ≥ 0 (as whittle's training.seed)")
         recipe["training"]["seed"] = args.seed
+    if args.resume and os.path.exists(state_path):
+        saved_seed = torch.load(state_path, weights_only=False).get("seed", 0)
+        if saved_seed != recipe["training"].get("seed", 0):
+            sys.exit(f"micronet_cifar.py: --resume: {state_path} is a run of seed {saved_seed}, not "
+                     f"{recipe['training'].get('seed', 0)}: pass --seed {saved_seed}")
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)
     d, t = recipe["data"], recipe["training"]
@@ -304,9 +311,6 @@ def main():
         if not os.path.exists(state_path):
             sys.exit(f"micronet_cifar.py: --resume: no training state at {state_path}")
         st = torch.load(state_path, weights_only=False)
-        if st.get("seed", 0) != recipe["training"].get("seed", 0):
-            sys.exit(f"micronet_cifar.py: --resume: {state_path} is a run of seed {st.get('seed', 0)}, "
-                     f"not {recipe['training'].get('seed', 0)}")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         gen.set_state(st["generator"])
@@ -371,6 +375,7 @@ def main():
         if args.seed is None:
             f.write(open(recipe_path).read())
         else:  # the recipe as run: its seed replaced
+            f.write(f"# {recipe_path} with --seed {args.seed}\n")
             yaml.safe_dump(recipe, f, sort_keys=False)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2, allow_nan=False)

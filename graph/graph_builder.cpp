@@ -22,9 +22,9 @@ at::Tensor GraphBuilder::uniform(std::vector<int64_t> sizes, double bound) {
   return t.set_requires_grad(true);
 }
 
-at::Tensor GraphBuilder::normal(std::vector<int64_t> sizes, double std) {
+at::Tensor GraphBuilder::normal(std::vector<int64_t> sizes, double stddev) {
   at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
-  t.normal_(0.0, std, generator_);
+  t.normal_(0.0, stddev, generator_);
   return t.set_requires_grad(true);
 }
 

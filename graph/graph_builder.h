@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "graph/zoo.h"
+#include "graph/weight_init.h"
 
 namespace whittle {
 
@@ -71,8 +71,8 @@ class GraphBuilder {
                  std::map<std::string, Attr> attrs = {});
   /// A float32 tensor of `sizes` drawn from U(−bound, bound), requires_grad(true).
   at::Tensor uniform(std::vector<int64_t> sizes, double bound);
-  /// A float32 tensor of `sizes` drawn from N(0, std²), requires_grad(true).
-  at::Tensor normal(std::vector<int64_t> sizes, double std);
+  /// A float32 tensor of `sizes` drawn from N(0, stddev²), requires_grad(true).
+  at::Tensor normal(std::vector<int64_t> sizes, double stddev);
 
   Graph graph_;
   std::optional<at::Generator> generator_;

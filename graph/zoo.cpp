@@ -181,7 +181,9 @@ std::vector<std::string> weight_init_names() { return {"torch", "kaiming_normal"
 WeightInit weight_init_from_name(const std::string& name) {
   if (name == "torch") return WeightInit::kTorch;
   if (name == "kaiming_normal") return WeightInit::kKaimingNormal;
-  throw Error("unknown weight_init '" + name + "'; known: torch, kaiming_normal", ErrorKind::kUsage);
+  std::string known;
+  for (const std::string& n : weight_init_names()) known += (known.empty() ? "" : ", ") + n;
+  throw Error("unknown weight_init '" + name + "'; known: " + known, ErrorKind::kUsage);
 }
 
 std::vector<std::string> zoo_models() {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "graph/graph.h"
-#include "graph/zoo.h"
+#include "graph/weight_init.h"
 
 namespace whittle::runner {
 
