@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
+
+#include "core/error.h"
 
 namespace whittle::test {
 
@@ -44,6 +47,20 @@ inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::
      << e[worst].item<double>() << ", |diff| " << diff[worst].item<double>() << "; max |diff| overall "
      << at::nan_to_num(diff, 1e300).max().item<double>();
   return ::testing::AssertionFailure() << os.str();
+}
+
+/// The message of the whittle::Error of kind kUsage that calling `f` throws. Records a test
+/// failure and returns "" when `f` returns normally or throws another kind.
+template <class F>
+std::string usage_error_message(F&& f) {
+  try {
+    std::forward<F>(f)();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    return e.kind() == ErrorKind::kUsage ? e.what() : "";
+  }
+  ADD_FAILURE() << "no usage error was thrown";
+  return "";
 }
 
 /// The project's source directory (for recipes/ and data/) and the build directory (for

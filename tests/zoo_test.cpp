@@ -215,7 +215,8 @@ TEST_P(ZooModelTest, KaimingNormalDrawsConvWeightsAsHeEtAl) {
     const double sigma = std::sqrt(2.0 / static_cast<double>(fan_in));
     const double n_samples = static_cast<double>(w.numel());
     // Standard errors: σ/√n for the mean, about σ/√(2n) for the standard deviation,
-    // √(p(1−p)/n) for the fraction; 5 of each.
+    // √(p(1−p)/n) for the fraction; 5 of each, so the checks hold for any seed's draw, whatever
+    // the thread count or instruction set (a uniform draw misses the fraction by 10 or more of them).
     EXPECT_NEAR(w.mean().item<double>(), 0.0, 5 * sigma / std::sqrt(n_samples)) << n.name;
     EXPECT_NEAR(w.std().item<double>(), sigma, 5 * sigma / std::sqrt(2 * n_samples)) << n.name;
     const double within = w.abs().lt(sigma).to(at::kDouble).mean().item<double>();
@@ -287,14 +288,9 @@ TEST_F(ZooTest, WeightInitNames) {
   EXPECT_EQ(weight_init_names(), (std::vector<std::string>{"torch", "kaiming_normal"}));
   EXPECT_EQ(weight_init_from_name("torch"), WeightInit::kTorch);
   EXPECT_EQ(weight_init_from_name("kaiming_normal"), WeightInit::kKaimingNormal);
-  try {
-    weight_init_from_name("he");
-    ADD_FAILURE() << "an unknown weight_init was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-    EXPECT_NE(std::string(e.what()).find("'he'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("kaiming_normal"), std::string::npos) << e.what();
-  }
+  const std::string what = test::usage_error_message([] { weight_init_from_name("he"); });
+  EXPECT_NE(what.find("'he'"), std::string::npos) << what;
+  EXPECT_NE(what.find("kaiming_normal"), std::string::npos) << what;
 }
 
 TEST_F(ZooTest, UnknownNameThrowsNamingTheKnownModels) {
