@@ -274,8 +274,12 @@ def main():
         if args.seed < 0:
             sys.exit(f"micronet_cifar.py: --seed {args.seed}: a seed is ≥ 0 (as whittle's training.seed)")
         recipe["training"]["seed"] = args.seed
-    if args.resume and os.path.exists(state_path):
-        saved_seed = torch.load(state_path, weights_only=False).get("seed", 0)
+    st = None  # the training state --resume carries on from
+    if args.resume:
+        if not os.path.exists(state_path):
+            sys.exit(f"micronet_cifar.py: --resume: no training state at {state_path}")
+        st = torch.load(state_path, weights_only=False)
+        saved_seed = st.get("seed", 0)
         if saved_seed != recipe["training"].get("seed", 0):
             sys.exit(f"micronet_cifar.py: --resume: {state_path} is a run of seed {saved_seed}, not "
                      f"{recipe['training'].get('seed', 0)}: pass --seed {saved_seed}")
@@ -307,10 +311,7 @@ def main():
         sys.exit(f"micronet_cifar.py: optimizer {o['name']} is not mirrored")
     gen = torch.Generator().manual_seed(t.get("seed", 0))
     start, elapsed = 0, 0.0
-    if args.resume:
-        if not os.path.exists(state_path):
-            sys.exit(f"micronet_cifar.py: --resume: no training state at {state_path}")
-        st = torch.load(state_path, weights_only=False)
+    if st is not None:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         gen.set_state(st["generator"])

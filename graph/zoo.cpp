@@ -176,13 +176,23 @@ const std::vector<Entry>& registry() {
 
 }  // namespace
 
-std::vector<std::string> weight_init_names() { return {"torch", "kaiming_normal"}; }
+namespace {
+const std::pair<const char*, WeightInit> kWeightInits[] = {{"torch", WeightInit::kTorch},
+                                                           {"kaiming_normal", WeightInit::kKaimingNormal}};
+}  // namespace
+
+std::vector<std::string> weight_init_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, init] : kWeightInits) names.emplace_back(n);
+  return names;
+}
 
 WeightInit weight_init_from_name(const std::string& name) {
-  if (name == "torch") return WeightInit::kTorch;
-  if (name == "kaiming_normal") return WeightInit::kKaimingNormal;
   std::string known;
-  for (const std::string& n : weight_init_names()) known += (known.empty() ? "" : ", ") + n;
+  for (const auto& [n, init] : kWeightInits) {
+    if (name == n) return init;
+    known += (known.empty() ? "" : ", ") + std::string(n);
+  }
   throw Error("unknown weight_init '" + name + "'; known: " + known, ErrorKind::kUsage);
 }
 
