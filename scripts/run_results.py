@@ -187,7 +187,29 @@ def minutes(s):
     return f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
+def capability(stem):
+    """The ATen CPU capability a committed run recorded (its report.json), or None."""
+    try:
+        with open(os.path.join(SUMMARIES, stem, "report.json")) as f:
+            return json.load(f).get("cpu_capability")
+    except (OSError, ValueError):
+        return None
+
+
+def timed(seconds, from_wall, stem):
+    """A run's training time for the table: * when taken from wall time, ‡ when the AVX2 machine ran it."""
+    return (minutes(seconds) + ("*" if from_wall else "")
+            + ("‡" if capability(stem) == "AVX2" else ""))
+
+
 def table(build):
+    """The Markdown table of docs/results.md from the committed run summaries (whittle report --json).
+
+    Columns: MACs per image in millions; "vs FP32" is the FP32 checkpoint's bytes over the run's;
+    "micronet file" has, in brackets, micronet's file size over whittle's checkpoint. † marks the
+    XNOR-Net row's peer, micronet's one binary mode (the BNN run); ‡ a time measured on the AVX2
+    machine (the others on the AVX-512 one); * a time taken from wall time.
+    """
     dirs = summary_dirs()
     runs = {}
     if dirs:
@@ -195,20 +217,26 @@ def table(build):
                              capture_output=True, text=True).stdout
         runs = {os.path.basename(r["dir"]): r for r in json.loads(out)}
     fp32 = runs.get("resnet20_budget")
-    lines = ["| method | W/A bits | epochs | top-1 | top-5 | checkpoint | vs FP32 | training time "
-             "| micronet top-1 | micronet file | micronet time |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| method | W/A bits | MACs | epochs | top-1 | top-5 | checkpoint | vs FP32 | training time "
+             "| micronet top-1 | micronet file (× whittle's) | micronet time |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for stem, m, label, bits in BUDGET:
         r = runs.get(stem)
         if r is None:
             continue
         ratio = f"{fp32['checkpoint_bytes'] / r['checkpoint_bytes']:.1f}×" if fp32 and r["checkpoint_bytes"] else "—"
         mn = runs.get(micronet_stem(m)) if m else None
-        peer = (f"{100 * mn['test_top1']:.2f} % | {mn['checkpoint_bytes']:,} B | {minutes(mn['training_seconds'])}"
-                if mn else ("(starting point)" if stem == "resnet20_budget" else "—") + " | — | —")
-        lines.append(f"| {label} | {bits} | {r['epochs']} | **{100 * r['test_top1']:.2f} %** | {100 * r['test_top5']:.2f} % "
-                     f"| {r['checkpoint_bytes']:,} B | {ratio} | {minutes(r['training_seconds'])}"
-                     f"{'*' if r['training_seconds_from_wall'] else ''} | {peer} |")
+        if mn:
+            shared = "†" if stem == "resnet20_budget_xnor" else ""
+            larger = f" ({mn['checkpoint_bytes'] / r['checkpoint_bytes']:.1f}×)" if r["checkpoint_bytes"] else ""
+            peer = (f"{100 * mn['test_top1']:.2f} %{shared} | {mn['checkpoint_bytes']:,} B{larger} "
+                    f"| {timed(mn['training_seconds'], mn['training_seconds_from_wall'], micronet_stem(m))}")
+        else:
+            peer = ("(starting point)" if stem == "resnet20_budget" else "—") + " | — | —"
+        lines.append(f"| {label} | {bits} | {r['macs_per_image'] / 1e6:.1f} M | {r['epochs']} "
+                     f"| **{100 * r['test_top1']:.2f} %** | {100 * r['test_top5']:.2f} % "
+                     f"| {r['checkpoint_bytes']:,} B | {ratio} "
+                     f"| {timed(r['training_seconds'], r['training_seconds_from_wall'], stem)} | {peer} |")
     return "\n".join(lines)
 
 
