@@ -32,6 +32,9 @@ usage: .venv/bin/python bench/micronet_cifar.py METHOD [--fp32 RUN_DIR] [--out D
   METHOD: dorefa_w8a8, dorefa_w4a4, dorefa_w2a2, twn or bnn
 Prints the FP32 checkpoint's top-1 as PyTorch computes it (a check of the loading: it must equal
 whittle's), then one line per epoch, then top-1, top-5, training time and the saved file's bytes.
+--fp32, --out and --build are relative to the current directory (the defaults, to the repository).
+Exit status 2 on bad input (an argument, a run directory or training state that does not fit),
+checked before anything is created; 1 when a later step fails.
 """
 import argparse
 import json
@@ -93,12 +96,20 @@ class ReLUResNet20(nn.Module):
         return self.linear(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+def fail(message, status=2):
+    """One line on stderr and the exit status: 2 for bad input, 1 for a failed step."""
+    print(f"micronet_cifar.py: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
 def load_fp32(build, fp32_dir, tmp_dir):
     """The FP32 ResNet-20 of whittle run `fp32_dir`, via `whittle export` to TorchScript."""
     pt = os.path.join(tmp_dir, "fp32.pt")
     if not os.path.exists(pt):
-        subprocess.run([os.path.join(build, "whittle"), "export", os.path.join(fp32_dir, "model.h5"), "--out", pt],
-                       check=True, stdout=subprocess.DEVNULL)
+        r = subprocess.run([os.path.join(build, "whittle"), "export", os.path.join(fp32_dir, "model.h5"), "--out", pt],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            fail(f"whittle export failed (exit status {r.returncode}): {r.stderr.strip() or 'no message'}", 1)
     sd = torch.jit.load(pt).state_dict()
     model = ReLUResNet20()
     missing, unexpected = model.load_state_dict(sd, strict=False)
@@ -247,54 +258,82 @@ def finite_or_none(v):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("method", choices=METHODS)
-    ap.add_argument("--fp32", default="runs/cifar10/resnet20_budget", help="whittle's FP32 run directory")
+    ap.add_argument("--fp32", help="whittle's FP32 run directory (default runs/cifar10/resnet20_budget)")
     ap.add_argument("--out", help="run directory (default runs/micronet/resnet20_budget_<method>)")
     ap.add_argument("--resume", action="store_true", help="continue from the run directory's training state")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--build", default="build")
+    ap.add_argument("--build", help="where the whittle program is (default build)")
     ap.add_argument("--seed", type=int, help="the run's seed in place of the recipe's training.seed (a replicate; "
                     "whittle's side: --set training.seed=N)")
     args = ap.parse_args()
+    # Argument checks first, before anything is created; the caller's paths resolved before the
+    # move to the repository root (the defaults are the repository's).
+    if args.threads < 1:
+        fail(f"--threads {args.threads}: at least 1")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        fail(f"--seed {args.seed}: a seed is ≥ 0 and < 2^63 (as whittle's training.seed)")
+    named = lambda option, value: f"{option} {value}: " if value else ""  # the option, when given
+    fp32 = os.path.abspath(args.fp32) if args.fp32 else "runs/cifar10/resnet20_budget"
+    build = os.path.abspath(args.build) if args.build else os.path.join(ROOT, "build")
+    out = os.path.abspath(args.out) if args.out else None
     os.chdir(ROOT)
+    whittle_name = "resnet20_budget_" + ("dorefa_" + args.method[len("dorefa_"):] if args.method.startswith("dorefa") else args.method)
+    out = out or f"runs/micronet/{whittle_name}"
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"{named('--out', args.out)}{out} is a file, not a run directory")
+    state_path = os.path.join(out, "train_state.pt")
+    if os.path.exists(os.path.join(out, "report.json")) and not args.resume:
+        fail(f"{out} already holds a finished run (delete it to rerun)")
+    if os.path.exists(state_path) and not args.resume:
+        fail(f"{out} holds a training state: continue with --resume or delete the directory")
+    if args.resume and not os.path.isfile(state_path):
+        fail(f"--resume: no training state at {state_path}")
+    exported = os.path.exists(os.path.join(out, "fp32.pt"))  # an earlier call's `whittle export`
+    for name in ("report.json",) if exported else ("model.h5", "report.json"):
+        if not os.path.isfile(os.path.join(fp32, name)):
+            fail(f"{named('--fp32', args.fp32)}no {name} in {fp32} (a finished whittle run of "
+                 "recipes/cifar10/resnet20_budget.yaml)")
+    if not exported and not os.access(os.path.join(build, "whittle"), os.X_OK):
+        fail(f"{named('--build', args.build)}no whittle program at {os.path.join(build, 'whittle')}")
     try:
         import micronet  # noqa: F401
     except ImportError:
         sys.exit("micronet_cifar.py: micronet is not installed (it is in requirements.txt: scripts/setup.sh)")
-    whittle_name = "resnet20_budget_" + ("dorefa_" + args.method[len("dorefa_"):] if args.method.startswith("dorefa") else args.method)
     recipe_path = f"recipes/cifar10/{whittle_name}.yaml"
     recipe = yaml.safe_load(open(recipe_path))
-    out = args.out or f"runs/micronet/{whittle_name}"
-    state_path = os.path.join(out, "train_state.pt")
-    if os.path.exists(os.path.join(out, "report.json")) and not args.resume:
-        sys.exit(f"micronet_cifar.py: {out} already holds a finished run (delete it to rerun)")
-    if os.path.exists(state_path) and not args.resume:
-        sys.exit(f"micronet_cifar.py: {out} holds a training state: continue with --resume or delete the directory")
     refuse_unmirrored(recipe, "micronet_cifar.py")
     if args.seed is not None:
-        if args.seed < 0:
-            sys.exit(f"micronet_cifar.py: --seed {args.seed}: a seed is ≥ 0 (as whittle's training.seed)")
         recipe["training"]["seed"] = args.seed
     st = None  # the training state --resume carries on from
     if args.resume:
-        if not os.path.exists(state_path):
-            sys.exit(f"micronet_cifar.py: --resume: no training state at {state_path}")
-        st = torch.load(state_path, weights_only=False)
+        try:
+            st = torch.load(state_path, weights_only=False)
+        except Exception as e:  # a truncated or foreign file: pickle, zip and OS errors alike
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            fail(f"--resume: {state_path} is not a readable training state ({reason})")
+        keys = ("model", "optimizer", "generator", "cpu_rng", "epoch", "elapsed")
+        missing = [k for k in keys if k not in st] if isinstance(st, dict) else list(keys)
+        if missing:
+            fail(f"--resume: {state_path} is not a training state of this script (no {', '.join(missing)})")
         saved_seed = st.get("seed", 0)
         if saved_seed != recipe["training"].get("seed", 0):
-            sys.exit(f"micronet_cifar.py: --resume: {state_path} is a run of seed {saved_seed}, not "
-                     f"{recipe['training'].get('seed', 0)}: pass --seed {saved_seed}")
-    os.makedirs(out, exist_ok=True)
-    torch.set_num_threads(args.threads)
+            fail(f"--resume: {state_path} is a run of seed {saved_seed}, not "
+                 f"{recipe['training'].get('seed', 0)}: pass --seed {saved_seed}")
     d, t = recipe["data"], recipe["training"]
+    xtr, ytr = load_split(recipe, "train")
+    xte, yte = load_split(recipe, "test")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create {out}: {e.strerror}")
+    torch.set_num_threads(args.threads)
     o = t["optimizer"]
     mean = torch.tensor(d["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(d["std"]).view(1, -1, 1, 1)
-    xtr, ytr = load_split(recipe, "train")
-    xte, yte = load_split(recipe, "test")
 
     torch.manual_seed(t.get("seed", 0))
-    model = load_fp32(args.build, args.fp32, out)
-    fp32_report = json.load(open(os.path.join(args.fp32, "report.json")))
+    model = load_fp32(build, fp32, out)
+    fp32_report = json.load(open(os.path.join(fp32, "report.json")))
     top1, _, _ = evaluate(model, xte, yte, mean, std)
     print(f"FP32 checkpoint in PyTorch: top-1 {100 * top1:.2f} % (whittle: {100 * fp32_report['test_top1']:.2f} %)",
           flush=True)
@@ -367,7 +406,9 @@ def main():
         "recipe": recipe_path, "model": "resnet20", "tool": f"micronet {version('micronet')}",
         "test_top1": top1, "test_top5": top5, "test_loss": finite_or_none(test_loss), "test_images": int(xte.shape[0]),
         "epochs": epochs, "params": sum(p.numel() for p in model.parameters()),
-        "macs_per_image": fp32_report["macs_per_image"], "checkpoint": ckpt,
+        "macs_per_image": fp32_report["macs_per_image"],
+        # Relative to the repository root when inside it, as in the committed summaries.
+        "checkpoint": os.path.relpath(ckpt, ROOT) if ckpt.startswith(ROOT + os.sep) else ckpt,
         "checkpoint_bytes": os.path.getsize(ckpt), "wall_seconds": elapsed, "device": "cpu",
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "intra_op_threads": torch.get_num_threads(),
         "seed": t.get("seed", 0), "torch_version": torch.__version__,

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/shape_limits.h"
 #include "core/file_util.h"
 #include "graph/select.h"
 #include "graph/zoo.h"
@@ -139,7 +140,7 @@ std::vector<KeySpec> build_schema() {
   s.push_back(section(
       "model", "The network to train (required section).",
       {key("name", KeyType::kString, "—", "zoo model: " + zoo_list),
-       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`)"),
+       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`, `num_classes` and `weight_init`)"),
        key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model", Range::at_least(1)),
        key("weight_init", KeyType::kString, "torch", "how a zoo model's conv weights are drawn: torch (torch.nn's default, U(±1/√fan_in)) or kaiming_normal (He et al. 2015, N(0, 2/fan_in), as the ResNet papers)", weight_init_names()),
        key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph", Range::at_least(1))}));
@@ -611,11 +612,19 @@ void read_data_section(const YAML::Node& d, DataSpec& out) {
 }
 
 YAML::Node load_yaml(const std::string& text, const std::string& origin) {
+  std::vector<YAML::Node> docs;
   try {
-    return YAML::Load(text);
+    docs = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     usage_error(origin + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
+  // A second document would be dropped unread: a recipe is one document (an empty one after a
+  // trailing '---' says nothing).
+  for (size_t k = 1; k < docs.size(); ++k)
+    if (docs[k] && !docs[k].IsNull())
+      usage_error(origin + ":" + std::to_string(docs[k].Mark().line + 1) +
+                  ": a second YAML document (after a '---' line); a recipe is one document");
+  return docs.empty() ? YAML::Node() : docs.front();
 }
 
 const KeySpec& section_spec(const char* name) {
@@ -634,17 +643,22 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   std::vector<YAML::Node> override_nodes;
   // `model.name` (a zoo model) and `model.file` are alternatives: overriding one drops the other
   // that the recipe file gave, so `--set model.file=runs/mnist/lenet5/model.h5` fine-tunes a run.
+  // A file also drops the recipe's zoo options (num_classes, weight_init): the file's model has its
+  // own classifier and weights.
   std::string model_source;
   for (const auto& o : overrides) {
     const std::string key = o.substr(0, o.find('='));
-    if (key == "model.name" || key == "model.file") {
-      if (!model_source.empty() && model_source != key)
-        usage_error("--set " + model_source + " and --set " + key + " both given: a model is either a zoo name or a file");
-      model_source = key;
-      if (root["model"].IsMap()) root["model"].remove(key == "model.name" ? "file" : "name");
-    }
-    set_override(root, o, origin, override_nodes);
+    if (key != "model.name" && key != "model.file") continue;
+    if (!model_source.empty() && model_source != key)
+      usage_error("--set " + model_source + " and --set " + key + " both given: a model is either a zoo name or a file");
+    model_source = key;
   }
+  if (!model_source.empty() && root["model"].IsMap()) {
+    if (model_source == "model.name") root["model"].remove("file");
+    else
+      for (const char* k : {"name", "num_classes", "weight_init"}) root["model"].remove(k);
+  }
+  for (const auto& o : overrides) set_override(root, o, origin, override_nodes);
   struct Scope {
     explicit Scope(std::vector<YAML::Node>* nodes) { t_override_nodes = nodes; }
     ~Scope() { t_override_nodes = nullptr; }
@@ -675,6 +689,8 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   get(m, "num_classes", r.model.num_classes);
   get(m, "weight_init", r.model.weight_init);
   get(m, "input_shape", r.model.input_shape);
+  if (!shape_within_limit(r.model.input_shape))
+    usage_error(at_line(origin, m["input_shape"]) + ": 'model.input_shape' has more than 2^40 elements");
   if (r.model.name.empty() == r.model.file.empty())
     usage_error(at_line(origin, m) + ": 'model' needs exactly one of 'name' (a zoo model) or 'file'");
   if (!r.model.name.empty()) {
@@ -686,6 +702,10 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
                   ")" + (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
     }
   }
+  for (const char* k : {"num_classes", "weight_init"})
+    if (!r.model.file.empty() && m[k])
+      usage_error(at_line(origin, m[k]) + ": 'model." + k + "' applies to zoo models ('model.name'); the model of 'model.file' " +
+                  (std::string(k) == "num_classes" ? "has its own classifier" : "brings its own weights") + ": drop the key");
   if (!r.model.file.empty() && !path_exists(r.model.file))
     usage_error(at_line(origin, m["file"]) + ": 'model.file': " + r.model.file +
                 " does not exist (paths are relative to the directory whittle runs in)");

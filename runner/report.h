@@ -24,6 +24,9 @@ struct EvalMetrics {
 struct RunResult {
   EvalMetrics test;          ///< after the last completed epoch
   bool interrupted = false;  ///< stopped by SIGINT (state saved; resume with --resume)
+  /// --resume of a run that had finished: nothing was trained or written; `test`, `epochs_done`
+  /// and `checkpoint_bytes` are its report.json's.
+  bool finished_before = false;
   int64_t epochs_done = 0;
   std::string run_dir;
   std::string checkpoint;  ///< path of the checkpoint

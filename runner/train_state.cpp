@@ -5,10 +5,13 @@
 #include <ATen/core/Generator.h>
 #include <torch/serialize/output-archive.h>
 
+#include <archive.h>
+#include <archive_entry.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <set>
+#include <vector>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -33,6 +36,36 @@ bool same_recipe(const std::string& a, const std::string& b) {
   } catch (const YAML::Exception&) {
     return false;
   }
+}
+
+/// Reads every record of the zip archive at `path` (a LibTorch archive is a zip) through
+/// libarchive, which checks each record against the CRC-32 the writer stored (PKWARE APPNOTE
+/// 4.4.7). LibTorch's own reader skips those checks, so a flipped byte in a tensor would otherwise
+/// load as a wrong value. Throws whittle::Error naming the path and the record.
+void check_zip_records(const std::string& path) {
+  archive* a = archive_read_new();
+  struct Closer {
+    archive* a;
+    ~Closer() { archive_read_free(a); }
+  } closer{a};
+  archive_read_support_format_zip_seekable(a);
+  auto damaged = [&](const std::string& what) {
+    const char* m = archive_error_string(a);
+    return Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + what +
+                 (m ? std::string(": ") + m : std::string()));
+  };
+  if (archive_read_open_filename(a, path.c_str(), 1 << 16) != ARCHIVE_OK) throw damaged("not a zip archive");
+  archive_entry* e = nullptr;
+  std::vector<char> buffer(1 << 16);
+  int rc;
+  while ((rc = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
+    const std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "?";
+    la_ssize_t got;
+    while ((got = archive_read_data(a, buffer.data(), buffer.size())) > 0) {
+    }
+    if (got < 0) throw damaged("record " + name + " fails its check");
+  }
+  if (rc != ARCHIVE_EOF) throw damaged("its record directory cannot be read");
 }
 
 }  // namespace
@@ -95,6 +128,7 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
   SavedTrainState s;
   s.path_ = path;
   if (!is_regular_file(path)) throw Error("--resume: no training state at " + path + " (nothing to resume)");
+  check_zip_records(path);
   torch::serialize::InputArchive& a = s.archive_;
   try {
     a.load_from(path);

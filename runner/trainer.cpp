@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -38,6 +39,38 @@ namespace {
 std::atomic<bool> g_stop{false};
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::ordered_json;
+
+/// Whether `path` is the report.json of a run that finished `epochs` epochs (the last file a run
+/// writes); fills `result`'s test figures from it. A missing or unreadable report means the run
+/// was stopped while finishing.
+bool read_finished_report(const std::string& path, int64_t epochs, RunResult& result) {
+  if (!is_regular_file(path)) return false;
+  const json r = json::parse(read_file(path), nullptr, false);
+  if (!r.is_object() || !r.contains("epochs") || !r["epochs"].is_number_integer() || r["epochs"].get<int64_t>() != epochs ||
+      !r.contains("test_top1") || !r["test_top1"].is_number())
+    return false;
+  result.test.top1 = r["test_top1"].get<double>();
+  result.test.top5 = r.value("test_top5", 0.0);
+  result.test.loss = r.value("test_loss", 0.0);
+  result.test.samples = r.value("test_images", int64_t{0});
+  result.checkpoint_bytes = r.value("checkpoint_bytes", int64_t{0});
+  result.epochs_done = epochs;
+  return true;
+}
+
+/// The training rate (images/s) the last line of a run's metrics.jsonl records, 0 when none: the
+/// report's rate when a resumed sitting only finished the run (it trained no images).
+double last_epoch_rate(const std::string& metrics_path) {
+  if (!is_regular_file(metrics_path)) return 0;
+  std::istringstream in(read_file(metrics_path));
+  double rate = 0;
+  for (std::string l; std::getline(in, l);) {
+    const json j = json::parse(l, nullptr, false);
+    if (j.is_object() && j.contains("train_images_per_second") && j["train_images_per_second"].is_number())
+      rate = j["train_images_per_second"].get<double>();
+  }
+  return rate;
+}
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -388,7 +421,13 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     tc_.step = state_.step;
     result_.epochs_done = state_.epoch;
     saved->restore_rng();
-    log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
+    if (state_.epoch >= t.epochs && read_finished_report(join_path(dir, "report.json"), state_.epoch, result_)) {
+      result_.finished_before = true;
+      log << "the run in " << dir << " has finished (epoch " << state_.epoch << " of " << t.epochs
+          << ", report.json): nothing to resume\n";
+    } else {
+      log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
+    }
     if (!writer_) {  // the saved running sums are all ranks' so far: rank 0 carries them
       state_.loss_sum = 0;
       state_.correct = 0;
@@ -516,6 +555,17 @@ void Trainer::check_input_shapes() const {
   }
   if (g.inputs().size() != 1) return;
   const Shape& in = g.value(g.inputs().front()).shape;
+  // A checkpoint records its input shape: a declared one that differs would be silently unused.
+  const Shape& declared = recipe_.model.input_shape;
+  if (!recipe_.model.file.empty() && declared.size() == in.size() && !declared.empty() &&
+      !std::equal(declared.begin() + 1, declared.end(), in.begin() + 1))
+    throw Error(recipe_.path + ": 'model.input_shape' is " + shape_str(declared) + " but the model of 'model.file' " +
+                    recipe_.model.file + " takes " + shape_str(in) + " (a checkpoint records its input; drop the key)",
+                ErrorKind::kUsage);
+  if (!recipe_.model.file.empty() && !declared.empty() && declared.size() != in.size())
+    throw Error(recipe_.path + ": 'model.input_shape' is " + shape_str(declared) + " but the model of 'model.file' " +
+                    recipe_.model.file + " takes " + shape_str(in),
+                ErrorKind::kUsage);
   if (in.size() != 4) return;
   const Shape want(in.begin() + 1, in.end());
   for (const auto& [key, loader] : {std::pair<const char*, const data::DataLoader*>{"train", train_loader_.get()},
@@ -837,6 +887,7 @@ EvalMetrics Trainer::end_epoch() {
 }
 
 RunResult Trainer::run() {
+  if (result_.finished_before) return result_;  // --resume of a finished run: nothing to do, nothing written
   while (state_.epoch < recipe_.training.epochs) {
     if (!train_epoch()) {
       // Save where we are: the next batch of this epoch (the running sums over every rank).
@@ -889,6 +940,7 @@ RunResult Trainer::finish() {
   result_.wall_seconds = seconds_since(t_start_);
   // All ranks' images (they train equal shards) over rank 0's training time.
   result_.train_images_per_second = static_cast<double>(images_trained_ * result_.world_size) / std::max(train_seconds_, 1e-9);
+  if (images_trained_ == 0) result_.train_images_per_second = last_epoch_rate(join_path(result_.run_dir, "metrics.jsonl"));
   const std::string report_path = join_path(result_.run_dir, "report.json");
   write_report(report_path, recipe_, result_, device_.str(), model_->graph());
   print_report(*log_, recipe_, result_, report_path);

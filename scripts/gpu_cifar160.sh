@@ -31,12 +31,44 @@
 # stay off (the ATen-op forms run) unless WHITTLE_FUSED_QUANTIZERS_CUDA=1 is set.
 # Exit status of `run`: 0 when every run finished or stopped at the time limit with its state
 # saved, 1 when one failed (its log says why), 2 on a usage or setup error. Of `record`: 1 when an
-# archive holds fewer epochs than the run recorded in DEST (it is not replaced), 2 on bad input.
+# archive holds fewer epochs than the run recorded in DEST (it is not replaced), 2 on bad input (a
+# DEST that is not a folder, an archive tar cannot read, a metrics.jsonl line that is not a JSON
+# object with a numeric epoch and test_top1): every archive is checked before DEST changes.
 set -uo pipefail
 
 die() { echo "gpu_cifar160.sh: $*" >&2; exit 2; }
-# The number of epochs a run's metrics.jsonl records (0 when it has none).
-epochs_in() { local n; n=$(grep -c . "$1" 2>/dev/null); echo "${n:-0}"; }
+# The number of epochs a run's metrics.jsonl records: its lines that are JSON objects with a numeric
+# epoch and test_top1 (0 when it has none). With a second argument, the archive it came from, any
+# other non-empty line is an error: one line naming the archive, file and line, exit status 2.
+epochs_in() {
+  python3 - "$@" <<'EOF'
+import json, math, sys
+path, archive = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
+num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+try:
+    lines = open(path, "rb").read().splitlines()
+except FileNotFoundError:
+    lines = []
+except OSError as e:  # a folder, say: an error in an archive, no epochs elsewhere
+    if archive:
+        sys.exit(f"gpu_cifar160.sh: {archive}: cannot read metrics.jsonl ({e.strerror})")
+    lines = []
+n = 0
+for i, line in enumerate(lines, 1):
+    if not line.strip():
+        continue
+    try:
+        m = json.loads(line)
+    except ValueError:  # UnicodeDecodeError included
+        m = None
+    if isinstance(m, dict) and num(m.get("epoch")) and num(m.get("test_top1")):
+        n += 1
+    elif archive:
+        sys.exit(f"gpu_cifar160.sh: {archive}: metrics.jsonl line {i} is not an epoch's metrics "
+                 "(a JSON object with a numeric epoch and test_top1)")
+print(n)
+EOF
+}
 archive=../shared/data/cifar10-jpeg/cifar10-jpeg.tar.gz
 
 mode=${1:-}
@@ -158,31 +190,46 @@ case "$mode" in
     dest=${3:-docs/results/cifar10_gpu160}
     [[ -d "$dir" ]] || die "record needs the folder the run's files came back to"
     compgen -G "$dir/*.tar" >/dev/null || die "$dir holds no <recipe>.tar"
-    status=0
+    [[ -e "$dest" && ! -d "$dest" ]] && die "DEST $dest is not a folder"
+    tmp=$(mktemp -d) || die "no temporary folder"
+    trap 'rm -rf "$tmp"' EXIT
+    # Every archive is unpacked and checked before DEST changes: all are recorded or none.
+    stems=()
     for t in "$dir"/*.tar; do
       stem=$(basename "$t" .tar)
-      tmp=$(mktemp -d) || die "no temporary folder"
-      tar -C "$tmp" -xf "$t" || { rm -rf "$tmp"; die "$t is not a readable tar archive"; }
-      if [[ -f "$tmp/report.json" ]]; then
+      mkdir "$tmp/$stem" || die "no temporary folder"
+      tar -C "$tmp/$stem" -xf "$t" 2>/dev/null || die "$t is not a readable tar archive"
+      epochs_in "$tmp/$stem/metrics.jsonl" "$t" >"$tmp/$stem.epochs" || exit 2
+      stems+=("$stem")
+    done
+    mkdir -p "$dest" 2>/dev/null && [[ -w "$dest" ]] || die "cannot write to DEST $dest"
+    status=0
+    for stem in "${stems[@]}"; do
+      t="$dir/$stem.tar"
+      unpacked=$tmp/$stem
+      if [[ -f "$unpacked/report.json" ]]; then
         keep=(model.h5 metrics.jsonl recipe.yaml report.json)
-      elif [[ -f "$tmp/train_state.pt" ]]; then
+      elif [[ -f "$unpacked/train_state.pt" ]]; then
         keep=(train_state.pt metrics.jsonl recipe.yaml)
       else
-        rm -rf "$tmp"
         echo "$stem: neither finished nor resumable (no report.json, no train_state.pt): not recorded" >&2
         continue
       fi
-      new_epochs=$(epochs_in "$tmp/metrics.jsonl")
+      new_epochs=$(<"$tmp/$stem.epochs")
       old_epochs=$(epochs_in "$dest/$stem/metrics.jsonl")
       if ((new_epochs < old_epochs)); then
-        rm -rf "$tmp"
         echo "$stem: $t holds $new_epochs epochs, $dest/$stem $old_epochs: not replaced (was the state carried?)" >&2
         status=1
         continue
       fi
-      rm -rf "${dest:?}/$stem" && mkdir -p "$dest/$stem"
-      for f in "${keep[@]}"; do [[ -f "$tmp/$f" ]] && cp "$tmp/$f" "$dest/$stem/"; done
-      rm -rf "$tmp"
+      # Copied beside the recorded run first, then swapped in: no half-written DEST/<recipe>.
+      staged="$dest/.$stem.new"
+      rm -rf "$staged" && mkdir "$staged" || die "cannot write to $dest"
+      for f in "${keep[@]}"; do
+        [[ -f "$unpacked/$f" ]] || continue
+        cp "$unpacked/$f" "$staged/" || { rm -rf "$staged"; die "cannot copy $f into $dest"; }
+      done
+      rm -rf "${dest:?}/$stem" && mv "$staged" "$dest/$stem" || die "cannot replace $dest/$stem"
       python3 - "$dest/$stem" <<'EOF'
 import json, os, sys
 d = sys.argv[1]
@@ -196,7 +243,7 @@ EOF
     exit $status
     ;;
   *)
-    sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -20,6 +20,10 @@ method fine-tuned from its checkpoint, and micronet 1.12.0's quantizers fine-tun
                model_summary from `whittle inspect --json` of the checkpoint where an earlier
                whittle wrote none) and writes docs/results.html (`whittle report --html`).
   --html FILE  writes the HTML report of the committed summaries to FILE.
+  --build DIR  where the whittle program is (default: the repository's build/).
+FILE and DIR are relative to the current directory; the script works from the repository root.
+Exit status: 0 done, 1 when a run or a whittle command failed (whittle's error printed), 2 on bad
+input (an option, a --build without whittle, a --html whose folder is missing).
 """
 import argparse
 import json
@@ -51,6 +55,20 @@ NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}
 # train the rest without training these again (train() restores them into runs/).
 STARTING_POINTS = ["resnet20_budget", "resnet20_budget_prune_l1"]
 SUMMARY_FILES = ("report.json", "metrics.jsonl", "recipe.yaml")
+
+
+def fail(message, status=2):
+    """One line on stderr and the exit status: 2 for bad input, 1 for a failed step."""
+    print(f"run_results.py: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def whittle(build, *args):
+    """`whittle ARGS`' stdout; when whittle fails, its own error and exit status 1 (no traceback)."""
+    r = subprocess.run([os.path.join(build, "whittle"), *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"whittle {args[0]} failed (exit status {r.returncode}): {r.stderr.strip() or 'no message'}", 1)
+    return r.stdout
 
 
 def method_of(recipe_yaml):
@@ -150,9 +168,7 @@ def collect(build):
         rep = json.load(open(os.path.join(d, "report.json")))
         ckpt = os.path.join(d, os.path.basename(rep.get("checkpoint", "model.h5")))
         if "model_summary" not in rep and ckpt.endswith(".h5") and os.path.isfile(ckpt):
-            out = subprocess.run([os.path.join(build, "whittle"), "inspect", ckpt, "--json"], check=True,
-                                 capture_output=True, text=True).stdout
-            j = json.loads(out)
+            j = json.loads(whittle(build, "inspect", ckpt, "--json"))
             rep["model_summary"] = {"nodes": j["nodes"], "total": {k: v for k, v in j["total"].items() if k != "file_bytes"}}
         with open(os.path.join(dst, "report.json"), "w") as f:
             json.dump(rep, f, indent=2)
@@ -175,9 +191,8 @@ def write_html(build, path):
     dirs = summary_dirs()
     if not dirs:
         sys.exit(f"run_results.py: no finished run summaries in {SUMMARIES}")
-    subprocess.run([os.path.join(build, "whittle"), "report", *dirs, "--html", path, "--title",
-                    "whittle: ResNet-20 on CIFAR-10 in a CPU budget (whittle and micronet 1.12.0)"],
-                   check=True, stdout=subprocess.DEVNULL)
+    whittle(build, "report", *dirs, "--html", path, "--title",
+            "whittle: ResNet-20 on CIFAR-10 in a CPU budget (whittle and micronet 1.12.0)")
     print(f"wrote {path}")
 
 
@@ -213,9 +228,7 @@ def table(build):
     dirs = summary_dirs()
     runs = {}
     if dirs:
-        out = subprocess.run([os.path.join(build, "whittle"), "report", *dirs, "--json"], check=True,
-                             capture_output=True, text=True).stdout
-        runs = {os.path.basename(r["dir"]): r for r in json.loads(out)}
+        runs = {os.path.basename(r["dir"]): r for r in json.loads(whittle(build, "report", *dirs, "--json"))}
     fp32 = runs.get("resnet20_budget")
     lines = ["| method | W/A bits | MACs | epochs | top-1 | top-5 | checkpoint | vs FP32 | training time "
              "| micronet top-1 | micronet file (× whittle's) | micronet time |",
@@ -245,18 +258,27 @@ def main():
     p.add_argument("--train", nargs="*", metavar="STEM", help="train what is not finished (optionally only these)")
     p.add_argument("--collect", action="store_true")
     p.add_argument("--html", metavar="FILE")
-    p.add_argument("--build", default="build")
+    p.add_argument("--build", metavar="DIR", help="where the whittle program is (default: the repository's build/)")
     args = p.parse_args()
+    # The caller's paths, resolved before the move to the repository root.
+    build = os.path.abspath(args.build) if args.build else os.path.join(ROOT, "build")
+    html = os.path.abspath(args.html) if args.html else None
+    if not (os.path.isfile(os.path.join(build, "whittle")) and os.access(os.path.join(build, "whittle"), os.X_OK)):
+        given = f"--build {args.build}: " if args.build else ""
+        fail(f"{given}no whittle program at {os.path.join(build, 'whittle')} (build it first: ninja -C build whittle)")
+    if html and os.path.isdir(html):
+        fail(f"--html {args.html}: {html} is a folder, not a file")
+    if html and not os.path.isdir(os.path.dirname(html)):
+        fail(f"--html {args.html}: the folder {os.path.dirname(html)} is missing")
     os.chdir(ROOT)
-    build = os.path.abspath(args.build)
     if args.train is not None:
         train(build, args.train)
         collect(build)
     elif args.collect:
         collect(build)
-    if args.html:
-        write_html(build, args.html)
-    if args.train is None and not args.collect and not args.html:
+    if html:
+        write_html(build, html)
+    if args.train is None and not args.collect and not html:
         print(table(build))
 
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 
@@ -18,6 +19,32 @@
 namespace po = boost::program_options;
 
 namespace whittle::cli {
+
+namespace {
+
+/// Refuses an --html target before any work: its folder must exist, and it must not be one of the
+/// files a run directory holds (report.json, the checkpoint, metrics.jsonl...), which the page
+/// would replace. An earlier page (.html, .htm) in a run directory may be replaced.
+void check_html_target(const std::string& html, const std::vector<std::string>& dirs) {
+  namespace fs = std::filesystem;
+  const std::string folder = parent_directory(html);
+  if (!folder.empty() && !is_directory(folder))
+    throw Error("report: cannot write --html " + html + ": the folder " + folder + " is missing", ErrorKind::kUsage);
+  std::error_code ec;
+  const fs::path target(html);
+  if (!fs::exists(target, ec)) return;
+  std::string ext = target.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".html" || ext == ".htm") return;
+  const fs::path where = fs::absolute(target, ec).parent_path();
+  for (const auto& dir : dirs)
+    if (fs::equivalent(where, fs::path(dir), ec))
+      throw Error("report: --html " + html + " would replace a file of the run in " + dir +
+                      " (give a .html name, or a file outside the run directory)",
+                  ErrorKind::kUsage);
+}
+
+}  // namespace
 
 int run_report(const std::vector<std::string>& args) {
   po::options_description opts(
@@ -44,8 +71,10 @@ int run_report(const std::vector<std::string>& args) {
   if (!vm.count("dirs")) throw Error("report: missing RUN_DIR (see whittle report --help)", ErrorKind::kUsage);
   if (vm.count("html") && html.empty()) throw Error("report: --html is empty (give a file name)", ErrorKind::kUsage);
   if (!html.empty() && is_directory(html)) throw Error("report: --html " + html + " is a directory", ErrorKind::kUsage);
+  const auto& dirs = vm["dirs"].as<std::vector<std::string>>();
+  if (!html.empty()) check_html_target(html, dirs);
   std::vector<RunSummary> runs;
-  for (const auto& dir : vm["dirs"].as<std::vector<std::string>>()) runs.push_back(read_run(dir));
+  for (const auto& dir : dirs) runs.push_back(read_run(dir));
   assign_labels(runs);
 
   if (vm.count("json")) {

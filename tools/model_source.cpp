@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/shape_limits.h"
 #include "core/file_util.h"
 #include "graph/zoo.h"
 
@@ -33,6 +34,9 @@ Shape parse_shape(const std::string& text, const std::string& what) {
     }
   }
   if (shape.empty()) throw Error(what + ": empty shape", ErrorKind::kUsage);
+  if (!shape_within_limit(shape))
+    throw Error(what + ": '" + text + "' has more than 2^40 elements (a tensor of that shape could not be allocated)",
+                ErrorKind::kUsage);
   return shape;
 }
 

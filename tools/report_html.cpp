@@ -407,6 +407,15 @@ std::string layer_table(const runner::ModelSummary& s) {
   return o.str();
 }
 
+/// Throws whittle::Error naming `where` unless `v` is finite and within [lo, hi].
+void check_range(double v, double lo, double hi, const std::string& where, const char* what) {
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    std::ostringstream o;
+    o << where << ": " << what << " is " << v << ", not within [" << lo << ", " << hi << "]";
+    throw Error(o.str());
+  }
+}
+
 }  // namespace
 
 RunSummary read_run(const std::string& dir) {
@@ -437,8 +446,18 @@ RunSummary read_run(const std::string& dir) {
   r.cpu_capability = optional_value(rep, "cpu_capability", std::string(), report_path);
   r.torch_version = optional_value(rep, "torch_version", std::string(), report_path);
   r.intra_op_threads = optional_value(rep, "intra_op_threads", int64_t{0}, report_path);
+  // Figures no run can have would draw a broken chart: the report is damaged.
+  check_range(r.test_top1, 0, 1, report_path, "test_top1 (a fraction)");
+  check_range(r.test_top5, 0, 1, report_path, "test_top5 (a fraction)");
+  if (!std::isnan(r.test_loss)) check_range(r.test_loss, 0, HUGE_VAL, report_path, "test_loss");
+  check_range(static_cast<double>(r.epochs), 0, 1e7, report_path, "epochs");
+  check_range(static_cast<double>(r.checkpoint_bytes), 1, 1e15, report_path, "checkpoint_bytes");
+  check_range(static_cast<double>(r.params), 0, 1e15, report_path, "params");
+  check_range(static_cast<double>(r.macs), 0, 1e18, report_path, "macs_per_image");
 
   const std::string metrics_path = join_path(dir, "metrics.jsonl");
+  if (path_exists(metrics_path) && !is_regular_file(metrics_path))
+    throw Error(metrics_path + " is " + describe_path(metrics_path) + ", not a file of metrics lines");
   if (is_regular_file(metrics_path)) {
     std::istringstream in(read_file(metrics_path));
     std::string line;
@@ -460,6 +479,12 @@ RunSummary read_run(const std::string& dir) {
           p.seconds = j.at("train_seconds").get<double>() + j.at("eval_seconds").get<double>();
         if (j.contains("train_images")) images = json_int64(j.at("train_images"), where + ": train_images");
         p.images_per_second = j.value("train_images_per_second", 0.0);
+        check_range(static_cast<double>(p.epoch), 1, 1e7, where, "epoch");
+        check_range(p.train_top1, 0, 1, where, "train_top1 (a fraction)");
+        check_range(p.test_top1, 0, 1, where, "test_top1 (a fraction)");
+        check_range(p.test_top5, 0, 1, where, "test_top5 (a fraction)");
+        check_range(p.images_per_second, 0, HUGE_VAL, where, "train_images_per_second");
+        if (j.contains("train_seconds") && j.contains("eval_seconds")) check_range(p.seconds, 0, HUGE_VAL, where, "train_seconds + eval_seconds");
         r.curve.push_back(p);
       } catch (const json::exception& e) {
         throw Error(where + ": not a metrics line (" + std::string(e.what()) + ")");

@@ -258,4 +258,91 @@ expect(["export", model, "--out", eo, "--check-data", os.path.join(OUT, "no_dir"
 expect(["export", model, "--out", eo, "--input-shape", "1,3,32,32"], 2, "apply to TorchScript files and zoo models",
        "export of a checkpoint with --input-shape", eo)
 
+
+# 18. A damaged training state, a finished run resumed, a report onto a run's own files, impossible
+# report figures, model keys a file does not use, a second YAML document, a huge input shape.
+import struct  # noqa: E402
+import zipfile  # noqa: E402
+
+fin = os.path.join(OUT, "finished")
+shutil.copytree(good, fin)
+
+
+def snapshot(d):
+    return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
+
+
+before = snapshot(fin)
+r = run("run", BASE, *QUICK, "--out", fin, "--resume")
+check(r.returncode == 0 and "has finished (epoch 1 of 1, report.json): nothing to resume" in r.stderr + r.stdout,
+      f"--resume of a finished run: nothing to do (exit {r.returncode})")
+check(snapshot(fin) == before, "--resume of a finished run: every file byte for byte as before")
+# A flipped tensor byte: LibTorch's reader does not check the zip CRCs, whittle does; nothing is
+# written (the checkpoint stays that of the last good epoch).
+state_path = os.path.join(fin, "train_state.pt")
+with zipfile.ZipFile(state_path) as z:
+    big = max(z.infolist(), key=lambda i: i.file_size)
+blob = bytearray(open(state_path, "rb").read())
+name_len, extra_len = struct.unpack("<HH", blob[big.header_offset + 26:big.header_offset + 30])
+blob[big.header_offset + 30 + name_len + extra_len + 64] ^= 0x40
+open(state_path, "wb").write(bytes(blob))
+os.remove(os.path.join(fin, "report.json"))  # as if stopped while finishing: the state is read
+before = snapshot(fin)
+expect(["run", BASE, *QUICK, "--out", fin, "--resume"], 1,
+       [state_path + " is not a readable training state (truncated or damaged): record ", "fails its check", "CRC"],
+       "--resume from a training state with a flipped byte")
+check(snapshot(fin) == before, "a damaged training state: nothing written")
+
+# whittle report: the page may not replace a run's files; figures no run can have are refused.
+rep_json = os.path.join(good, "report.json")
+rep_before = open(rep_json, "rb").read()
+r = expect(["report", good, "--html", rep_json], 2, "would replace a file of the run in " + good, "report --html onto report.json")
+check(open(rep_json, "rb").read() == rep_before and r.stdout == "", "report --html onto report.json: untouched, no table printed")
+expect(["report", good, "--html", os.path.join(good, "model.h5")], 2, "would replace a file of the run",
+       "report --html onto the checkpoint")
+check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt, "report --html onto the checkpoint: untouched")
+r = expect(["report", good, "--html", os.path.join(OUT, "no_dir", "r.html")], 2, "the folder " + os.path.join(OUT, "no_dir") + " is missing",
+           "report --html into a missing folder")
+check(r.stdout == "", "report --html into a missing folder: refused before the table is printed")
+odd = os.path.join(OUT, "odd_report")
+for field, value, needle in [("test_top1", 7.5, "test_top1 (a fraction) is 7.5, not within [0, 1]"),
+                             ("test_top5", -3, "test_top5 (a fraction) is -3"),
+                             ("checkpoint_bytes", -100, "checkpoint_bytes is -100"),
+                             ("epochs", -5, "epochs is -5")]:
+    shutil.rmtree(odd, ignore_errors=True)
+    shutil.copytree(good, odd)
+    rep = json.load(open(os.path.join(odd, "report.json")))
+    rep[field] = value
+    json.dump(rep, open(os.path.join(odd, "report.json"), "w"))
+    expect(["report", odd], 1, [os.path.join(odd, "report.json"), needle], f"report with {field} {value}")
+shutil.rmtree(odd, ignore_errors=True)
+shutil.copytree(good, odd)
+lines = open(os.path.join(odd, "metrics.jsonl")).read().splitlines()
+m = json.loads(lines[0])
+m["test_top1"] = 1e308
+open(os.path.join(odd, "metrics.jsonl"), "w").write(json.dumps(m) + "\n")
+expect(["report", odd], 1, [os.path.join(odd, "metrics.jsonl") + ":1: test_top1 (a fraction) is 1e+308"],
+       "report with a metrics line's test_top1 1e308")
+os.remove(os.path.join(odd, "metrics.jsonl"))
+os.makedirs(os.path.join(odd, "metrics.jsonl"))
+expect(["report", odd], 1, "metrics.jsonl is a directory, not a file of metrics lines", "report with metrics.jsonl a directory")
+
+# A model file brings its own classifier, weights and input: zoo keys beside it are errors, and
+# --set model.file drops the recipe's (the documented way to fine-tune a run).
+expect(["run", BASE, *QUICK, "--set", "model.file=" + model, "--set", "model.num_classes=7", "--out", d], 2,
+       "'model.num_classes' applies to zoo models ('model.name')", "model.file with model.num_classes", d)
+expect(["run", BASE, *QUICK, "--set", "model.file=" + model, "--set", "model.weight_init=kaiming_normal", "--out", d], 2,
+       "'model.weight_init' applies to zoo models", "model.file with model.weight_init", d)
+expect(["run", BASE, *QUICK, "--set", "model.file=" + model, "--set", "model.input_shape=[1,1,32,32]", "--out", d], 2,
+       "'model.input_shape' is [1, 1, 32, 32] but the model of 'model.file' " + model + " takes [1, 1, 28, 28]",
+       "model.file with another model.input_shape", d)
+two_docs = os.path.join(OUT, "two_docs.yaml")
+open(two_docs, "w").write(open(os.path.join(SRC, BASE)).read() + "---\nfoo: 1\n")
+n_lines = open(two_docs).read().count("\n")
+expect(["run", two_docs, *QUICK, "--out", d], 2, f"two_docs.yaml:{n_lines}: a second YAML document", "a recipe of two YAML documents", d)
+expect(["inspect", "resnet20", "--input-shape", "1,3,99999999999,99999999999"], 2, "has more than 2^40 elements",
+       "inspect with a 10^22-element input")
+expect(["run", BASE, *QUICK, "--set", "model.input_shape=[1,1,2000000,2000000]", "--out", d], 2,
+       "'model.input_shape' has more than 2^40 elements", "model.input_shape of 4·10^12 elements", d)
+
 finish()

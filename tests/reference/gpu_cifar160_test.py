@@ -11,7 +11,8 @@ the recipes cut to one epoch of 256 images:
   not trained again.
 - `record` does not replace a recorded run with an archive of fewer epochs (exit status 1).
 - Bad input: `run` without a pack, a SECONDS that is not a number or above 540, `record` of a
-  folder without archives: exit status 2 and a message naming what is wrong.
+  folder without archives: exit status 2 and a message naming what is wrong. (`record` of bad
+  archives or into a DEST that is a file: scripts_bad_input_test.py, which needs no archive.)
 
 What stops a run at the time limit is `timeout` sending SIGTERM, on which whittle saves its state
 (trainer tests); this test does not time it. It runs with this machine's libraries visible, so it
