@@ -6,6 +6,7 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 
@@ -70,6 +71,14 @@ int run_eval(const std::vector<std::string>& args) {
   if (data_path.empty())
     throw Error("eval: the checkpoint holds no recipe naming a test set; give --data", ErrorKind::kUsage);
   data::Dataset ds = runner::load_split(data_path, split.empty() ? "test" : split, pack_to, std::cerr);
+  if (graph.inputs().size() == 1) {  // the data must be what the model takes, before any transform
+    const Shape& in = graph.value(graph.inputs().front()).shape;
+    const Shape got{ds.channels(), ds.height(), ds.width()};
+    if (in.size() == 4 && !std::equal(got.begin(), got.end(), in.begin() + 1))
+      throw Error("eval: the images of " + data_path + " are " + shape_str(got) + " (C, H, W) but the model " + ckpt_path +
+                      " takes " + shape_str(Shape(in.begin() + 1, in.end())) + " (its input " + shape_str(in) + ")",
+                  ErrorKind::kUsage);
+  }
   data::LoaderOptions opts_l;
   opts_l.batch_size = batch_size;
   opts_l.shuffle = false;

@@ -345,4 +345,12 @@ expect(["inspect", "resnet20", "--input-shape", "1,3,99999999999,99999999999"], 
 expect(["run", BASE, *QUICK, "--set", "model.input_shape=[1,1,2000000,2000000]", "--out", d], 2,
        "'model.input_shape' has more than 2^40 elements", "model.input_shape of 4·10^12 elements", d)
 
+# eval of a model on images of another shape names both shapes (not the transform's channel count).
+r20 = os.path.join(OUT, "resnet20.h5")
+r = run("fuse", "resnet20", "--out", r20)
+check(r.returncode == 0, "a ResNet-20 checkpoint (fuse of the zoo model)")
+expect(["eval", r20, "--data", MNIST, "--split", "t10k"], 2,
+       "the images of " + MNIST + " are [1, 28, 28] (C, H, W) but the model " + r20 + " takes [3, 32, 32]",
+       "eval of a 3×32×32 model on 1×28×28 digits")
+
 finish()
