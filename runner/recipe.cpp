@@ -140,8 +140,8 @@ std::vector<KeySpec> build_schema() {
   s.push_back(section(
       "model", "The network to train (required section).",
       {key("name", KeyType::kString, "—", "zoo model: " + zoo_list),
-       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name`, `num_classes` and `weight_init`)"),
-       key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model", Range::at_least(1)),
+       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name` and `weight_init`)"),
+       key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model; beside `file`, the outputs its model must have", Range::at_least(1)),
        key("weight_init", KeyType::kString, "torch", "how a zoo model's conv weights are drawn: torch (torch.nn's default, U(±1/√fan_in)) or kaiming_normal (He et al. 2015, N(0, 2/fan_in), as the ResNet papers)", weight_init_names()),
        key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph", Range::at_least(1))}));
   s.push_back(section(
@@ -643,8 +643,8 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   std::vector<YAML::Node> override_nodes;
   // `model.name` (a zoo model) and `model.file` are alternatives: overriding one drops the other
   // that the recipe file gave, so `--set model.file=runs/mnist/lenet5/model.h5` fine-tunes a run.
-  // A file also drops the recipe's zoo options (num_classes, weight_init): the file's model has its
-  // own classifier and weights.
+  // A file also drops the recipe's weight_init: the file's model brings its own weights. A
+  // num_classes stays, checked against the file's classifier when the model is loaded.
   std::string model_source;
   for (const auto& o : overrides) {
     const std::string key = o.substr(0, o.find('='));
@@ -656,7 +656,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   if (!model_source.empty() && root["model"].IsMap()) {
     if (model_source == "model.name") root["model"].remove("file");
     else
-      for (const char* k : {"name", "num_classes", "weight_init"}) root["model"].remove(k);
+      for (const char* k : {"name", "weight_init"}) root["model"].remove(k);
   }
   for (const auto& o : overrides) set_override(root, o, origin, override_nodes);
   struct Scope {
@@ -702,14 +702,15 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
                   ")" + (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
     }
   }
-  for (const char* k : {"num_classes", "weight_init"})
-    if (!r.model.file.empty() && m[k])
-      usage_error(at_line(origin, m[k]) + ": 'model." + k + "' applies to zoo models ('model.name'); the model of 'model.file' " +
-                  (std::string(k) == "num_classes" ? "has its own classifier" : "brings its own weights") + ": drop the key");
+  if (!r.model.file.empty() && m["weight_init"])
+    usage_error(at_line(origin, m["weight_init"]) +
+                ": 'model.weight_init' applies to zoo models ('model.name'); the model of 'model.file' brings its own "
+                "weights: drop the key");
   if (!r.model.file.empty() && !path_exists(r.model.file))
     usage_error(at_line(origin, m["file"]) + ": 'model.file': " + r.model.file +
                 " does not exist (paths are relative to the directory whittle runs in)");
   if (r.model.num_classes < 1) usage_error(at_line(origin, m["num_classes"]) + ": 'model.num_classes' must be ≥ 1");
+  if (!r.model.file.empty() && !m["num_classes"]) r.model.num_classes = 0;  // beside a file: not checked
 
   // data
   const YAML::Node d = root["data"];

@@ -21,7 +21,9 @@ namespace whittle::runner {
 struct ModelSpec {
   std::string name;          ///< zoo model name ("lenet5", "resnet20", ...), or
   std::string file;          ///< a TorchScript .pt or a whittle checkpoint .h5 (resolved against the recipe's folder)
-  int64_t num_classes = 10;  ///< classifier outputs of a zoo model
+  /// Classifier outputs of a zoo model. Beside `file`: the outputs the file's model must have
+  /// (checked when it is loaded), 0 when the recipe does not say.
+  int64_t num_classes = 10;
   std::string weight_init = "torch";  ///< a zoo model's conv initialization: "torch" or "kaiming_normal" (zoo.h, WeightInit)
   Shape input_shape;         ///< example input [N, C, H, W]; empty: the dataset's image shape with N = 1
 };

@@ -40,20 +40,30 @@ std::atomic<bool> g_stop{false};
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::ordered_json;
 
-/// Whether `path` is the report.json of a run that finished `epochs` epochs (the last file a run
-/// writes); fills `result`'s test figures from it. A missing or unreadable report means the run
-/// was stopped while finishing.
-bool read_finished_report(const std::string& path, int64_t epochs, RunResult& result) {
+/// Whether the run in `dir` is complete after `epochs` epochs: its report.json (the last file a run
+/// writes) records them, its checkpoint is there at the size the report gives, and every export
+/// (format → path) is there and in the report. Fills `result`'s test figures from the report. Anything else (no report,
+/// an unreadable one, a missing checkpoint or export: stopped while finishing, or an export that
+/// failed) means finish() still has work to do.
+bool read_finished_report(const std::string& dir, const std::string& checkpoint,
+                          const std::map<std::string, std::string>& exports, int64_t epochs, RunResult& result) {
+  const std::string path = join_path(dir, "report.json");
   if (!is_regular_file(path)) return false;
   const json r = json::parse(read_file(path), nullptr, false);
-  if (!r.is_object() || !r.contains("epochs") || !r["epochs"].is_number_integer() || r["epochs"].get<int64_t>() != epochs ||
-      !r.contains("test_top1") || !r["test_top1"].is_number())
+  auto number = [&](const char* k) { return r.is_object() && r.contains(k) && r[k].is_number(); };
+  if (!number("epochs") || !r["epochs"].is_number_integer() || r["epochs"].get<int64_t>() != epochs ||
+      !number("test_top1") || !number("test_top5") || !number("test_loss") || !number("test_images") ||
+      !number("checkpoint_bytes"))
     return false;
+  if (!is_regular_file(checkpoint) || file_size(checkpoint) != r["checkpoint_bytes"].get<int64_t>()) return false;
+  for (const auto& [format, file] : exports)
+    if (!r.contains("exports") || !r["exports"].is_object() || !r["exports"].contains(format) || !is_regular_file(file))
+      return false;
   result.test.top1 = r["test_top1"].get<double>();
-  result.test.top5 = r.value("test_top5", 0.0);
-  result.test.loss = r.value("test_loss", 0.0);
-  result.test.samples = r.value("test_images", int64_t{0});
-  result.checkpoint_bytes = r.value("checkpoint_bytes", int64_t{0});
+  result.test.top5 = r["test_top5"].get<double>();
+  result.test.loss = r["test_loss"].get<double>();
+  result.test.samples = r["test_images"].get<int64_t>();
+  result.checkpoint_bytes = r["checkpoint_bytes"].get<int64_t>();
   result.epochs_done = epochs;
   return true;
 }
@@ -421,7 +431,10 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     tc_.step = state_.step;
     result_.epochs_done = state_.epoch;
     saved->restore_rng();
-    if (state_.epoch >= t.epochs && read_finished_report(join_path(dir, "report.json"), state_.epoch, result_)) {
+    std::map<std::string, std::string> exports;
+    for (const std::string& format : r.outputs.export_formats)
+      exports[format] = join_path(dir, export_file_name(r.outputs, format));
+    if (state_.epoch >= t.epochs && read_finished_report(dir, result_.checkpoint, exports, state_.epoch, result_)) {
       result_.finished_before = true;
       log << "the run in " << dir << " has finished (epoch " << state_.epoch << " of " << t.epochs
           << ", report.json): nothing to resume\n";
@@ -543,6 +556,10 @@ void Trainer::check_input_shapes() const {
   if (g.outputs().size() == 1) {
     const Shape& out = g.value(g.outputs().front()).shape;
     const int64_t classes = out.size() == 2 ? out[1] : 0;
+    if (!recipe_.model.file.empty() && recipe_.model.num_classes > 0 && classes > 0 && classes != recipe_.model.num_classes)
+      throw Error(recipe_.path + ": 'model.num_classes' is " + std::to_string(recipe_.model.num_classes) +
+                      " but the model of 'model.file' " + recipe_.model.file + " has " + std::to_string(classes) + " outputs",
+                  ErrorKind::kUsage);
     for (const auto& [key, loader] : {std::pair<const char*, const data::DataLoader*>{"train", train_loader_.get()},
                                       {"test", test_loader_.get()}}) {
       const data::Dataset& ds = loader->dataset();

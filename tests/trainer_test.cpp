@@ -593,10 +593,23 @@ TEST_F(TrainerTest, RunAndResumeChecks) {
   EXPECT_EQ(res.epochs_done, 1) << log.str();
   EXPECT_FALSE(res.interrupted);
   EXPECT_TRUE(is_regular_file(join_path(o.out_dir, "train_state.pt")));
-  // Resuming a finished run restores it and does nothing more than the final steps.
+  // Resuming a finished run does nothing: the run's report gives its figures, no file changes.
   o.resume = true;
+  const std::string ckpt = read_file(join_path(o.out_dir, "model.h5"));
+  const std::string report = read_file(join_path(o.out_dir, "report.json"));
   RunResult again = run_recipe(r, o);
+  EXPECT_TRUE(again.finished_before);
   EXPECT_EQ(again.epochs_done, 1) << log.str();
+  EXPECT_EQ(again.test.top1, res.test.top1);
+  EXPECT_EQ(again.test.samples, res.test.samples);
+  EXPECT_EQ(read_file(join_path(o.out_dir, "model.h5")), ckpt);
+  EXPECT_EQ(read_file(join_path(o.out_dir, "report.json")), report);
+  // Without its checkpoint the run is not complete: the resume finishes it again.
+  remove_file(join_path(o.out_dir, "model.h5"));
+  RunResult refinished = run_recipe(r, o);
+  EXPECT_FALSE(refinished.finished_before);
+  EXPECT_TRUE(is_regular_file(join_path(o.out_dir, "model.h5")));
+  EXPECT_EQ(refinished.test.top1, res.test.top1);  // the saved model evaluated again
   // The same recipe with a comment added resumes: recipes are compared as YAML.
   Recipe commented = parse_recipe("# a note\n" + r.text + "# changed\n", "<commented>", source_dir());
   EXPECT_NO_THROW(run_recipe(commented, o)) << log.str();

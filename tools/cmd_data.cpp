@@ -35,6 +35,7 @@ int run_data(const std::vector<std::string>& args) {
     throw Error("data pack: --to " + to + " is " + (is_directory(src) ? "inside the dataset folder " : "the dataset ") + src +
                     ", which it would overwrite",
                 ErrorKind::kUsage);
+  check_writable_file("data pack", to, "--to");
   data::Dataset ds = data::pack_dataset(src, to, lo);
   std::cout << "packed " << ds.size() << " images [" << ds.channels() << ", " << ds.height() << ", " << ds.width()
             << "] in " << ds.num_classes() << " classes to " << to << "\n";

@@ -5,10 +5,6 @@
 
 #include <boost/program_options.hpp>
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <iomanip>
 #include <iostream>
 
@@ -23,22 +19,6 @@
 namespace po = boost::program_options;
 
 namespace whittle::cli {
-
-namespace {
-
-// Checks, writing nothing, that a file can be written at `path` (given as option `what`): not a
-// directory, in an existing writable directory. So neither output is written when the other
-// could not be.
-void check_writable_file(const std::string& path, const std::string& what) {
-  if (is_directory(path)) throw Error("export: " + what + " " + path + " is a directory", ErrorKind::kUsage);
-  const std::string dir = parent_directory(path);
-  const std::string d = dir.empty() ? "." : dir;
-  if (!is_directory(d)) throw Error("export: " + what + " " + path + ": " + describe_path(d) + ", not a folder to write into");
-  if (::access(d.c_str(), W_OK) != 0)
-    throw Error("export: " + what + " " + path + ": cannot write into " + d + " (" + std::strerror(errno) + ")");
-}
-
-}  // namespace
 
 int run_export(const std::vector<std::string>& args) {
   po::options_description opts(
@@ -87,8 +67,8 @@ int run_export(const std::vector<std::string>& args) {
   if (!check_data.empty() && (is_same_or_inside(check_data, out) || (path_exists(model) && is_same_or_inside(check_data, model))))
     throw Error("export: --check-data " + check_data + " must be another file than MODEL and --out", ErrorKind::kUsage);
 
-  check_writable_file(out, "--out");
-  if (!check_data.empty()) check_writable_file(check_data, "--check-data");
+  check_writable_file("export", out, "--out");
+  if (!check_data.empty()) check_writable_file("export", check_data, "--check-data");
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");

@@ -44,6 +44,7 @@ int run_fuse(const std::vector<std::string>& args) {
   if (out.empty()) throw Error("fuse: missing --out FILE (see whittle fuse --help)", ErrorKind::kUsage);
   if (path_exists(model) && is_same_or_inside(out, model))
     throw Error("fuse: --out " + out + " is the input model " + model + "; write the fused model elsewhere", ErrorKind::kUsage);
+  check_writable_file("fuse", out, "--out");
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");

@@ -73,6 +73,7 @@ int run_prune(const std::vector<std::string>& args) {
   if (!out.empty() && path_exists(model) && is_same_or_inside(out, model))
     throw Error("prune: --out " + out + " is the input model " + model + "; write the pruned model elsewhere",
                 ErrorKind::kUsage);
+  if (!out.empty()) check_writable_file("prune", out, "--out");
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");

@@ -22,14 +22,12 @@ namespace whittle::cli {
 
 namespace {
 
-/// Refuses an --html target before any work: its folder must exist, and it must not be one of the
+/// Refuses an --html target before any work: it must be writable (check_writable_file), and not one of the
 /// files a run directory holds (report.json, the checkpoint, metrics.jsonl...), which the page
 /// would replace. An earlier page (.html, .htm) in a run directory may be replaced.
 void check_html_target(const std::string& html, const std::vector<std::string>& dirs) {
   namespace fs = std::filesystem;
-  const std::string folder = parent_directory(html);
-  if (!folder.empty() && !is_directory(folder))
-    throw Error("report: cannot write --html " + html + ": the folder " + folder + " is missing", ErrorKind::kUsage);
+  check_writable_file("report", html, "--html");
   std::error_code ec;
   const fs::path target(html);
   if (!fs::exists(target, ec)) return;

@@ -1,5 +1,9 @@
 // The `whittle` command-line program: dispatches to subcommands (see command.h).
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -8,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "graph/version.h"
 #include "tools/command.h"
 
@@ -29,6 +34,18 @@ boost::program_options::variables_map parse_command_line(
   po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
   po::notify(vm);
   return vm;
+}
+
+void check_writable_file(const std::string& command, const std::string& path, const std::string& what) {
+  if (is_directory(path)) throw Error(command + ": " + what + " " + path + " is a directory", ErrorKind::kUsage);
+  const std::string dir = parent_directory(path);
+  const std::string d = dir.empty() ? "." : dir;
+  if (!is_directory(d))
+    throw Error(command + ": cannot write " + what + " " + path + ": " + d + " is " + describe_path(d) +
+                    " (not a folder to write into)",
+                ErrorKind::kUsage);
+  if (::access(d.c_str(), W_OK) != 0)
+    throw Error(command + ": " + what + " " + path + ": cannot write into " + d + " (" + std::strerror(errno) + ")");
 }
 
 const std::vector<Command>& commands() {

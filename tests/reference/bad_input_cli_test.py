@@ -253,7 +253,7 @@ expect(["run", BASE, *QUICK, "--set", "outputs.export=[torchscript]", "--set", "
 # Both output paths are checked before either is written.
 expect(["export", model, "--out", eo, "--check-data", OUT], 2, "--check-data " + OUT + " is a directory",
        "export --check-data onto a directory", eo)
-expect(["export", model, "--out", eo, "--check-data", os.path.join(OUT, "no_dir", "x.h5")], 1, "not a folder to write into",
+expect(["export", model, "--out", eo, "--check-data", os.path.join(OUT, "no_dir", "x.h5")], 2, "not a folder to write into",
        "export --check-data into a missing folder", eo)
 expect(["export", model, "--out", eo, "--input-shape", "1,3,32,32"], 2, "apply to TorchScript files and zoo models",
        "export of a checkpoint with --input-shape", eo)
@@ -301,7 +301,7 @@ check(open(rep_json, "rb").read() == rep_before and r.stdout == "", "report --ht
 expect(["report", good, "--html", os.path.join(good, "model.h5")], 2, "would replace a file of the run",
        "report --html onto the checkpoint")
 check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt, "report --html onto the checkpoint: untouched")
-r = expect(["report", good, "--html", os.path.join(OUT, "no_dir", "r.html")], 2, "the folder " + os.path.join(OUT, "no_dir") + " is missing",
+r = expect(["report", good, "--html", os.path.join(OUT, "no_dir", "r.html")], 2, os.path.join(OUT, "no_dir") + " is missing (not a folder to write into)",
            "report --html into a missing folder")
 check(r.stdout == "", "report --html into a missing folder: refused before the table is printed")
 odd = os.path.join(OUT, "odd_report")
@@ -327,10 +327,10 @@ os.remove(os.path.join(odd, "metrics.jsonl"))
 os.makedirs(os.path.join(odd, "metrics.jsonl"))
 expect(["report", odd], 1, "metrics.jsonl is a directory, not a file of metrics lines", "report with metrics.jsonl a directory")
 
-# A model file brings its own classifier, weights and input: zoo keys beside it are errors, and
-# --set model.file drops the recipe's (the documented way to fine-tune a run).
+# A model file brings its own classifier, weights and input: a num_classes or input_shape beside it
+# must be its own, a weight_init is an error, and --set model.file drops the recipe's weight_init.
 expect(["run", BASE, *QUICK, "--set", "model.file=" + model, "--set", "model.num_classes=7", "--out", d], 2,
-       "'model.num_classes' applies to zoo models ('model.name')", "model.file with model.num_classes", d)
+       "'model.num_classes' is 7 but the model of 'model.file' " + model + " has 10 outputs", "model.file with another model.num_classes", d)
 expect(["run", BASE, *QUICK, "--set", "model.file=" + model, "--set", "model.weight_init=kaiming_normal", "--out", d], 2,
        "'model.weight_init' applies to zoo models", "model.file with model.weight_init", d)
 expect(["run", BASE, *QUICK, "--set", "model.file=" + model, "--set", "model.input_shape=[1,1,32,32]", "--out", d], 2,
@@ -352,5 +352,14 @@ check(r.returncode == 0, "a ResNet-20 checkpoint (fuse of the zoo model)")
 expect(["eval", r20, "--data", MNIST, "--split", "t10k"], 2,
        "the images of " + MNIST + " are [1, 28, 28] (C, H, W) but the model " + r20 + " takes [3, 32, 32]",
        "eval of a 3×32×32 model on 1×28×28 digits")
+
+# fuse, prune and data pack check their output before any work: nothing printed, nothing written.
+for args, what in [(["fuse", model, "--out", os.path.join(OUT, "no_dir", "f.h5")], "fuse"),
+                   (["prune", model, "--sparsity", "0.5", "--out", os.path.join(OUT, "no_dir", "p.h5")], "prune"),
+                   (["data", "pack", MNIST, "--split", "t10k", "--to", os.path.join(OUT, "no_dir", "d.h5")], "data pack")]:
+    r = expect(args, 2, [what + ": cannot write", os.path.join(OUT, "no_dir") + " is missing (not a folder to write into)"],
+               f"{what} into a missing folder")
+    check(r.stdout == "" and not os.path.exists(os.path.join(OUT, "no_dir")), f"{what} into a missing folder: refused before any work")
+expect(["fuse", model, "--out", OUT], 2, "fuse: --out " + OUT + " is a directory", "fuse --out a directory")
 
 finish()
