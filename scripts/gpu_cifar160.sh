@@ -193,7 +193,10 @@ case "$mode" in
     [[ -e "$dest" && ! -d "$dest" ]] && die "DEST $dest is not a folder"
     tmp=$(mktemp -d) || die "no temporary folder"
     trap 'rm -rf "$tmp"' EXIT
-    # Every archive is unpacked and checked before DEST changes: all are recorded or none.
+    # Every archive is unpacked and checked before DEST changes: one that is unreadable or holds a
+    # bad metrics line stops the record with nothing recorded. (A run neither finished nor
+    # resumable, or with fewer epochs than DEST's, is then skipped with a message; the rest are
+    # recorded.)
     stems=()
     for t in "$dir"/*.tar; do
       stem=$(basename "$t" .tar)

@@ -129,7 +129,7 @@ def train(build, only):
     if only:
         unknown = set(only) - {s for s, _ in steps}
         if unknown:
-            sys.exit(f"run_results.py: unknown run(s) {' '.join(sorted(unknown))}; known: {' '.join(s for s, _ in steps)}")
+            fail(f"unknown run(s) {' '.join(sorted(unknown))}; known: {' '.join(s for s, _ in steps)}")
         steps = [s for s in steps if s[0] in only]
     for stem, tool in steps:
         if tool == "whittle":

@@ -22,9 +22,9 @@ namespace whittle::cli {
 
 namespace {
 
-/// Refuses an --html target before any work: it must be writable (check_writable_file), and not one of the
-/// files a run directory holds (report.json, the checkpoint, metrics.jsonl...), which the page
-/// would replace. An earlier page (.html, .htm) in a run directory may be replaced.
+/// Refuses an --html target before any work: it must be writable (check_writable_file), and not an
+/// existing file of a given run directory (report.json, the checkpoint, metrics.jsonl, or any
+/// other), which the page would replace; only an earlier page there (.html, .htm) may be replaced.
 void check_html_target(const std::string& html, const std::vector<std::string>& dirs) {
   namespace fs = std::filesystem;
   check_writable_file("report", html, "--html");
