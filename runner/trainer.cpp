@@ -434,7 +434,11 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     std::map<std::string, std::string> exports;
     for (const std::string& format : r.outputs.export_formats)
       exports[format] = join_path(dir, export_file_name(r.outputs, format));
-    if (state_.epoch >= t.epochs && read_finished_report(dir, result_.checkpoint, exports, state_.epoch, result_)) {
+    bool finished = state_.epoch >= t.epochs && read_finished_report(dir, result_.checkpoint, exports, state_.epoch, result_);
+    // Every rank reads the same files; should one see them otherwise (a network file system's
+    // cache), all finish the run again rather than some waiting for the others.
+    if (group_) finished = !group_->any(!finished);
+    if (finished) {
       result_.finished_before = true;
       log << "the run in " << dir << " has finished (epoch " << state_.epoch << " of " << t.epochs
           << ", report.json): nothing to resume\n";

@@ -554,6 +554,14 @@ TEST(DataParallelRun, CtrlCStopsEveryRankAndResumeEndsAsTheUninterruptedRun) {
   for (const auto& [name, t] : a) EXPECT_TRUE(at::equal(b.at(name), t)) << name;
   EXPECT_EQ(read_text(join_path(dir, "whole/run/metrics.jsonl")).substr(0, 60),
             read_text(join_path(part, "run/metrics.jsonl")).substr(0, 60));
+  // Resuming the finished run on both ranks: both agree there is nothing to do; no file changes.
+  const std::string report = read_text(join_path(dir, "whole/run/report.json"));
+  auto again = start_ranks(recipe, join_path(dir, "whole"), "", {std::vector<std::string>{"--resume"}, std::vector<std::string>{"--resume"}});
+  EXPECT_EQ(wait_for(again[0], 120), 0) << read_text(again[0].log);
+  EXPECT_EQ(wait_for(again[1], 30), 0) << read_text(again[1].log);
+  EXPECT_NE(read_text(again[0].log).find("nothing to resume"), std::string::npos) << read_text(again[0].log);
+  EXPECT_EQ(read_text(join_path(dir, "whole/run/report.json")), report);
+  for (const auto& [name, t] : checkpoint_parameters(join_path(dir, "whole/run/model.h5"))) EXPECT_TRUE(at::equal(a.at(name), t)) << name;
 }
 
 TEST(DataParallelRun, ARankThatFailsStopsTheOtherNamingIt) {
