@@ -22,7 +22,8 @@ struct ModelSpec {
   std::string name;          ///< zoo model name ("lenet5", "resnet20", ...), or
   std::string file;          ///< a TorchScript .pt or a whittle checkpoint .h5 (resolved against the recipe's folder)
   /// Classifier outputs of a zoo model. Beside `file`: the outputs the file's model must have
-  /// (checked when it is loaded), 0 when the recipe does not say.
+  /// (checked when it is loaded); parse_recipe sets 0 (not checked) when the recipe does not say,
+  /// and a Recipe built in code with a `file` should set 0 or the file's classifier width.
   int64_t num_classes = 10;
   std::string weight_init = "torch";  ///< a zoo model's conv initialization: "torch" or "kaiming_normal" (zoo.h, WeightInit)
   Shape input_shape;         ///< example input [N, C, H, W]; empty: the dataset's image shape with N = 1

@@ -29,7 +29,8 @@ boost::program_options::variables_map parse_command_line(
     const std::vector<std::pair<const char*, std::string*>>& positionals = {});
 
 /// Checks, writing nothing, that subcommand `command` can write a file at `path` (given as option
-/// `what`, e.g. "--out"): not a directory, in an existing folder it may write into. Called before
+/// `what`, e.g. "--out"): not a directory (nor a name ending in '/'), not an existing FIFO, device
+/// or socket, in an existing folder it may write into. Called before
 /// any work, so that a long computation does not end on an output it cannot write. Throws
 /// whittle::Error: a usage error (exit 2) for a directory or a missing folder, a runtime error for
 /// a folder without write permission.

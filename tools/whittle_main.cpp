@@ -37,7 +37,10 @@ boost::program_options::variables_map parse_command_line(
 }
 
 void check_writable_file(const std::string& command, const std::string& path, const std::string& what) {
-  if (is_directory(path)) throw Error(command + ": " + what + " " + path + " is a directory", ErrorKind::kUsage);
+  if (is_directory(path) || (!path.empty() && path.back() == '/'))
+    throw Error(command + ": " + what + " " + path + " is a directory", ErrorKind::kUsage);
+  if (path_exists(path) && !is_regular_file(path))
+    throw Error(command + ": " + what + " " + path + " is " + describe_path(path) + ", not a file to replace", ErrorKind::kUsage);
   const std::string dir = parent_directory(path);
   const std::string d = dir.empty() ? "." : dir;
   if (!is_directory(d))

@@ -362,4 +362,10 @@ for args, what in [(["fuse", model, "--out", os.path.join(OUT, "no_dir", "f.h5")
     check(r.stdout == "" and not os.path.exists(os.path.join(OUT, "no_dir")), f"{what} into a missing folder: refused before any work")
 expect(["fuse", model, "--out", OUT], 2, "fuse: --out " + OUT + " is a directory", "fuse --out a directory")
 
+expect(["fuse", model, "--out", os.path.join(OUT, "new_dir") + "/"], 2, "is a directory", "fuse --out a name ending in /")
+fifo = os.path.join(OUT, "out.fifo")
+os.mkfifo(fifo)
+r = expect(["fuse", model, "--out", fifo], 2, "fuse: --out " + fifo + " is a FIFO, not a file to replace", "fuse --out a FIFO")
+check(r.stdout == "", "fuse --out a FIFO: refused before any work")
+
 finish()
