@@ -578,14 +578,10 @@ void Trainer::check_input_shapes() const {
   const Shape& in = g.value(g.inputs().front()).shape;
   // A checkpoint records its input shape: a declared one that differs would be silently unused.
   const Shape& declared = recipe_.model.input_shape;
-  if (!recipe_.model.file.empty() && declared.size() == in.size() && !declared.empty() &&
-      !std::equal(declared.begin() + 1, declared.end(), in.begin() + 1))
+  if (!recipe_.model.file.empty() && !declared.empty() &&
+      (declared.size() != in.size() || !std::equal(declared.begin() + 1, declared.end(), in.begin() + 1)))
     throw Error(recipe_.path + ": 'model.input_shape' is " + shape_str(declared) + " but the model of 'model.file' " +
                     recipe_.model.file + " takes " + shape_str(in) + " (a checkpoint records its input; drop the key)",
-                ErrorKind::kUsage);
-  if (!recipe_.model.file.empty() && !declared.empty() && declared.size() != in.size())
-    throw Error(recipe_.path + ": 'model.input_shape' is " + shape_str(declared) + " but the model of 'model.file' " +
-                    recipe_.model.file + " takes " + shape_str(in),
                 ErrorKind::kUsage);
   if (in.size() != 4) return;
   const Shape want(in.begin() + 1, in.end());
@@ -960,8 +956,10 @@ RunResult Trainer::finish() {
   }
   result_.wall_seconds = seconds_since(t_start_);
   // All ranks' images (they train equal shards) over rank 0's training time.
-  result_.train_images_per_second = static_cast<double>(images_trained_ * result_.world_size) / std::max(train_seconds_, 1e-9);
-  if (images_trained_ == 0) result_.train_images_per_second = last_epoch_rate(join_path(result_.run_dir, "metrics.jsonl"));
+  // A sitting that only finished the run trained no images: the last epoch's rate stands for it.
+  result_.train_images_per_second =
+      images_trained_ > 0 ? static_cast<double>(images_trained_ * result_.world_size) / std::max(train_seconds_, 1e-9)
+                          : last_epoch_rate(join_path(result_.run_dir, "metrics.jsonl"));
   const std::string report_path = join_path(result_.run_dir, "report.json");
   write_report(report_path, recipe_, result_, device_.str(), model_->graph());
   print_report(*log_, recipe_, result_, report_path);
