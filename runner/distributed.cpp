@@ -21,6 +21,8 @@
 
 #include <torch/nn/module.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -188,6 +190,17 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ProcessGroup::~ProcessGroup() = default;
 
 std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchInfo& launch, const ProcessGroupOptions& options) {
+  // A peer that dies closes its sockets; Gloo's next write to one raises SIGPIPE, whose default
+  // action would end this rank at once (exit 141) instead of the collective's error naming the
+  // failure. Python ignores SIGPIPE when it starts, so PyTorch's ranks never see it; whittle ignores
+  // it here, leaving a handler someone else installed alone.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
   auto impl = std::make_unique<Impl>();
   impl->launch = launch;
   impl->device = options.device;

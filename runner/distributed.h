@@ -69,7 +69,8 @@ class ProcessGroup {
   /// backend's rendezvous with every rank. GLOO_SOCKET_IFNAME picks Gloo's network interfaces as in
   /// PyTorch. Throws whittle::Error (usage) for an unknown backend, or nccl on a CPU device or in a
   /// whittle built without CUDA; whittle::Error when the store or a rank cannot be reached within
-  /// the timeout (naming MASTER_ADDR:MASTER_PORT).
+  /// the timeout (naming MASTER_ADDR:MASTER_PORT). Sets SIGPIPE to ignored when it has its default
+  /// action, so a write to a dead peer's socket is an error, not this process's end.
   static std::shared_ptr<ProcessGroup> connect(const LaunchInfo& launch, const ProcessGroupOptions& options);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;

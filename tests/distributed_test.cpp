@@ -410,6 +410,33 @@ std::map<std::string, at::Tensor> accumulated_reference(const std::string& recip
   return out;
 }
 
+TEST(ProcessGroupSignals, JoiningIgnoresSigpipeUnlessAHandlerIsSet) {
+  // A SIGKILLed peer's sockets are closed; a Gloo write to one raises SIGPIPE, which by default ends
+  // the rank (exit 141) before it can name the failure. Joining sets SIGPIPE to ignored, and leaves
+  // a handler installed before it alone.
+  struct sigaction saved {}, now {}, mine {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &saved), 0);
+  LaunchInfo launch;
+  launch.port = free_port();
+  ProcessGroupOptions options;
+  options.timeout_seconds = 30;
+
+  signal(SIGPIPE, SIG_DFL);
+  { auto group = ProcessGroup::connect(launch, options); }
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+
+  static void (*const handler)(int) = [](int) {};
+  mine.sa_handler = handler;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(sigaction(SIGPIPE, &mine, nullptr), 0);
+  launch.port = free_port();
+  { auto group = ProcessGroup::connect(launch, options); }
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, handler);
+  sigaction(SIGPIPE, &saved, nullptr);
+}
+
 TEST(DataParallelRun, TwoRanksEqualOneProcessAccumulatingTheirHalfBatches) {
   const std::string dir = fresh_dir("distributed/accumulation");
   const std::string recipe = write_recipe(dir, 1);
