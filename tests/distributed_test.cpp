@@ -547,8 +547,10 @@ TEST(DataParallelRun, TaylorPruningRemovesTheSameChannelsOnEveryRank) {
 }
 
 TEST(DataParallelRun, CtrlCStopsEveryRankAndResumeEndsAsTheUninterruptedRun) {
+  // Batches of 50: 80 steps an epoch, so the Ctrl-C sent once epoch 2 shows lands inside it even
+  // when this process is slow to see the line (with 20 steps the window was a few tenths of a second).
   const std::string dir = fresh_dir("distributed/resume");
-  const std::string recipe = write_recipe(dir, 3);
+  const std::string recipe = write_recipe(dir, 3, "", 50);
   make_directories(join_path(dir, "whole"));
   auto whole = start_ranks(recipe, join_path(dir, "whole"));
   ASSERT_EQ(wait_for(whole[0], 180), 0) << read_text(whole[0].log);

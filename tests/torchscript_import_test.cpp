@@ -263,7 +263,7 @@ TEST(TorchScriptImportErrors, MissingAndForeignFilesNameThePath) {
   EXPECT_NE(msg.find(missing), std::string::npos) << msg;
   EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
 
-  const std::string text = (std::filesystem::temp_directory_path() / "whittle_not_torchscript.pt").string();
+  const std::string text = test::binary_dir() + "/testdata/torchscript/not_torchscript.pt";
   {
     std::ofstream out(text);
     out << "not a zip archive\n";

@@ -160,16 +160,21 @@ check(len(xs) == len(front) and xs == sorted(xs), f"the front's line runs in inc
 
 
 def render(path, png):
-    """Headless Chromium: screenshot to `png`; returns the console lines it logged."""
-    prof = tempfile.mkdtemp(prefix="whittle_chromium_")
-    try:
-        p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                            f"--user-data-dir={prof}", "--enable-logging=stderr", "--v=0", "--window-size=1200,1600",
-                            f"--screenshot={png}", "file://" + os.path.abspath(path)],
-                           capture_output=True, text=True, timeout=120)
-        return [ln for ln in p.stderr.splitlines() if ":CONSOLE" in ln]
-    finally:
-        shutil.rmtree(prof, ignore_errors=True)
+    """Headless Chromium: screenshot to `png`; returns the console lines it logged. A Chromium that
+    hangs is tried once more (a small /dev/shm in containers: --disable-dev-shm-usage avoids it)."""
+    for attempt in range(2):
+        prof = tempfile.mkdtemp(prefix="whittle_chromium_")
+        try:
+            p = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                                "--hide-scrollbars", f"--user-data-dir={prof}", "--enable-logging=stderr", "--v=0",
+                                "--window-size=1200,1600", f"--screenshot={png}", "file://" + os.path.abspath(path)],
+                               capture_output=True, text=True, timeout=120)
+            return [ln for ln in p.stderr.splitlines() if ":CONSOLE" in ln]
+        except subprocess.TimeoutExpired:
+            print(f"chromium did not finish rendering {path} in 120 s (try {attempt + 1} of 2)")
+        finally:
+            shutil.rmtree(prof, ignore_errors=True)
+    return ["chromium timed out twice"]
 
 
 def not_blank(png):
@@ -197,8 +202,9 @@ else:
         check(False, "chromium wrote the screenshot")
     committed = os.path.join(SRC, "docs", "results.html")
     if os.path.exists(committed):
-        console = render(committed, os.path.join(work, "results.png"))
-        ink, colours = not_blank(os.path.join(work, "results.png"))
+        shot = os.path.join(work, "results.png")
+        console = render(committed, shot)
+        ink, colours = not_blank(shot) if os.path.exists(shot) else (0.0, 0)
         check(console == [] and ink > 0.03 and colours > 20,
               f"docs/results.html renders: {100 * ink:.1f} % inked, {colours} colours, console {console}")
 
