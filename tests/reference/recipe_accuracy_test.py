@@ -25,23 +25,26 @@ OUT = os.path.join(os.environ["WHITTLE_BINARY_DIR"], "testdata", "recipe_accurac
 SEEDS = [int(s) for s in os.environ.get("WHITTLE_ACCURACY_SEEDS", "0,1").split(",")]
 assert len(SEEDS) >= 2, "the floors are for a mean over at least 2 seeds"
 
-# recipe -> (floor on the seed mean, %; the measurement it comes from). Measured: the 6 runs of
-# seeds 0-2 × threads 1-2 on AVX2 (scripts/seed_sweep.py; docs/results.md): their mean, standard
-# deviation sd, range and lowest mean of any two runs. Floor: the lower of mean − 3·sd/√2 (three
-# standard deviations of a two-run mean) and the lowest pair − 0.2 (a floor for methods whose runs
-# agree closely on one machine, since another instruction set moves them more), rounded down to 0.1.
-# Checked to hold with OMP_NUM_THREADS=1 (means 0.3-1.3 points above) and with 2 threads.
+# recipe -> (floor on the seed mean, %; the measurement it comes from). Measured: 12 runs, seeds
+# 0-2 × threads 1-2 on two machines, an AVX2 EPYC and an AVX-512 Xeon (scripts/seed_sweep.py;
+# docs/results.md): their mean, standard deviation sd, range and lowest mean of any two runs.
+# Floor: the lower of mean − 3·sd/√2 (three standard deviations of a two-run mean) and the lowest
+# pair − 0.2 (a floor for methods whose runs agree closely on one machine, since another instruction
+# set moves them more), rounded down to 0.1. The test's own pair (seeds 0 and 1) measured on each
+# machine and thread count is in docs/results.md; the thinnest margin is W4A4's 0.275 (AVX2, two
+# threads: 98.475).
 FLOORS = {
-    "lenet5": (98.3, "FP32: mean 98.75, sd 0.16, 98.50-98.95, lowest pair 98.58"),
-    "lenet5_dorefa_w8a8": (98.5, "DoReFa W8A8: mean 98.81, sd 0.07, 98.70-98.90, lowest pair 98.75"),
-    "lenet5_dorefa_w4a4": (98.2, "DoReFa W4A4: mean 98.58, sd 0.14, 98.45-98.80, lowest pair 98.45"),
-    "lenet5_dorefa_w2a2": (97.8, "DoReFa W2A2: mean 98.23, sd 0.20, 97.85-98.40, lowest pair 98.03"),
-    "lenet5_twn": (98.4, "TWN: mean 98.66, sd 0.05, 98.60-98.70, lowest pair 98.60"),
-    "lenet5_bnn": (95.6, "BNN: mean 96.67, sd 0.48, 96.10-97.25, lowest pair 96.17"),
-    "lenet5_xnor": (96.0, "XNOR-Net: mean 96.85, sd 0.35, 96.20-97.25, lowest pair 96.50"),
+    "lenet5": (98.3, "FP32: mean 98.74, sd 0.13, 98.50-98.95, lowest pair 98.53"),
+    "lenet5_dorefa_w8a8": (98.3, "DoReFa W8A8: mean 98.80, sd 0.14, 98.50-98.95, lowest pair 98.55"),
+    "lenet5_dorefa_w4a4": (98.2, "DoReFa W4A4: mean 98.59, sd 0.16, 98.35-98.85, lowest pair 98.40"),
+    "lenet5_dorefa_w2a2": (97.5, "DoReFa W2A2: mean 98.14, sd 0.29, 97.65-98.65, lowest pair 97.75"),
+    "lenet5_twn": (98.3, "TWN: mean 98.67, sd 0.14, 98.45-99.05, lowest pair 98.53"),
+    "lenet5_bnn": (95.8, "BNN: mean 96.70, sd 0.41, 96.10-97.35, lowest pair 96.18"),
+    "lenet5_xnor": (95.9, "XNOR-Net: mean 96.77, sd 0.37, 96.15-97.25, lowest pair 96.18"),
 }
 # W2A2, 2 epochs from each seed's FP32 checkpoint: measured 98.25 and 98.45 (seeds 0, 1, 2 threads;
-# 98.05 and 98.40 with 1 thread); the floor keeps the from-scratch W2A2 floor's margin and more.
+# 98.05 and 98.40 with 1 thread; AVX2), 98.20 and 98.15 (2 threads, AVX-512); the floor is the
+# from-scratch W2A2 floor, which these runs clear by more than the from-scratch ones do.
 FINE_TUNE_FLOOR = 97.5
 # LeNet-5 pruned to half its MACs from each seed's FP32 checkpoint, 2 epochs of fine-tuning
 # (recipes/mnist/lenet5_prune.yaml). Mean of seeds 0, 1 measured: 98.43 (2 threads, AVX2), 98.38
@@ -145,9 +148,12 @@ if "lenet5" in sizes:
             failures.append(f"pruning from FP32: mean top-1 {statistics.mean(top1):.2f} < {PRUNE_FLOOR}")
 
 # Data parallel: the FP32 recipe as it is (batch 64 a process, so 128 a step) on 2 local ranks
-# through the .venv's torchrun (Gloo, one thread each: the thread count is fixed here) reaches the
-# one-process floor. Measured for seeds 0 and 1: 98.60 and 98.40, mean 98.50 (AVX2); 98.55 and
-# 98.40, mean 98.48 (ATEN_CPU_CAPABILITY=default): 0.18 above the floor.
+# through the .venv's torchrun (Gloo, one thread each: the thread count is fixed here) learns as one
+# process does. Measured: seeds 0 and 1, 98.60 and 98.40 (AVX2); 98.55 and 98.40
+# (ATEN_CPU_CAPABILITY=default); seeds 0-2, 98.40, 98.35 and 98.55 (AVX-512). Its floor by the rule
+# above over these 7 runs (mean 98.46, sd 0.10, lowest pair 98.38): 98.1, 0.2 under the
+# one-process floor; the test's pair is 0.28 above it at the lowest (AVX-512).
+DATA_PARALLEL_FLOOR = 98.1
 if "lenet5" in FLOORS:
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     top1 = []
@@ -165,7 +171,7 @@ if "lenet5" in FLOORS:
             failures.append(f"lenet5 on 2 ranks, seed {seed}: report.json says {rep.get('distributed')}")
         top1.append(100 * rep["test_top1"])
     if len(top1) == len(SEEDS):
-        floor = FLOORS["lenet5"][0]
+        floor = DATA_PARALLEL_FLOOR
         ok = statistics.mean(top1) >= floor
         line(ok, "lenet5, 2 ranks (torchrun, Gloo)", top1, floor)
         if not ok:
