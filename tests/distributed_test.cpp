@@ -22,6 +22,8 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <random>
+#include <stdexcept>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -261,17 +263,30 @@ TEST(CrossReplicaBatchNorm, TwoReplicasComputeTheBatchNormOfTheirUnion) {
 
 // ---------------------------------------------------------------- whole runs
 
+// A TCP port on 127.0.0.1 that nothing listens on, for a rendezvous. Drawn at random below the
+// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): the
+// kernel gives ports in that range to outgoing connections, so one freed there could be taken again
+// before the ranks bind it; below it only an explicit bind takes a port. Checked by binding it.
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  int low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  if (!(range >> low)) low = 32768;
+  static std::mt19937 draw(std::random_device{}());
+  std::uniform_int_distribution<int> pick(10000, std::max(10001, low - 1));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = pick(draw);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (bound) return port;
+  }
+  throw std::runtime_error("free_port: no free port below the ephemeral range in 100 draws");
 }
 
 std::string read_text(const std::string& path) {
@@ -519,10 +534,14 @@ TEST(DataParallelRun, SyncBatchNormTrainsAsOneProcessOnTheGlobalBatch) {
     for (const auto& [name, w] : want) {
       if (w.scalar_type() != at::kFloat) continue;  // num_batches_tracked
       worst = std::max(worst, (got.at(name) - w).abs().max().item<double>());
-      if (sync) EXPECT_TRUE(all_close(got.at(name), w, 3e-5, 0)) << name;
+      if (sync) {
+        EXPECT_TRUE(all_close(got.at(name), w, 3e-5, 0)) << name;
+      }
     }
     std::cout << (sync ? "synchronized" : "local") << " batch norm: largest difference " << worst << "\n";
-    if (!sync) EXPECT_GT(worst, 1e-3) << "local batch statistics should give another model";
+    if (!sync) {
+      EXPECT_GT(worst, 1e-3) << "local batch statistics should give another model";
+    }
   }
 }
 
