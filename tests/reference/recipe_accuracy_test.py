@@ -1,12 +1,12 @@
-"""Trains every shipped LeNet-5 recipe on the bundled MNIST digits with several seeds and checks the
-mean test top-1 (2,000 digits) of each against the floor the project promises.
+"""Trains the LeNet-5 recipes that have floors (FLOORS) on the bundled MNIST digits with several
+seeds and checks the mean test top-1 (2,000 digits) of each against the floor the project promises.
 
 One run's accuracy moves with the seed, the intra-op thread count and the CPU instruction set
 (docs/reproducibility.md), by up to a point for the binary networks, so a floor is checked against
 the mean of the seeds (WHITTLE_ACCURACY_SEEDS, default "0,1"), in this process's thread setting
 (measured with 1 and 2 threads: OMP_NUM_THREADS=1 and the default of a 2-core machine; other
-thread counts draw other samples of the same spread). The rule that sets each floor from the 6
-runs measured is written above FLOORS, and each floor carries its figures. Also checks that each
+thread counts draw other samples of the same spread). The rule that sets each floor from the 12
+runs measured (6 on each of two machines) is written above FLOORS, and each floor carries its figures. Also checks that each
 quantized checkpoint is smaller than the FP32 one, that `whittle eval` reproduces each run's
 accuracy from its packed file, and that W2A2 fine-tuned from each FP32 checkpoint
 (`--set model.file=...`) reaches its floor.

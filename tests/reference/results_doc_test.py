@@ -211,19 +211,25 @@ for name in reports:
     # Both sides evaluate the same double formula (C++ std::cos, Python math.cos), so they agree to a
     # few ulps on any machine; 1e-6 is far above that and far below any formula slip.
     check(worst < 1e-6, f"{name}: the Python schedule mirror gives the recorded learning rates (worst relative error {worst:.1e})")
-# The full 160-epoch FP32 run (docs/results/cifar10_full/resnet20/): finished, its summary the one
-# the recipe writes, and docs/results.md quoting its top-1 and top-5.
-full = os.path.join(SRC, "docs", "results", "cifar10_full", "resnet20")
-if os.path.isfile(os.path.join(full, "report.json")):
+# The full 160-epoch runs (docs/results/cifar10_full/<recipe>/), once committed: finished, each
+# summary the one its recipe writes, and docs/results.md quoting its top-1 and top-5.
+for recipe in ("resnet20", "resnet20_dorefa_w2a2"):
+    full = os.path.join(SRC, "docs", "results", "cifar10_full", recipe)
+    if not os.path.isfile(os.path.join(full, "report.json")):
+        print(f"the 160-epoch {recipe} run is not committed yet: not checked")
+        continue
     frep = json.load(open(os.path.join(full, "report.json")))
     flines = [json.loads(line) for line in open(os.path.join(full, "metrics.jsonl")) if line.strip()]
     check(frep["epochs"] == 160 and len(flines) == 160 and frep["test_images"] == 10000 and not frep.get("interrupted"),
-          f"the 160-epoch FP32 run finished: {frep['epochs']} epochs, {len(flines)} metrics lines, {frep['test_images']} test images")
-    check(abs(flines[-1]["test_top1"] - frep["test_top1"]) < 1e-9, "its report's top-1 is its last epoch's")
+          f"the 160-epoch {recipe} run finished: {frep['epochs']} epochs, {len(flines)} metrics lines, "
+          f"{frep['test_images']} test images")
+    check([m["epoch"] for m in flines] == list(range(1, 161)), f"{recipe}: one metrics line per epoch, 1 to 160")
+    check(abs(flines[-1]["test_top1"] - frep["test_top1"]) < 1e-9, f"{recipe}: its report's top-1 is its last epoch's")
     quoted = f"**{100 * frep['test_top1']:.2f} %** test top-1 at epoch 160 ({100 * frep['test_top5']:.2f} % top-5"
-    check(quoted in " ".join(doc.split()), f"docs/results.md quotes it: {quoted}")
-    check(yaml.safe_load(open(os.path.join(full, "recipe.yaml"))) == yaml.safe_load(open(os.path.join(SRC, "recipes", "cifar10", "resnet20.yaml"))),
-          "its effective recipe is recipes/cifar10/resnet20.yaml")
+    check(quoted in " ".join(doc.split()), f"docs/results.md quotes the {recipe} run: {quoted}")
+    check(yaml.safe_load(open(os.path.join(full, "recipe.yaml"))) ==
+          yaml.safe_load(open(os.path.join(SRC, "recipes", "cifar10", recipe + ".yaml"))),
+          f"its effective recipe is recipes/cifar10/{recipe}.yaml")
 if not reports:
     print(f"no run summaries committed in {SUMMARIES} yet: the table has no rows")
 finish()
