@@ -1,6 +1,7 @@
 #include "graph/select.h"
 
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "graph/op_registry.h"
@@ -46,6 +47,25 @@ bool matches_any_node(const Graph& graph, const std::string& pattern) {
   for (const auto& n : graph.nodes())
     if (n.name == pattern || n.op == pattern) return true;
   return false;
+}
+
+void require_matches(const Graph& graph, const std::vector<std::string>& patterns, const std::string& what) {
+  for (const std::string& p : patterns) {
+    bool any = false;
+    try {
+      any = matches_any_node(graph, p);
+    } catch (const Error& e) {
+      throw Error(e.what(), ErrorKind::kUsage);
+    }
+    if (any) continue;
+    std::set<std::string> ops;
+    for (const auto& n : graph.nodes()) ops.insert(n.op);
+    std::string list;
+    for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
+    throw Error(what + " pattern '" + p + "' matches no node of the model (node names, op kinds " + list +
+                    ", or re:<regex>; `whittle inspect` lists the nodes)",
+                ErrorKind::kUsage);
+  }
 }
 
 std::vector<std::string> select_nodes(const Graph& graph, const std::vector<std::string>& targets,

@@ -22,6 +22,12 @@ std::string pattern_problem(const std::string& pattern);
 /// invalid regular expression.
 bool matches_any_node(const Graph& graph, const std::string& pattern);
 
+/// Throws whittle::Error (kUsage) for the first of `patterns` that matches no node of `graph`:
+/// "<what> pattern 'P' matches no node of the model (node names, op kinds <the graph's>, or
+/// re:<regex>; ...)", so that a misspelled target or ignore entry does not pass silently; and for an
+/// invalid regular expression. `what` names the list ("target", "ignore").
+void require_matches(const Graph& graph, const std::vector<std::string>& patterns, const std::string& what);
+
 /// Nodes matching any of `targets` and none of `ignore`, in graph order. Empty `targets` select
 /// every node. Throws whittle::Error when a target pattern that is a plain name (not an op kind,
 /// not a regex) matches no node, naming the pattern, so that typos do not pass silently.

@@ -193,6 +193,9 @@ Graph graph_from_json(const std::string& json_text, const TensorSource& source, 
         throw Error(where + ": output names do not follow the naming rule (got " + outputs.front() + ", expected " + first + ")");
     }
     g.set_outputs(need(j, "outputs", origin).get<std::vector<std::string>>());
+    // A model takes something and gives something; an empty list is a damaged or foreign file.
+    if (g.inputs().empty()) throw Error(origin + ": the graph has no inputs");
+    if (g.outputs().empty()) throw Error(origin + ": the graph has no outputs");
     g.validate();
     return g;
   } catch (const nlohmann::json::exception& e) {

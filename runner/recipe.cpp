@@ -208,7 +208,7 @@ std::vector<KeySpec> build_schema() {
   s.push_back(KeySpec{"modifiers", KeyType::kList, "[]",
                       "Compression modifiers, each a map with `name`, `start_epoch`, `end_epoch`, `targets`, "
                       "`ignore` and the modifier's own settings (see below).",
-                      {}, {}});
+                      {}, {}, {}});
   s.push_back(section(
       "outputs", "Where results go.",
       {key("dir", KeyType::kString, "runs/<recipe name>", "run directory (the command line's --out overrides it)"),
@@ -273,6 +273,11 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
   } catch (const YAML::Exception& e) {
     usage_error("--set '" + assignment + "': value is not valid YAML (" + e.msg + ")");
   }
+  // An empty value would quietly clear a whole section or list (--set modifiers= trains without
+  // them); clearing is said with [] or {}.
+  if (value.IsNull())
+    usage_error("--set '" + assignment + "': no value for '" + path +
+                "' (an empty list is [], an empty section {})");
   collect_nodes(value, created);
   if (path.front() == '.' || path.back() == '.')
     usage_error("--set '" + assignment + "': empty component in '" + path + "'");

@@ -519,7 +519,11 @@ void Trainer::start_writing() {
 }
 
 std::vector<std::string> Trainer::run_files() const {
-  return {recipe_.outputs.checkpoint, "train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml"};
+  std::vector<std::string> files{recipe_.outputs.checkpoint, "train_state.pt", "metrics.jsonl", "report.json",
+                                 "recipe.yaml"};
+  for (const std::string& format : recipe_.outputs.export_formats)
+    files.push_back(export_file_name(recipe_.outputs, format));
+  return files;
 }
 
 void Trainer::check_previous_run() const {
@@ -532,9 +536,19 @@ void Trainer::check_previous_run() const {
       found += (found.empty() ? "" : ", ") + f;
       saved = saved || f == "train_state.pt" || f == "report.json";
     }
-  // Without a training state or a report, the run never finished an epoch (a checkpoint alone:
-  // killed between its first checkpoint and its first training state): run again.
-  if (!saved) return;
+  // Without a training state or a report, no run finished an epoch there. A run writes its
+  // recipe.yaml and an empty metrics.jsonl first, so a folder with both is what a run stopped in its
+  // first epoch left: run again. The run's file names without those two (a model.h5 or a recipe.yaml
+  // of the user's own) are not a run's leftovers, and are not replaced without --overwrite.
+  if (!saved) {
+    if (found.empty() ||
+        (path_exists(join_path(dir, "recipe.yaml")) && path_exists(join_path(dir, "metrics.jsonl"))))
+      return;
+    throw Error("run directory " + dir + " holds " + found +
+                    ", not left by a whittle run (no recipe.yaml and metrics.jsonl beside them): a run would "
+                    "replace them; --overwrite replaces them, --out DIR writes elsewhere",
+                ErrorKind::kUsage);
+  }
   const bool finished = path_exists(join_path(dir, "report.json"));
   throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found +
                   "): --resume continues it, --overwrite replaces it, --out DIR writes elsewhere",
@@ -618,24 +632,11 @@ void Trainer::check_export_forms() const {
 void Trainer::check_modifier_targets() const {
   const Graph& g = model_->graph();
   for (const auto& m : recipe_.modifiers) {
-    for (const auto* patterns : {&m.targets, &m.ignore}) {
-      for (const std::string& p : *patterns) {
-        bool any = false;
-        try {
-          any = matches_any_node(g, p);
-        } catch (const Error& e) {
-          throw Error(m.location + ": modifier '" + m.name + "': " + e.what(), ErrorKind::kUsage);
-        }
-        if (any) continue;
-        std::set<std::string> ops;
-        for (const auto& n : g.nodes()) ops.insert(n.op);
-        std::string list;
-        for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
-        throw Error(m.location + ": modifier '" + m.name + "': " + (patterns == &m.targets ? "target" : "ignore") +
-                        " pattern '" + p + "' matches no node of the model (node names, op kinds " + list +
-                        ", or re:<regex>; `whittle inspect` lists the nodes)",
-                    ErrorKind::kUsage);
-      }
+    try {
+      require_matches(g, m.targets, "target");
+      require_matches(g, m.ignore, "ignore");
+    } catch (const Error& e) {
+      throw Error(m.location + ": modifier '" + m.name + "': " + e.what(), ErrorKind::kUsage);
     }
   }
 }

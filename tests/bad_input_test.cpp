@@ -128,8 +128,21 @@ TEST(RecipeKeys, DuplicateKeysNameBothLines) {
 
 // Item 15: an empty value says so (it is not "a list").
 TEST(RecipeKeys, EmptyValueIsNamed) {
-  EXPECT_HAS(usage_error_of(recipe_text(1), {"outputs.checkpoint="}),
+  EXPECT_HAS(usage_error_of(recipe_text(1, "outputs:\n  checkpoint:\n")),
              "'outputs.checkpoint' must be a string, got an empty value");
+}
+
+// An empty --set value is refused, for a key and for a whole section or list (--set modifiers=
+// would otherwise train without them); [] and {} say "empty".
+TEST(RecipeOverrides, EmptyValueIsRefused) {
+  const std::string w2 = recipe_text(1, "modifiers:\n  - {name: quantize, method: dorefa, weight_bits: 2}\n");
+  for (const std::string set : {"outputs.checkpoint=", "modifiers=", "training=", "training.optimizer=",
+                                "training.lr_schedule=~", "outputs=null"}) {
+    const std::string path = set.substr(0, set.find('='));
+    EXPECT_HAS(usage_error_of(w2, {set}),
+               "--set '" + set + "': no value for '" + path + "' (an empty list is [], an empty section {})");
+  }
+  EXPECT_TRUE(parse_recipe(w2, "r.yaml", source_dir(), {"modifiers=[]"}).modifiers.empty());
 }
 
 // Item 16: --set appends a list entry at index size(), and creates the list for entry 0.
@@ -398,6 +411,39 @@ TEST(TrainerRunDirectory, LockedWhileInUseAndNotSilentlyReplaced) {
     EXPECT_EQ(replaced.run().epochs_done, 1);
   }
   EXPECT_TRUE(is_regular_file(join_path(dir, "report.json")));
+}
+
+// A folder holding a file with a run's name that no run left there (a model.h5 or recipe.yaml of the
+// user's own) is not replaced without --overwrite; what a run stopped in its first epoch left
+// (recipe.yaml and metrics.jsonl, perhaps a checkpoint) is run again.
+TEST(TrainerRunDirectory, FilesNoRunLeftAreNotReplaced) {
+  const Recipe r = parse_recipe(recipe_text(1), "r.yaml", source_dir());
+  std::ostringstream log;
+  for (const std::string name : {"model.h5", "recipe.yaml"}) {
+    const std::string dir = fresh_dir("users_" + name);
+    make_directories(dir);
+    write_file_atomic(join_path(dir, name), "my own file");
+    try {
+      Trainer t(r, quiet(dir, log));
+      FAIL() << "no error for " << name;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+      EXPECT_HAS(e.what(), "run directory " + dir + " holds " + name + ", not left by a whittle run");
+      EXPECT_HAS(e.what(), "--overwrite replaces them");
+    }
+    EXPECT_EQ(read_file(join_path(dir, name)), "my own file");
+    RunOptions over = quiet(dir, log);
+    over.overwrite = true;
+    EXPECT_EQ(Trainer(r, over).run().epochs_done, 1);
+    EXPECT_NE(read_file(join_path(dir, name)), "my own file");
+  }
+  const std::string stopped = fresh_dir("stopped_in_first_epoch");
+  make_directories(stopped);
+  write_file_atomic(join_path(stopped, "recipe.yaml"), r.text);
+  write_file_atomic(join_path(stopped, "metrics.jsonl"), "");
+  write_file_atomic(join_path(stopped, "model.h5"), "half a run");
+  EXPECT_EQ(Trainer(r, quiet(stopped, log)).run().epochs_done, 1);
+  EXPECT_TRUE(is_regular_file(join_path(stopped, "report.json")));
 }
 
 // ---------------------------------------------------------------- data and graph

@@ -248,6 +248,18 @@ TEST_F(GraphTest, MalformedStructureGivesNamedErrors) {
   };
   std::string msg = message_of(text, wrong);
   EXPECT_NE(msg.find("node 'features.0' tensor 'weight': expected float32 [8, 3, 3, 3]"), std::string::npos) << msg;
+  // A graph with no outputs (the top-level list, the last "outputs" key, emptied) or no inputs is
+  // a damaged file, not a model (fuzz finding: every command took it, export wrote an ONNX file
+  // with no outputs).
+  std::string no_outputs = text;
+  const size_t at = no_outputs.rfind("\"outputs\":");
+  ASSERT_NE(at, std::string::npos);
+  no_outputs.replace(at, no_outputs.find(']', at) + 1 - at, "\"outputs\": []");
+  EXPECT_EQ(message_of(no_outputs), "model.h5: the graph has no outputs");
+  std::string no_inputs = text;
+  const size_t in = no_inputs.find("\"inputs\":");
+  no_inputs.replace(in, no_inputs.find(']', no_inputs.find(']', in) + 1) + 1 - in, "\"inputs\": []");
+  EXPECT_NE(message_of(no_inputs).find("model.h5: "), std::string::npos) << message_of(no_inputs);
   // Integers a JSON parser cannot hold as int64 (a literal too long for 64 bits is read as a
   // float, whose conversion to an integer would be undefined behaviour; an unsigned past INT64_MAX
   // would wrap) are named, in an input's shape, a tensor's shape, an attribute and the version

@@ -74,7 +74,7 @@ TEST_F(QuantizeRecipe, QuantizedRecipesNameAShippedBaseline) {
       const std::string text = read_file(join_path(root, "recipes/" + dataset + "/" + name));
       // In a comment (`model: {file: ...}`), or as the recipe's own model (the budget family
       // fine-tunes from `model:\n  file: runs/...`).
-      for (const std::string prefix : {"model: {file: runs/" + dataset + "/", "model:\n  file: runs/" + dataset + "/"}) {
+      for (const std::string& prefix : {"model: {file: runs/" + dataset + "/", "model:\n  file: runs/" + dataset + "/"}) {
         const auto at = text.find(prefix);
         if (at == std::string::npos) continue;
         const auto begin = at + prefix.size();

@@ -29,6 +29,8 @@ namespace po = boost::program_options;
 namespace whittle::cli {
 namespace {
 
+constexpr int64_t kMaxBenchThreads = 1024;  // --threads
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -90,7 +92,12 @@ int run_bench(const std::vector<std::string>& args) {
   }
   if (model_spec.empty()) throw Error("bench: missing MODEL (see whittle bench --help)", ErrorKind::kUsage);
   if (batch < 1) throw Error("bench: --batch must be ≥ 1, got " + std::to_string(batch), ErrorKind::kUsage);
-  if (threads < 0) throw Error("bench: --threads must be ≥ 0, got " + std::to_string(threads), ErrorKind::kUsage);
+  // Thousands of threads only measure the scheduler (and take minutes to start); an int64 past
+  // int's range would be cut to another count.
+  if (threads < 0 || threads > kMaxBenchThreads)
+    throw Error("bench: --threads must be in 0.." + std::to_string(kMaxBenchThreads) + " (0: LibTorch's default), got " +
+                    std::to_string(threads),
+                ErrorKind::kUsage);
   if (repeat < 1) throw Error("bench: --repeat must be ≥ 1, got " + std::to_string(repeat), ErrorKind::kUsage);
   std::optional<Shape> shape;
   if (vm.count("input-shape") && shape_text.empty()) throw Error("bench: --input-shape is empty", ErrorKind::kUsage);

@@ -62,7 +62,9 @@ int run_eval(const std::vector<std::string>& args) {
   runner::DataSpec recipe_data;
   if (!meta.recipe.empty()) recipe_data = runner::parse_recipe_data(meta.recipe, ckpt_path + " (stored recipe)");
   std::string pack_to;
-  if (data_path.empty() && !recipe_data.test.empty()) {
+  if (vm.count("data") && data_path.empty()) throw Error("eval: --data is empty", ErrorKind::kUsage);
+  const bool from_recipe = data_path.empty() && !recipe_data.test.empty();
+  if (from_recipe) {
     data_path = recipe_data.test;
     pack_to = recipe_data.pack_to;  // the run's HDF5 copy of an image folder or archive, when it packed one
   }
@@ -70,6 +72,10 @@ int run_eval(const std::vector<std::string>& args) {
   if (split.empty()) split = recipe_data.test_split;
   if (data_path.empty())
     throw Error("eval: the checkpoint holds no recipe naming a test set; give --data", ErrorKind::kUsage);
+  if (from_recipe && !path_exists(data_path))
+    throw Error("eval: the test set " + data_path + " named by " + ckpt_path +
+                    "'s stored recipe (data.test) does not exist here; give --data",
+                ErrorKind::kUsage);
   data::Dataset ds = runner::load_split(data_path, split.empty() ? "test" : split, pack_to, std::cerr);
   if (graph.inputs().size() == 1) {  // the data must be what the model takes, before any transform
     const Shape& in = graph.value(graph.inputs().front()).shape;

@@ -73,13 +73,8 @@ int run_export(const std::vector<std::string>& args) {
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
   runner::ModelMetadata meta;
-  const Graph graph = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()), &meta);
-  if (meta.kind == runner::ModelMetadata::Kind::kCheckpoint && (shape || !vm["num-classes"].defaulted()))
-    throw Error("export: --input-shape and --num-classes apply to TorchScript files and zoo models; " + model +
-                    " is a checkpoint, which keeps its own",
-                ErrorKind::kUsage);
-  if (meta.kind == runner::ModelMetadata::Kind::kTorchScript && !vm["num-classes"].defaulted())
-    throw Error("export: --num-classes applies to zoo models; " + model + " is a TorchScript file", ErrorKind::kUsage);
+  const Graph graph =
+      load_cli_model("export", model, shape, vm["num-classes"].as<int64_t>(), !vm["num-classes"].defaulted(), &meta);
   const bool static_batch = vm.count("static-batch") > 0;
   if (format == "onnx") {
     OnnxOptions o;

@@ -49,7 +49,8 @@ int run_fuse(const std::vector<std::string>& args) {
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
   runner::ModelMetadata meta;  // a checkpoint's recipe and metrics are kept
-  Graph graph = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()), &meta);
+  Graph graph =
+      load_cli_model("fuse", model, shape, vm["num-classes"].as<int64_t>(), !vm["num-classes"].defaulted(), &meta);
 
   fuse::InferenceOptions o;
   o.repvgg = !vm.count("no-repvgg");

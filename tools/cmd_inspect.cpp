@@ -100,7 +100,7 @@ int run_inspect(const std::vector<std::string>& args) {
   std::optional<Shape> shape;
   if (vm.count("input-shape") && shape_text.empty()) throw Error("inspect: --input-shape is empty (e.g. 1,3,32,32)", ErrorKind::kUsage);
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
-  Graph g = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()));
+  Graph g = load_cli_model("inspect", model, shape, vm["num-classes"].as<int64_t>(), !vm["num-classes"].defaulted());
   const int64_t file_bytes = is_regular_file(model) ? file_size(model) : -1;
 
   const runner::ModelSummary sum = runner::summarize_model(g);

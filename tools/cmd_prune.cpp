@@ -13,6 +13,7 @@
 #include "core/file_util.h"
 #include "export/checkpoint.h"
 #include "graph/graph_module.h"
+#include "graph/select.h"
 #include "prune/prune.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -74,11 +75,23 @@ int run_prune(const std::vector<std::string>& args) {
     throw Error("prune: --out " + out + " is the input model " + model + "; write the pruned model elsewhere",
                 ErrorKind::kUsage);
   if (!out.empty()) check_writable_file("prune", out, "--out");
+  // One way to say how much goes; a fraction given is one the plan can reach.
+  const int amounts = static_cast<int>(vm.count("sparsity") + vm.count("target-macs") + vm.count("target-params"));
+  if (amounts > 1)
+    throw Error("prune: give one of --sparsity, --target-macs and --target-params", ErrorKind::kUsage);
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"--target-macs", target_macs}, {"--target-params", target_params}})
+    if (vm.count(flag + 2) && !(v > 0 && v <= 1)) {
+      std::ostringstream got;
+      got << v;
+      throw Error(std::string("prune: ") + flag + " is the fraction kept, in (0, 1]; got " + got.str(),
+                  ErrorKind::kUsage);
+    }
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
   runner::ModelMetadata meta;
-  Graph graph = runner::load_model(model_source(model, shape, vm["num-classes"].as<int64_t>()), &meta);
+  Graph graph =
+      load_cli_model("prune", model, shape, vm["num-classes"].as<int64_t>(), !vm["num-classes"].defaulted(), &meta);
   if (groups_only) {
     for (const auto& g : prune::dependency_groups(graph)) std::cout << g.to_string();
     return 0;
@@ -97,6 +110,12 @@ int run_prune(const std::vector<std::string>& args) {
   c.min_channels = min_channels;
   c.targets = split_list(targets);
   c.ignore = split_list(ignore);
+  try {
+    require_matches(graph, c.targets, "--targets");
+    require_matches(graph, c.ignore, "--ignore");
+  } catch (const Error& e) {
+    throw Error(std::string("prune: ") + e.what(), ErrorKind::kUsage);
+  }
   c.fold_constant_outputs = vm.count("no-fold") == 0;
   GraphModule module(std::move(graph));
   module->eval();

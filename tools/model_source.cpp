@@ -55,4 +55,19 @@ runner::ModelSource model_source(const std::string& spec, const std::optional<Sh
   return source;
 }
 
+Graph load_cli_model(const std::string& command, const std::string& spec, const std::optional<Shape>& input_shape,
+                     int64_t num_classes, bool num_classes_given, runner::ModelMetadata* meta) {
+  runner::ModelMetadata local;
+  runner::ModelMetadata& m = meta ? *meta : local;
+  Graph graph = runner::load_model(model_source(spec, input_shape, num_classes), &m);
+  if (m.kind == runner::ModelMetadata::Kind::kCheckpoint && (input_shape || num_classes_given))
+    throw Error(command + ": --input-shape and --num-classes apply to TorchScript files and zoo models; " + spec +
+                    " is a checkpoint, which keeps its own",
+                ErrorKind::kUsage);
+  if (m.kind == runner::ModelMetadata::Kind::kTorchScript && num_classes_given)
+    throw Error(command + ": --num-classes applies to zoo models; " + spec + " is a TorchScript file",
+                ErrorKind::kUsage);
+  return graph;
+}
+
 }  // namespace whittle::cli

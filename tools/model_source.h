@@ -19,6 +19,14 @@ namespace whittle::cli {
 runner::ModelSource model_source(const std::string& spec, const std::optional<Shape>& input_shape,
                                  int64_t num_classes);
 
+/// Loads MODEL argument `spec` (model_source, then runner::load_model, filling `meta` when given).
+/// `input_shape` (--input-shape) applies to TorchScript files and zoo models, and --num-classes
+/// (`num_classes`, `num_classes_given` when the user set it) to zoo models: given for a model that
+/// keeps its own (a checkpoint; a TorchScript file for --num-classes), they throw a usage
+/// whittle::Error led by `command` rather than being ignored.
+Graph load_cli_model(const std::string& command, const std::string& spec, const std::optional<Shape>& input_shape,
+                     int64_t num_classes, bool num_classes_given, runner::ModelMetadata* meta = nullptr);
+
 /// Names of the zoo models.
 std::vector<std::string> zoo_model_names();
 

@@ -186,7 +186,10 @@ expect(["run", W2A2, *QUICK, "--set", "modifiers.0.targets=['re:(']", "--out", d
 
 # 15. Messages say what the input is.
 expect(["run", BASE, *QUICK, "--set", "outputs.checkpoint=", "--out", d], 2,
-       "'outputs.checkpoint' must be a string, got an empty value", "an empty outputs.checkpoint", d)
+       "--set 'outputs.checkpoint=': no value for 'outputs.checkpoint'", "an empty outputs.checkpoint", d)
+expect(["run", BASE, *QUICK, "--set", "modifiers=", "--out", d], 2,
+       "--set 'modifiers=': no value for 'modifiers' (an empty list is [], an empty section {})",
+       "an empty --set value for a whole list", d)
 expect(["data", "pack", "/dev/null", "--to", packed], 1, "/dev/null: is a character device, not a dataset",
        "data pack /dev/null", packed)
 img = os.path.join(OUT, "images", "cat")
@@ -367,5 +370,46 @@ fifo = os.path.join(OUT, "out.fifo")
 os.mkfifo(fifo)
 r = expect(["fuse", model, "--out", fifo], 2, "fuse: --out " + fifo + " is a FIFO, not a file to replace", "fuse --out a FIFO")
 check(r.stdout == "", "fuse --out a FIFO: refused before any work")
+
+# Options that would be ignored, or would quietly change what is done, are refused.
+pruned = os.path.join(OUT, "pruned.h5")
+expect(["prune", model, "--ignore", "nosuch", "--out", pruned], 2,
+       "prune: --ignore pattern 'nosuch' matches no node of the model", "prune --ignore of no node", pruned)
+expect(["prune", model, "--targets", "re:zzz", "--out", pruned], 2,
+       "prune: --targets pattern 're:zzz' matches no node of the model", "prune --targets matching nothing", pruned)
+expect(["prune", model, "--target-macs", "0", "--out", pruned], 2,
+       "prune: --target-macs is the fraction kept, in (0, 1]; got 0", "prune --target-macs 0", pruned)
+expect(["prune", model, "--target-macs", "0.5", "--sparsity", "0.3", "--out", pruned], 2,
+       "prune: give one of --sparsity, --target-macs and --target-params", "prune --target-macs with --sparsity", pruned)
+for cmd in (["fuse", model, "--out", pruned], ["prune", model, "--out", pruned], ["inspect", model]):
+    expect(cmd + ["--input-shape", "1,3,99,99"], 2,
+           cmd[0] + ": --input-shape and --num-classes apply to TorchScript files and zoo models; " + model +
+           " is a checkpoint, which keeps its own", cmd[0] + " --input-shape of a checkpoint", pruned)
+expect(["inspect", model, "--num-classes", "7"], 2, "inspect: --input-shape and --num-classes apply",
+       "inspect --num-classes of a checkpoint")
+for threads in ("100000", "4294967297", "-1"):
+    expect(["bench", model, "--threads", threads, "--repeat", "1"], 2,
+           "bench: --threads must be in 0..1024 (0: LibTorch's default), got " + threads, f"bench --threads {threads}")
+expect(["eval", model, "--data", ""], 2, "eval: --data is empty", "eval --data ''")
+# eval without --data takes the test set its checkpoint's stored recipe names; gone, it says whose.
+moved = os.path.join(OUT, "mnist_moved")
+shutil.copytree(MNIST, moved)
+gone = os.path.join(OUT, "gone_data_run")
+r = run("run", BASE, *QUICK, "--set", "data.train=" + moved, "--set", "data.test=" + moved, "--out", gone)
+check(r.returncode == 0, f"a run on a copy of the digits ({r.stderr.strip()[-200:]})")
+shutil.rmtree(moved)
+expect(["eval", os.path.join(gone, "model.h5")], 2,
+       ["eval: the test set " + moved + " named by " + os.path.join(gone, "model.h5") +
+        "'s stored recipe (data.test) does not exist here; give --data"], "eval of a checkpoint whose test set is gone")
+
+# A folder holding a file of a run's name that no run left there is not replaced (--overwrite does).
+mine = os.path.join(OUT, "users_folder")
+os.makedirs(mine)
+open(os.path.join(mine, "model.h5"), "w").write("my own model")
+expect(["run", BASE, *QUICK, "--out", mine], 2,
+       ["run directory " + mine + " holds model.h5, not left by a whittle run", "--overwrite replaces them"],
+       "run --out a folder holding the user's model.h5")
+check(open(os.path.join(mine, "model.h5")).read() == "my own model" and files(mine) == ["model.h5"],
+      "run --out a folder holding the user's model.h5: the file is as it was, nothing added")
 
 finish()
