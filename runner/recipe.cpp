@@ -559,7 +559,8 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
           check_choice(v, *spec, origin, path);
           break;
         }
-        if (!v.IsSequence()) usage_error(wrong + ", e.g. [1, 2]");
+        if (!v.IsSequence())
+          usage_error(wrong + (spec->type == KeyType::kStringList ? ", e.g. [conv1, re:layer1\\..*]" : ", e.g. [1, 2]"));
         for (const auto& e : v) {
           if (!scalar_is(e, element_type(spec->type))) usage_error(wrong + "; element " + node_kind(e) + " is not");
           if (spec->type != KeyType::kStringList) check_range(e, *spec, origin, path);

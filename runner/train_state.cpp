@@ -127,7 +127,9 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
 SavedTrainState SavedTrainState::read(const std::string& path, const std::string& recipe_text) {
   SavedTrainState s;
   s.path_ = path;
-  if (!is_regular_file(path)) throw Error("--resume: no training state at " + path + " (nothing to resume)");
+  if (!path_exists(path)) throw Error("--resume: no training state at " + path + " (nothing to resume)");
+  if (!is_regular_file(path))
+    throw Error("--resume: the training state " + path + " is " + describe_path(path) + ", not a file");
   check_zip_records(path);
   torch::serialize::InputArchive& a = s.archive_;
   try {

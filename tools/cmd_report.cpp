@@ -72,6 +72,10 @@ int run_report(const std::vector<std::string>& args) {
   const auto& dirs = vm["dirs"].as<std::vector<std::string>>();
   if (!html.empty()) check_html_target(html, dirs);
   std::vector<RunSummary> runs;
+  for (size_t i = 0; i < dirs.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (resolved_path(dirs[i]) == resolved_path(dirs[j]))
+        throw Error("report: " + dirs[i] + " is given twice (also as " + dirs[j] + ")", ErrorKind::kUsage);
   for (const auto& dir : dirs) runs.push_back(read_run(dir));
   assign_labels(runs);
 

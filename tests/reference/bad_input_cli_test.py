@@ -402,6 +402,17 @@ expect(["eval", os.path.join(gone, "model.h5")], 2,
        ["eval: the test set " + moved + " named by " + os.path.join(gone, "model.h5") +
         "'s stored recipe (data.test) does not exist here; give --data"], "eval of a checkpoint whose test set is gone")
 
+# report: a run given twice (also through another spelling of its path), a path that is not there.
+expect(["report", good, good + "/"], 2, "report: " + good + "/ is given twice (also as " + good + ")", "report of one run twice")
+expect(["report", os.path.join(OUT, "nosuch_run")], 1, os.path.join(OUT, "nosuch_run") + " does not exist",
+       "report of a run directory that is not there")
+# --resume where the training state is a folder says what it is.
+odd_state = os.path.join(OUT, "state_is_a_folder")
+os.makedirs(os.path.join(odd_state, "train_state.pt"))
+expect(["run", BASE, *QUICK, "--out", odd_state, "--resume"], 1,
+       "the training state " + os.path.join(odd_state, "train_state.pt") + " is a directory, not a file",
+       "--resume with train_state.pt a folder")
+
 # A folder holding a file of a run's name that no run left there is not replaced (--overwrite does).
 mine = os.path.join(OUT, "users_folder")
 os.makedirs(mine)
