@@ -500,6 +500,13 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 
 namespace {
 
+// A flow list of the key's kind, for messages: its first choice, names, or numbers.
+std::string list_example(const KeySpec& spec) {
+  if (spec.type != KeyType::kStringList) return "[1, 2]";
+  if (!spec.choices.empty()) return "[" + spec.choices.front() + "]";
+  return "[conv1, layer2]";
+}
+
 // What a YAML node is, for messages: "'4'", "an empty value", "a section", "a list".
 std::string node_kind(const YAML::Node& v) {
   if (!v || v.IsNull()) return "an empty value";
@@ -560,7 +567,7 @@ void validate_keys(const YAML::Node& node, const std::vector<KeySpec>& keys, con
           break;
         }
         if (!v.IsSequence())
-          usage_error(wrong + (spec->type == KeyType::kStringList ? ", e.g. [conv1, re:layer1\\..*]" : ", e.g. [1, 2]"));
+          usage_error(wrong + ", e.g. " + list_example(*spec));
         for (const auto& e : v) {
           if (!scalar_is(e, element_type(spec->type))) usage_error(wrong + "; element " + node_kind(e) + " is not");
           if (spec->type != KeyType::kStringList) check_range(e, *spec, origin, path);

@@ -513,8 +513,22 @@ void Trainer::start_writing() {
   // something to write: a run that fails in its first epoch leaves the old one as it was.
   const std::string& dir = result_.run_dir;
   if (options_.overwrite) remove_file(join_path(dir, "report.json"));
-  write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
-  write_file_atomic(join_path(dir, "metrics.jsonl"), "");
+  // Whatever a run killed from here on leaves holds a metrics.jsonl (check_previous_run): a new one
+  // is written first, and taken back should the recipe's write fail (a full disk), leaving the
+  // directory as it was; one already there (--overwrite) is emptied last, kept should that fail.
+  const std::string metrics = join_path(dir, "metrics.jsonl");
+  if (path_exists(metrics)) {
+    write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
+    write_file_atomic(metrics, "");
+  } else {
+    write_file_atomic(metrics, "");
+    try {
+      write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
+    } catch (...) {
+      remove_file(metrics);
+      throw;
+    }
+  }
   run_dir_.written = true;
 }
 
@@ -527,8 +541,15 @@ std::vector<std::string> Trainer::run_files() const {
 }
 
 void Trainer::check_previous_run() const {
-  if (options_.resume || options_.overwrite) return;
   const std::string& dir = result_.run_dir;
+  // The checkpoint a new run writes must not be the model it starts from (a pruned model written
+  // to runs/x/model.h5, then a run into runs/x): the first epoch's end would replace it.
+  if (!options_.resume && !recipe_.model.file.empty() && path_exists(recipe_.model.file) &&
+      resolved_path(recipe_.model.file) == resolved_path(result_.checkpoint))
+    throw Error("model.file " + recipe_.model.file + " is the checkpoint this run writes (" + result_.checkpoint +
+                    "): --out DIR writes the run elsewhere",
+                ErrorKind::kUsage);
+  if (options_.resume || options_.overwrite) return;
   std::string found;
   bool saved = false;
   for (const std::string& f : run_files())
@@ -536,17 +557,15 @@ void Trainer::check_previous_run() const {
       found += (found.empty() ? "" : ", ") + f;
       saved = saved || f == "train_state.pt" || f == "report.json";
     }
-  // Without a training state or a report, no run finished an epoch there. A run writes its
-  // recipe.yaml and an empty metrics.jsonl first, so a folder with both is what a run stopped in its
-  // first epoch left: run again. The run's file names without those two (a model.h5 or a recipe.yaml
-  // of the user's own) are not a run's leftovers, and are not replaced without --overwrite.
+  // Without a training state or a report, no run saved an epoch there. A run's first write (at the
+  // end of its first epoch, or when it is stopped) is metrics.jsonl, so a folder holding it is what a
+  // run killed before its training state left: run again. The run's file names without it (a
+  // model.h5 or recipe.yaml of the user's own) are not a run's, and are not replaced unasked.
   if (!saved) {
-    if (found.empty() ||
-        (path_exists(join_path(dir, "recipe.yaml")) && path_exists(join_path(dir, "metrics.jsonl"))))
-      return;
+    if (found.empty() || path_exists(join_path(dir, "metrics.jsonl"))) return;
     throw Error("run directory " + dir + " holds " + found +
-                    ", not left by a whittle run (no recipe.yaml and metrics.jsonl beside them): a run would "
-                    "replace them; --overwrite replaces them, --out DIR writes elsewhere",
+                    " but no metrics.jsonl, so no whittle run left them; a run would replace them: --overwrite "
+                    "replaces them, --out DIR writes elsewhere",
                 ErrorKind::kUsage);
   }
   const bool finished = path_exists(join_path(dir, "report.json"));

@@ -132,6 +132,15 @@ TEST(RecipeKeys, EmptyValueIsNamed) {
              "'outputs.checkpoint' must be a string, got an empty value");
 }
 
+// A list key given something else shows a list of its own kind: a choice, names or numbers.
+TEST(RecipeKeys, ListExamplesFitTheKey) {
+  EXPECT_HAS(usage_error_of(recipe_text(1, "outputs:\n  export: {onnx: 1}\n")),
+             "'outputs.export' must be a list of strings, e.g. [onnx]");
+  EXPECT_HAS(usage_error_of(recipe_text(1, "modifiers:\n  - {name: quantize, method: dorefa, targets: {a: 1}}\n")),
+             "'modifiers.0.targets' must be a list of strings, e.g. [conv1, layer2]");
+  EXPECT_HAS(usage_error_of(recipe_text(1), {"data.mean={a: 1}"}), "'data.mean' must be a list of numbers, e.g. [1, 2]");
+}
+
 // An empty --set value is refused, for a key and for a whole section or list (--set modifiers=
 // would otherwise train without them); [] and {} say "empty".
 TEST(RecipeOverrides, EmptyValueIsRefused) {
@@ -414,8 +423,9 @@ TEST(TrainerRunDirectory, LockedWhileInUseAndNotSilentlyReplaced) {
 }
 
 // A folder holding a file with a run's name that no run left there (a model.h5 or recipe.yaml of the
-// user's own) is not replaced without --overwrite; what a run stopped in its first epoch left
-// (recipe.yaml and metrics.jsonl, perhaps a checkpoint) is run again.
+// user's own) is not replaced without --overwrite; what a run killed before its first training
+// state left (metrics.jsonl, its first write, perhaps a recipe.yaml and a checkpoint) is run again.
+// A run never writes its checkpoint over the model it starts from, even with --overwrite.
 TEST(TrainerRunDirectory, FilesNoRunLeftAreNotReplaced) {
   const Recipe r = parse_recipe(recipe_text(1), "r.yaml", source_dir());
   std::ostringstream log;
@@ -428,7 +438,7 @@ TEST(TrainerRunDirectory, FilesNoRunLeftAreNotReplaced) {
       FAIL() << "no error for " << name;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-      EXPECT_HAS(e.what(), "run directory " + dir + " holds " + name + ", not left by a whittle run");
+      EXPECT_HAS(e.what(), "run directory " + dir + " holds " + name + " but no metrics.jsonl, so no whittle run left them");
       EXPECT_HAS(e.what(), "--overwrite replaces them");
     }
     EXPECT_EQ(read_file(join_path(dir, name)), "my own file");
@@ -437,13 +447,31 @@ TEST(TrainerRunDirectory, FilesNoRunLeftAreNotReplaced) {
     EXPECT_EQ(Trainer(r, over).run().epochs_done, 1);
     EXPECT_NE(read_file(join_path(dir, name)), "my own file");
   }
-  const std::string stopped = fresh_dir("stopped_in_first_epoch");
+  const std::string stopped = fresh_dir("killed_before_its_state");
   make_directories(stopped);
-  write_file_atomic(join_path(stopped, "recipe.yaml"), r.text);
   write_file_atomic(join_path(stopped, "metrics.jsonl"), "");
   write_file_atomic(join_path(stopped, "model.h5"), "half a run");
   EXPECT_EQ(Trainer(r, quiet(stopped, log)).run().epochs_done, 1);
   EXPECT_TRUE(is_regular_file(join_path(stopped, "report.json")));
+
+  // The model a run starts from, in the folder the run writes its checkpoint to.
+  const std::string from = fresh_dir("starts_from_its_own_checkpoint");
+  make_directories(from);
+  const std::string input = read_file(join_path(stopped, "model.h5"));
+  write_file_atomic(join_path(from, "model.h5"), input);
+  const Recipe own = parse_recipe(recipe_text(1), "r.yaml", source_dir(), {"model.file=" + join_path(from, "model.h5")});
+  for (const bool overwrite : {false, true}) {
+    RunOptions o = quiet(from, log);
+    o.overwrite = overwrite;
+    try {
+      Trainer t(own, o);
+      FAIL() << "no error, overwrite " << overwrite;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+      EXPECT_HAS(e.what(), "model.file " + join_path(from, "model.h5") + " is the checkpoint this run writes");
+    }
+  }
+  EXPECT_EQ(read_file(join_path(from, "model.h5")), input);
 }
 
 // ---------------------------------------------------------------- data and graph

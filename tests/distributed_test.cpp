@@ -263,30 +263,43 @@ TEST(CrossReplicaBatchNorm, TwoReplicasComputeTheBatchNormOfTheirUnion) {
 
 // ---------------------------------------------------------------- whole runs
 
-// A TCP port on 127.0.0.1 that nothing listens on, for a rendezvous. Drawn at random below the
-// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): the
-// kernel gives ports in that range to outgoing connections, so one freed there could be taken again
-// before the ranks bind it; below it only an explicit bind takes a port. Checked by binding it.
+// Binds a TCP socket to 127.0.0.1:`port` (0: the kernel picks) and returns the port it got, or 0.
+int bind_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(a.sin_port) : 0;
+}
+
+// A TCP port on 127.0.0.1 that nothing listens on, for a rendezvous. Drawn at random outside the
+// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), below
+// or above it, whichever side is wider: the kernel gives ports in that range to outgoing
+// connections, so one freed there could be taken again before the ranks bind it; outside it only an
+// explicit bind takes a port. Checked by binding it; without room outside the range, the kernel's
+// pick.
 int free_port() {
-  int low = 32768;
+  int low = 32768, high = 60999;
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  if (!(range >> low)) low = 32768;
-  static std::mt19937 draw(std::random_device{}());
-  std::uniform_int_distribution<int> pick(10000, std::max(10001, low - 1));
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int port = pick(draw);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    ::close(fd);
-    if (bound) return port;
+  if (!(range >> low >> high)) low = 32768, high = 60999;
+  const bool below = low - 1024 >= 65535 - high;
+  const int first = below ? 1024 : high + 1, last = below ? low - 1 : 65535;
+  if (last - first >= 1000) {
+    static std::mt19937 draw(std::random_device{}());
+    std::uniform_int_distribution<int> pick(first, last);
+    for (int attempt = 0; attempt < 100; ++attempt)
+      if (const int port = bind_loopback(pick(draw))) return port;
   }
-  throw std::runtime_error("free_port: no free port below the ephemeral range in 100 draws");
+  if (const int port = bind_loopback(0)) return port;
+  throw std::runtime_error("free_port: no port to bind on 127.0.0.1");
 }
 
 std::string read_text(const std::string& path) {

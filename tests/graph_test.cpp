@@ -256,10 +256,9 @@ TEST_F(GraphTest, MalformedStructureGivesNamedErrors) {
   ASSERT_NE(at, std::string::npos);
   no_outputs.replace(at, no_outputs.find(']', at) + 1 - at, "\"outputs\": []");
   EXPECT_EQ(message_of(no_outputs), "model.h5: the graph has no outputs");
-  std::string no_inputs = text;
-  const size_t in = no_inputs.find("\"inputs\":");
-  no_inputs.replace(in, no_inputs.find(']', no_inputs.find(']', in) + 1) + 1 - in, "\"inputs\": []");
-  EXPECT_NE(message_of(no_inputs).find("model.h5: "), std::string::npos) << message_of(no_inputs);
+  // With no inputs, any node's input is undefined; a graph of no nodes reaches the check itself.
+  EXPECT_EQ(message_of(R"({"format": "whittle.graph", "version": 2, "inputs": [], "nodes": [], "outputs": []})"),
+            "model.h5: the graph has no inputs");
   // Integers a JSON parser cannot hold as int64 (a literal too long for 64 bits is read as a
   // float, whose conversion to an integer would be undefined behaviour; an unsigned past INT64_MAX
   // would wrap) are named, in an input's shape, a tensor's shape, an attribute and the version

@@ -18,24 +18,31 @@ cmake --build "$build/examples-test" -j 2
 "$build/examples-test/train_qat" "$src/data/mnist10k" 60 dorefa "$build/examples-test/lenet5_qat.h5"
 "$build/examples-test/export_model" "$build/examples-test/lenet5_qat.h5" "$build/examples-test/lenet5_qat.onnx" "$build/examples-test/lenet5_qat.pt"
 # Data parallel from a user's loop: 2 ranks through the .venv's torchrun on Gloo.
-# The port is drawn below the kernel's ephemeral range (which outgoing connections take from), and
-# checked by binding it.
+# The port is drawn outside the kernel's ephemeral range (which outgoing connections take from),
+# on its wider side, and checked by binding it; without room there, the kernel picks one.
 port=$("$python" -c '
 import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(100):
-    p = random.randrange(10000, max(10001, low))
+def bind(p):
     s = socket.socket()
     try:
         s.bind(("127.0.0.1", p))
+        return s.getsockname()[1]
     except OSError:
-        continue
+        return 0
     finally:
         s.close()
-    print(p)
-    break
-else:
-    raise SystemExit("no free port below the ephemeral range in 100 draws")')
+try:
+    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+except (OSError, ValueError):
+    low, high = 32768, 60999
+first, last = (1024, low - 1) if low - 1024 >= 65535 - high else (high + 1, 65535)
+port = 0
+if last - first >= 1000:
+    for _ in range(100):
+        port = bind(random.randint(first, last))
+        if port:
+            break
+print(port or bind(0))')
 OMP_NUM_THREADS=1 "$(dirname "$python")/torchrun" --no-python --nproc-per-node=2 --master-port="$port" \
   "$build/examples-test/train_ddp" "$src/data/mnist10k" 1 "$build/examples-test/lenet5_ddp.h5"
 test -s "$build/examples-test/lenet5_ddp.h5"

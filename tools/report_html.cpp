@@ -422,8 +422,9 @@ RunSummary read_run(const std::string& dir) {
   RunSummary r;
   r.dir = dir;
   const std::string report_path = join_path(dir, "report.json");
-  if (!path_exists(dir)) throw Error(dir + " does not exist (give run directories of `whittle run`)");
-  if (!is_directory(dir)) throw Error(dir + " is not a directory (give run directories of `whittle run`)");
+  if (!path_exists(dir)) throw Error(dir + " does not exist (give run directories of `whittle run`)", ErrorKind::kUsage);
+  if (!is_directory(dir))
+    throw Error(dir + " is not a directory (give run directories of `whittle run`)", ErrorKind::kUsage);
   if (!is_regular_file(report_path))
     throw Error(dir + " has no report.json (not a finished run: `whittle run` writes it at the end)");
   json rep;

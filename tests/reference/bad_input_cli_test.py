@@ -404,7 +404,7 @@ expect(["eval", os.path.join(gone, "model.h5")], 2,
 
 # report: a run given twice (also through another spelling of its path), a path that is not there.
 expect(["report", good, good + "/"], 2, "report: " + good + "/ is given twice (also as " + good + ")", "report of one run twice")
-expect(["report", os.path.join(OUT, "nosuch_run")], 1, os.path.join(OUT, "nosuch_run") + " does not exist",
+expect(["report", os.path.join(OUT, "nosuch_run")], 2, os.path.join(OUT, "nosuch_run") + " does not exist",
        "report of a run directory that is not there")
 # --resume where the training state is a folder says what it is.
 odd_state = os.path.join(OUT, "state_is_a_folder")
@@ -418,7 +418,7 @@ mine = os.path.join(OUT, "users_folder")
 os.makedirs(mine)
 open(os.path.join(mine, "model.h5"), "w").write("my own model")
 expect(["run", BASE, *QUICK, "--out", mine], 2,
-       ["run directory " + mine + " holds model.h5, not left by a whittle run", "--overwrite replaces them"],
+       ["run directory " + mine + " holds model.h5 but no metrics.jsonl, so no whittle run left them", "--overwrite replaces them"],
        "run --out a folder holding the user's model.h5")
 check(open(os.path.join(mine, "model.h5")).read() == "my own model" and files(mine) == ["model.h5"],
       "run --out a folder holding the user's model.h5: the file is as it was, nothing added")
