@@ -98,14 +98,20 @@ int main(int argc, char** argv) {
     print_usage(std::cerr);
     return 2;
   }
-  const std::string& first = args[0];
-  if (first == "--version" || first == "-V") {
-    print_version();
-    return 0;
-  }
-  if (first == "--help" || first == "-h" || first == "help") {
-    print_usage(std::cout);
-    return 0;
+  // `whittle help CMD` is `whittle CMD --help`.
+  if (args[0] == "help" && args.size() == 2) args = {args[1], "--help"};
+  const std::string first = args[0];
+  if (first == "--version" || first == "-V" || first == "--help" || first == "-h" || first == "help") {
+    if (args.size() > 1) {
+      std::cerr << "whittle: " << first << " takes no arguments (got '" << args[1] << "')\n";
+      return 2;
+    } else if (first == "--version" || first == "-V") {
+      print_version();
+      return 0;
+    } else {
+      print_usage(std::cout);
+      return 0;
+    }
   }
   for (const auto& c : whittle::cli::commands()) {
     if (c.name != first) continue;
@@ -122,6 +128,16 @@ int main(int argc, char** argv) {
       // LibTorch's message alone: its C++ backtrace says nothing to a user.
       std::string msg = e.what_without_backtrace();
       if (const size_t nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+      // The CPU allocator's failure is an enforce message ("[enforce fail at alloc_cpu.cpp:N] err
+      // == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes. ..."; "not
+      // enough memory" in other versions): what it means first, then the allocator's own words.
+      if (msg.find("DefaultCPUAllocator") != std::string::npos &&
+          (msg.find("allocate memory") != std::string::npos || msg.find("not enough memory") != std::string::npos)) {
+        const size_t from = msg.find("DefaultCPUAllocator");
+        std::cerr << "whittle " << c.name << ": error: out of memory ("
+                  << msg.substr(from == std::string::npos ? 0 : from) << ")\n";
+        return 1;
+      }
       std::cerr << "whittle " << c.name << ": error: LibTorch: " << msg << "\n";
       return 1;
     } catch (const std::bad_alloc&) {

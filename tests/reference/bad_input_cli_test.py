@@ -402,6 +402,14 @@ expect(["eval", os.path.join(gone, "model.h5")], 2,
        ["eval: the test set " + moved + " named by " + os.path.join(gone, "model.h5") +
         "'s stored recipe (data.test) does not exist here; give --data"], "eval of a checkpoint whose test set is gone")
 
+# An input too large for memory (1.9 TB, under the 2^40-element limit) is called out of memory.
+expect(["bench", "resnet20", "--input-shape", "1,3,400000,400000", "--repeat", "1"], 1,
+       "bench: error: out of memory (DefaultCPUAllocator", "bench of an input no machine holds")
+# `whittle help CMD` is CMD's help; arguments after --version or --help are refused.
+r = run("help", "run")
+check(r.returncode == 0 and r.stdout.startswith("usage: whittle run RECIPE"), f"whittle help run: {r.stdout[:60]!r}")
+expect(["--version", "extra"], 2, "whittle: --version takes no arguments (got 'extra')", "--version with an argument")
+
 # report: a run given twice (also through another spelling of its path), a path that is not there.
 expect(["report", good, good + "/"], 2, "report: " + good + "/ is given twice (also as " + good + ")", "report of one run twice")
 expect(["report", os.path.join(OUT, "nosuch_run")], 2, os.path.join(OUT, "nosuch_run") + " does not exist",
