@@ -56,16 +56,19 @@ int64_t batch_size() {
   return env ? std::atoll(env) : 128;
 }
 
+// The config of `m` ("" method: none, FP32).
+whittle::quantize::Config config_of(const Method& m) {
+  whittle::quantize::Config c;
+  c.method = m.method;
+  c.weight_bits = m.weight_bits;
+  c.activation_bits = m.activation_bits;
+  return c;
+}
+
 whittle::GraphModule make_model(int64_t model, const Method& m) {
   at::manual_seed(0);
   whittle::GraphModule g(whittle::build_model(kModels[model]));
-  if (*m.method) {
-    whittle::quantize::Config c;
-    c.method = m.method;
-    c.weight_bits = m.weight_bits;
-    c.activation_bits = m.activation_bits;
-    whittle::quantize::apply(g, c);
-  }
+  if (*m.method) whittle::quantize::apply(g, config_of(m));
   return g;
 }
 
@@ -93,6 +96,7 @@ void train_step(benchmark::State& state, const at::Device& device) {
   model->to(device);
   model->train();
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  const whittle::quantize::Config resolved = *m.method ? whittle::quantize::resolve(config_of(m)) : config_of(m);
   at::Tensor x = at::randn({batch, 3, 32, 32}).to(device);
   at::Tensor y = at::randint(0, 10, {batch}).to(device);
   auto step = [&] {
@@ -100,7 +104,7 @@ void train_step(benchmark::State& state, const at::Device& device) {
     opt.zero_grad();
     loss.backward();
     opt.step();
-    whittle::quantize::clip_latent_weights(model->graph());
+    if (*m.method) whittle::quantize::after_step(model->graph(), resolved);
     if (device.is_cuda()) torch::cuda::synchronize();
   };
   step();  // warm-up (allocator, thread pool, cuDNN algorithm choice, the momentum buffers)

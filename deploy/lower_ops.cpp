@@ -1,4 +1,4 @@
-// deploy's registry hooks (OpTraits::to_deploy): the ops that have a bitpacked path. Each hook
+// deploy's lowerings (deploy_lowerings()): the ops that have a bitpacked path. Each hook
 // checks what its kernel needs (the forms of its inputs, its weight's encoding, its attributes)
 // and declines otherwise, leaving the node to the generic ATen step.
 
@@ -14,6 +14,7 @@
 #include "graph/op_registry.h"
 #include "kernels/bitpack.h"
 #include "kernels/isa.h"
+#include "quantize/method.h"
 #include "quantize/pack.h"
 #include "quantize/quantize.h"
 
@@ -159,22 +160,22 @@ bool lower_linear(const Node& n, Lowering& l) {
   return true;
 }
 
-// The sign binarizer: packs its input (sign(0) = +1, as quantize::bnn_sign). DoReFa activation
-// quantizers: marks their output as codes for the bit-plane layers.
+// An activation quantizer, by the grid its outputs lie on (quantize/method.h): a sign binarizer
+// packs its input (sign(0) = +1, as quantize::bnn_sign); a uniform grid on [0, c] of 1..8 bits runs
+// through ATen and marks its output as codes for the bit-plane layers.
 bool lower_act_quant(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
-  if (n.attr_str("method", "dorefa") == "dorefa") {
-    // DoReFa activations run through ATen; their output holds codes the bit-plane layers read.
-    const int64_t bits = n.attr_int("activation_bits");
-    if (bits < 1 || bits > 8) return false;
+  const quantize::ActivationGrid g = quantize::activation_quantizer_of(n).grid(n);
+  if (!g.sign) {
+    // Grid activations run through ATen; their output holds codes the bit-plane layers read.
+    if (g.bits < 1 || g.bits > 8) return false;
     l.add_generic_step(n);
     Form f;
-    f.code_bits = bits;
-    f.code_clip = n.attr_float("activation_clip", 1.0);
+    f.code_bits = g.bits;
+    f.code_clip = g.max;
     l.set_form(n.outputs[0], f);
     return true;
   }
-  if (n.attr_str("method", "dorefa") != "sign") return false;
   const Shape& shape = l.graph().value(n.inputs[0]).shape;
   const Form in = l.form(n.inputs[0]);
   if (!in.packed_map && shape.size() != 2 && shape.size() != 4) return false;
@@ -274,17 +275,22 @@ void attach_hooks() {
   std::call_once(once, [] {
     quantize::register_all();
     fuse::register_all();
-    mutable_op_traits("conv2d").to_deploy = lower_conv2d;
-    mutable_op_traits("linear").to_deploy = lower_linear;
-    mutable_op_traits("act_quant").to_deploy = lower_act_quant;
-    mutable_op_traits("threshold_sign").to_deploy = lower_threshold_sign;
-    mutable_op_traits("batch_norm").to_deploy = lower_batch_norm;
-    mutable_op_traits("max_pool2d").to_deploy = lower_max_pool2d;
-    mutable_op_traits("flatten").to_deploy = lower_flatten;
+    deploy_lowerings().add("conv2d", lower_conv2d);
+    deploy_lowerings().add("linear", lower_linear);
+    deploy_lowerings().add("act_quant", lower_act_quant);
+    deploy_lowerings().add("threshold_sign", lower_threshold_sign);
+    deploy_lowerings().add("batch_norm", lower_batch_norm);
+    deploy_lowerings().add("max_pool2d", lower_max_pool2d);
+    deploy_lowerings().add("flatten", lower_flatten);
   });
 }
 
 }  // namespace
+
+Registry<DeployLowerFn>& deploy_lowerings() {
+  static Registry<DeployLowerFn> r("deploy lowering", "lowerings", [](const DeployLowerFn&) { return std::string("bitpacked path"); });
+  return r;
+}
 
 void register_all() { attach_hooks(); }
 

@@ -1,6 +1,6 @@
 #pragma once
-// The deploy runtime's plan builder: what an op's registry hook (OpTraits::to_deploy) sees while
-// deploy::Model turns a fused deploy graph into steps.
+// The deploy runtime's plan builder: what an op's lowering (deploy_lowerings(), by op kind) sees
+// while deploy::Model turns a fused deploy graph into steps.
 //
 // A value of a deploy run is a float tensor, the packed signs of a ±1 tensor (kernels/bitpack.h's
 // channel-last words), or both, each made from the other on first use. While lowering, each
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "graph/graph.h"
 #include "kernels/binary_conv.h"
 #include "kernels/bitplane.h"
@@ -145,8 +146,19 @@ class Lowering {
   std::vector<Step> steps_;
 };
 
-/// Registers deploy's lowering hooks on the op registry (conv2d, linear, batch_norm, max_pool2d,
-/// flatten, act_quant, threshold_sign); idempotent, thread-safe. deploy::Model calls it.
+class Lowering;
+/// Lowers one node into the plan: adds the steps that run it with bitpacked kernels when its
+/// inputs and weights allow (a binary convolution reading packed signs), and returns false to
+/// leave the node to the runtime's generic step (the op's forward through ATen, with its weight
+/// decoded once at load).
+using DeployLowerFn = std::function<bool(const Node& node, Lowering& lowering)>;
+
+/// The deploy runtime's lowerings by op kind ("lowerings" in `whittle inspect`); an op without
+/// one always takes the generic step.
+Registry<DeployLowerFn>& deploy_lowerings();
+
+/// Registers deploy's lowerings (conv2d, linear, batch_norm, max_pool2d, flatten, act_quant,
+/// threshold_sign); idempotent, thread-safe. deploy::Model calls it.
 void register_all();
 
 }  // namespace whittle::deploy

@@ -72,9 +72,9 @@ Model::Model(const Graph& graph, const Options& options) {
   Lowering lowering(g, options.use_kernels);
   for (const std::string& v : g.inputs()) plan->input_slots.push_back(lowering.slot(v));
   for (const Node& n : g.nodes()) {
-    const OpTraits& traits = op_traits(n.op);
+    const DeployLowerFn* lower = deploy_lowerings().find(n.op);
     try {
-      if (!traits.to_deploy || !traits.to_deploy(n, lowering)) lowering.add_generic_step(n);
+      if (!lower || !(*lower)(n, lowering)) lowering.add_generic_step(n);
     } catch (const Error& e) {
       rethrow_at("node '" + n.name + "' (" + n.op + "): deploy", e, e.kind());
     } catch (const c10::Error& e) {

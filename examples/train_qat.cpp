@@ -27,7 +27,10 @@ int main(int argc, char** argv) {
     whittle::GraphModule model(whittle::build_model("lenet5"));
     whittle::quantize::Config config;
     config.method = method;
-    if (method == "dorefa") config.weight_bits = config.activation_bits = 4;
+    // 4-bit weights and activations where the method has them; its defaults otherwise.
+    const whittle::quantize::QuantizerMethod& m = whittle::quantize::quantizer_method(method);
+    if (m.weight_bits_text().find("..") != std::string::npos) config.weight_bits = config.activation_bits = 4;
+    config = whittle::quantize::resolve(config);
     whittle::quantize::Report report = whittle::quantize::apply(model, config);
     std::cout << report.summary();
 
@@ -43,7 +46,7 @@ int main(int argc, char** argv) {
       optimizer.zero_grad();
       loss.backward();
       optimizer.step();
-      whittle::quantize::clip_latent_weights(model->graph());  // BNN; a no-op for other methods
+      whittle::quantize::after_step(model->graph(), config);  // BNN clips its latent weights; others do nothing
       if ((step + 1) % 100 == 0) std::cout << "step " << step + 1 << ": loss " << loss.item<double>() << "\n";
     }
 

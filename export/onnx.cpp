@@ -12,6 +12,7 @@
 #include "export/writers.h"
 #include "graph/op_registry.h"
 #include "graph/version.h"
+#include "quantize/method.h"
 #include "quantize/quantize.h"
 
 namespace whittle {
@@ -102,17 +103,13 @@ std::string OnnxEmitter::weight(const Node& n, int64_t axis) {
     at::NoGradGuard no_grad;
     w = transformed_weight(n, /*training=*/false).detach();
   }
-  const std::optional<quantize::WeightQuantization> q = quantize::weight_quantization(n);
-  const bool int8_grid = q && q->encoding == quantize::Encoding::kDoReFa && q->bits >= 2 && q->bits <= 7 &&
-                         q->axis == axis && axis < w.dim() && (q->scale.numel() == 1 || q->scale.numel() == w.size(axis));
+  // A weight on an int8 grid (its quantizer's integer_grid: weight = scale[c]·q) goes through
+  // QuantizeLinear → DequantizeLinear, per channel on the output-channel axis.
+  const std::optional<quantize::IntegerGrid> grid = quantize::integer_grid(n);
+  const bool int8_grid = grid && grid->axis == axis && axis < w.dim() && grid->scale.numel() == w.size(axis);
   const std::string value = initializer(n, "weight", w);
   if (!int8_grid) return value;
-  // DoReFa value s·(2c/(2^k − 1) − 1) = (2c − (2^k − 1))·s/(2^k − 1): an odd integer in
-  // [−(2^k − 1), 2^k − 1] (|q| ≤ 127 for k ≤ 7) times a per-channel scale.
-  const double levels = static_cast<double>((int64_t{1} << q->bits) - 1);
-  at::Tensor scale = (q->scale.detach().to(at::kCPU, at::kDouble) / levels).to(at::kFloat).reshape({-1});
-  if (scale.numel() == 1) scale = scale.expand({w.size(axis)}).contiguous();
-  const std::string s = initializer(n, "weight_scale", scale);
+  const std::string s = initializer(n, "weight_scale", grid->scale);
   const std::string zp = initializer(n, "weight_zero_point", at::zeros({w.size(axis)}, at::kChar));
   const std::string qv = temp(n, "weight_quantized");
   const std::string dq = temp(n, "weight_dequantized");
@@ -144,9 +141,9 @@ std::string onnx_model_bytes(const Graph& graph_in, const OnnxOptions& options) 
                     ".." + std::to_string(max_opset) + ")",
                 ErrorKind::kUsage);
   const Graph graph = deploy_graph(graph_in);
-  require_writers(graph, "ONNX", [](const OpTraits& t) { return static_cast<bool>(t.to_onnx); });
+  require_forms(graph, "ONNX", onnx_forms());
   OnnxEmitter e(graph, options.opset);
-  for (const Node& n : graph.nodes()) op_traits(n.op).to_onnx(n, e);
+  for (const Node& n : graph.nodes()) onnx_forms().get(n.op)(n, e);
 
   onnx_proto::ModelSpec& m = e.model();
   m.opset = options.opset;

@@ -1,4 +1,4 @@
-// The ONNX forms of the built-in, quantize and fuse ops: each op's OpTraits::to_onnx hook.
+// The ONNX forms of the built-in, quantize and fuse ops: the ONNX exporter's per-op forms (writers.h).
 // docs/export.md has the table; attribute conventions are those of graph/ops.cpp.
 
 #include <ATen/ATen.h>
@@ -12,6 +12,7 @@
 #include "export/onnx.h"
 #include "export/writers.h"
 #include "graph/op_registry.h"
+#include "quantize/method.h"
 
 namespace whittle::detail {
 
@@ -29,7 +30,7 @@ std::vector<int64_t> weight_shape(const Node& n) {
   return n.attr_ints("weight_shape");
 }
 
-void attach(const std::string& kind, OnnxWriteFn fn) { mutable_op_traits(kind).to_onnx = std::move(fn); }
+void attach(const std::string& kind, OnnxWriteFn fn) { onnx_forms().add(kind, std::move(fn)); }
 
 // One ONNX op with the node's input and output, no attributes.
 void same(const std::string& kind, const std::string& onnx_op) {
@@ -350,19 +351,19 @@ void attach_shape_ops() {
 // The quantize and fuse ops.
 void attach_quantized() {
   attach("act_quant", [](const Node& n, OnnxEmitter& e) {
-    const std::string method = n.attr_str("method", "dorefa");
-    if (method == "sign") return e.sign_plus_one(n, n.inputs[0], n.outputs[0], "");
-    if (method != "dorefa") e.unsupported(n, "activation quantizer method '" + method + "'");
-    const int64_t bits = n.attr_int("activation_bits");
-    // relu = 1: the quantizer stands for a ReLU then itself (same values below 32 bits).
-    if (bits == 32) return e.node(n, n.attr_int("relu", 0) ? "Relu" : "Identity", {n.inputs[0]}, {n.outputs[0]});
+    // The form follows the grid the node's activation quantizer puts its outputs on.
+    const quantize::ActivationGrid g = quantize::activation_quantizer_of(n).grid(n);
+    if (g.sign) return e.sign_plus_one(n, n.inputs[0], n.outputs[0], "");
+    // relu: the quantizer stands for a ReLU then itself (same values below 32 bits).
+    if (g.bits == 32) return e.node(n, g.relu ? "Relu" : "Identity", {n.inputs[0]}, {n.outputs[0]});
+    if (g.bits < 1 || g.bits > 8) e.unsupported(n, "an activation grid of " + std::to_string(g.bits) + " bits");
     // c·round(clip(x, 0, c)/c·(2^k − 1))/(2^k − 1) = DequantizeLinear(QuantizeLinear(clip(x, 0, c))) with
     // scale c/(2^k − 1), uint8 codes 0..2^k − 1, zero point 0. QuantizeLinear saturates at 255, so
     // 8 bits need no Clip.
-    const double c = n.attr_float("activation_clip", 1.0);
-    const double levels = static_cast<double>((int64_t{1} << bits) - 1);
+    const double c = g.max;
+    const double levels = static_cast<double>((int64_t{1} << g.bits) - 1);
     std::string x = n.inputs[0];
-    if (bits < 8) {
+    if (g.bits < 8) {
       const std::string clipped = e.temp(n, "clipped");
       clip(n, e, x, clipped, 0.0f, static_cast<float>(c), "clip");
       x = clipped;

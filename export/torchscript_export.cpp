@@ -154,9 +154,9 @@ struct Generated {
 
 Generated generate(const Graph& graph) {
   register_export_writers();
-  require_writers(graph, "TorchScript", [](const OpTraits& t) { return static_cast<bool>(t.to_torchscript); });
+  require_forms(graph, "TorchScript", torchscript_forms());
   TorchScriptEmitter e(graph);
-  for (const Node& n : graph.nodes()) op_traits(n.op).to_torchscript(n, e);
+  for (const Node& n : graph.nodes()) torchscript_forms().get(n.op)(n, e);
   std::ostringstream src;
   src << "def forward(self";
   for (const std::string& v : graph.inputs()) src << ", " << e.var(v) << ": Tensor";

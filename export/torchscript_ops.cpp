@@ -1,5 +1,5 @@
 // The TorchScript forms of the built-in, quantize and fuse ops: each op's
-// OpTraits::to_torchscript hook. Every statement calls the ATen operator whittle's eval forward
+// TorchScript exporter's form (writers.h). Every statement calls the ATen operator whittle's eval forward
 // calls (graph/ops.cpp, quantize/quantizers.cpp, fuse/fold_math.cpp) with the same arguments, in
 // the same order of operations, so the exported module computes bitwise the same outputs.
 
@@ -9,6 +9,7 @@
 #include "export/torchscript_export.h"
 #include "export/writers.h"
 #include "graph/op_registry.h"
+#include "quantize/method.h"
 
 namespace whittle::detail {
 
@@ -16,7 +17,7 @@ namespace {
 
 using E = TorchScriptEmitter;
 
-void attach(const std::string& kind, TorchScriptWriteFn fn) { mutable_op_traits(kind).to_torchscript = std::move(fn); }
+void attach(const std::string& kind, TorchScriptWriteFn fn) { torchscript_forms().add(kind, std::move(fn)); }
 
 std::string in(const Node& n, E& e, size_t i = 0) { return e.var(n.inputs.at(i)); }
 std::string out(const Node& n, E& e, size_t i = 0) { return e.var(n.outputs.at(i)); }
@@ -164,22 +165,12 @@ void attach_shape_ops() {
 
 void attach_quantized() {
   attach("act_quant", [](const Node& n, E& e) {
-    const std::string x = in(n, e), y = out(n, e);
-    const std::string method = n.attr_str("method", "dorefa");
-    if (method == "sign") return e.line(y + " = " + plus_minus_one(x + " >= 0", x));
-    if (method != "dorefa") e.unsupported(n, "activation quantizer method '" + method + "'");
-    const int64_t bits = n.attr_int("activation_bits");
-    // relu = 1: the quantizer stands for a ReLU then itself (same values below 32 bits).
-    if (bits == 32) return e.line(y + " = " + (n.attr_int("relu", 0) ? "torch.relu(" + x + ")" : x));
-    // dorefa_activation_values: quantize_k(clamp(x, 0, 1)), or quantize_k(clamp(x, 0, c) / c)·c.
-    const std::string levels = E::number(static_cast<double>((int64_t{1} << bits) - 1));
-    const double c = n.attr_float("activation_clip", 1.0);
-    if (c == 1.0) {
-      e.line(y + " = torch.round(torch.clamp(" + x + ", 0.0, 1.0) * " + levels + ") / " + levels);
-    } else {
-      const std::string cs = E::number(c);
-      e.line(y + " = torch.round(torch.clamp(" + x + ", 0.0, " + cs + ") / " + cs + " * " + levels + ") / " + levels + " * " + cs);
-    }
+    // The node's activation quantizer gives its expression (bitwise its eval forward).
+    quantize::TorchScriptTerms terms;
+    terms.number = [](double v) { return E::number(v); };
+    terms.tensor = [&](const std::string& name) { return e.tensor(n, name); };
+    const std::string x = in(n, e);
+    e.line(out(n, e) + " = " + quantize::activation_quantizer_of(n).torchscript(n, x, terms));
   });
   attach("xnor_scale", [](const Node& n, E& e) {
     const std::string x = in(n, e), y = out(n, e);

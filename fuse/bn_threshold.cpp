@@ -6,12 +6,11 @@
 #include "fuse/fold_math.h"
 #include "fuse/fuse.h"
 #include "core/error.h"
+#include "graph/op_registry.h"
 
 namespace whittle::fuse {
 
 namespace {
-
-bool is_sign_binarizer(const Node& n) { return n.op == "act_quant" && n.attr_str("method", "") == "sign"; }
 
 struct Match {
   std::string bn;

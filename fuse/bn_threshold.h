@@ -20,7 +20,8 @@ struct ThresholdOptions {
   std::vector<std::string> ignore;
 };
 
-/// Rewrites batch_norm → act_quant{method: "sign"} (the BNN binarizer of quantize/, sign(0) = +1)
+/// Rewrites batch_norm → a sign binarizer (is_sign_binarizer: an act_quant whose quantizer outputs
+/// sign(x), sign(0) = +1, as BNN's)
 /// into one `threshold_sign` node reading the BN's input y:
 ///   sign(γ(y − μ)/σ + β) = +1 where y ≥ τ (γ > 0) or y ≤ τ (γ < 0), τ = μ − βσ/γ, σ = √(σ² + ε);
 /// γ = 0 gives the constant sign(β) (+1 when β = 0). See bn_sign_threshold in fold_math.h.

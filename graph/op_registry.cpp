@@ -15,18 +15,26 @@ void register_builtin_ops();  // ops.cpp
 
 namespace {
 
-std::map<std::string, OpTraits>& registry() {
-  static std::map<std::string, OpTraits> ops;
-  return ops;
+// The registry without the built-ins: what the built-in registration itself writes to.
+Registry<OpTraits>& raw_op_registry() {
+  static Registry<OpTraits> r("op", "ops", [](const OpTraits& t) { return t.description; }, ErrorKind::kRuntime);
+  return r;
 }
 
-std::map<std::string, OpTraits>& ensure_registry() {
+Registry<WeightTransform>& raw_transforms() {
+  static Registry<WeightTransform> r("weight transform", "transforms", [](const WeightTransform& t) { return t.description; },
+                                     ErrorKind::kRuntime);
+  return r;
+}
+
+// graph/'s own entries (the built-in ops and the mask transform), registered on first use of either
+// registry, before any module's: a module's registration may replace or extend them.
+void ensure_builtins() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_builtin_ops();
     register_mask_transform();
   });
-  return registry();
 }
 
 }  // namespace
@@ -44,52 +52,43 @@ const char* channel_flow_name(ChannelFlow flow) {
   return "?";
 }
 
+Registry<OpTraits>& op_registry() {
+  ensure_builtins();
+  return raw_op_registry();
+}
+
 void register_op(OpTraits traits) {
   if (traits.kind.empty()) throw Error("register_op: empty op kind");
   if (!traits.forward || !traits.infer_shapes) throw Error("register_op: op '" + traits.kind + "' lacks forward or shape inference");
   // Built-ins first, so that a user's registration can replace one.
-  auto& reg = ensure_registry();
-  reg[traits.kind] = std::move(traits);
+  const std::string kind = traits.kind;
+  op_registry().add(kind, std::move(traits));
 }
 
 namespace detail {
-// Used by ops.cpp during the one-time built-in registration (must not recurse into ensure_registry).
-void register_builtin(OpTraits traits) { registry()[traits.kind] = std::move(traits); }
-std::map<std::string, OpTraits>& builtin_registry() { return registry(); }
+// Used by ops.cpp during the one-time built-in registration (must not recurse into ensure_builtins).
+void register_builtin(OpTraits traits) {
+  const std::string kind = traits.kind;
+  raw_op_registry().add(kind, std::move(traits));
+}
+Registry<OpTraits>& builtin_registry() { return raw_op_registry(); }
 }  // namespace detail
 
-bool has_op(const std::string& kind) {
-  ensure_registered();
-  return ensure_registry().count(kind) != 0;
-}
+bool has_op(const std::string& kind) { return op_registry().contains(kind); }
 
-OpTraits& mutable_op_traits(const std::string& kind) {
-  ensure_registered();
-  auto& reg = ensure_registry();
-  auto it = reg.find(kind);
-  if (it == reg.end()) {
-    std::string known;
-    for (const auto& kv : reg) known += (known.empty() ? "" : ", ") + kv.first;
-    throw Error("unknown op '" + kind + "' (known ops: " + known + ")");
-  }
-  return it->second;
-}
+OpTraits& mutable_op_traits(const std::string& kind) { return op_registry().get_mutable(kind); }
 
-const OpTraits& op_traits(const std::string& kind) { return mutable_op_traits(kind); }
+const OpTraits& op_traits(const std::string& kind) { return op_registry().get(kind); }
 
-std::vector<std::string> registered_ops() {
-  ensure_registered();
-  std::vector<std::string> out;
-  for (const auto& kv : ensure_registry()) out.push_back(kv.first);
-  return out;
-}
+std::vector<std::string> registered_ops() { return op_registry().names(); }
 
 std::string op_for_torchscript(const std::string& qualified) {
-  ensure_registered();
-  auto find = [](const std::string& name) -> std::string {
-    for (const auto& kv : ensure_registry())
-      for (const auto& ts : kv.second.torchscript_ops)
-        if (ts == name) return kv.first;
+  const Registry<OpTraits>& ops = op_registry();
+  const std::vector<std::string> kinds = ops.names();
+  auto find = [&](const std::string& name) -> std::string {
+    for (const auto& kind : kinds)
+      for (const auto& ts : ops.get(kind).torchscript_ops)
+        if (ts == name) return kind;
     return "";
   };
   std::string op = find(qualified);
@@ -128,6 +127,25 @@ bool is_norm_param(const Node& node, const std::string& param) {
 }
 
 const std::string& norm_scale_param(const Node& node) { return op_traits(node.op).norm_scale; }
+
+bool is_sign_binarizer(const Node& node) {
+  const OpTraits& t = op_traits(node.op);
+  return t.binarizes && t.binarizes(node);
+}
+
+ParamRole param_role(const Node& node, const std::string& param) {
+  const OpTraits& t = op_traits(node.op);
+  for (const auto& name : node.weight_transforms) {
+    const auto& owned = weight_transform(name).params;
+    if (std::find(owned.begin(), owned.end(), param) != owned.end()) return ParamRole::kQuantizer;
+  }
+  if (t.quantizer_params) {
+    const auto owned = t.quantizer_params(node);
+    if (std::find(owned.begin(), owned.end(), param) != owned.end()) return ParamRole::kQuantizer;
+  }
+  if (std::find(t.norm_params.begin(), t.norm_params.end(), param) != t.norm_params.end()) return ParamRole::kNorm;
+  return param == "bias" ? ParamRole::kBias : ParamRole::kWeight;
+}
 
 namespace {
 
@@ -266,44 +284,20 @@ void select_channels(at::Tensor& tensor, int64_t axis, const std::vector<int64_t
   tensor = sliced;
 }
 
-namespace {
-std::map<std::string, WeightTransform>& transforms() {
-  static std::map<std::string, WeightTransform> t;
-  return t;
+Registry<WeightTransform>& weight_transforms() {
+  ensure_builtins();  // the built-in "mask" registers with the built-in ops
+  return raw_transforms();
 }
-std::mutex& transforms_mutex() {
-  static std::mutex m;
-  return m;
-}
-}  // namespace
 
 void register_weight_transform(WeightTransform transform) {
   if (transform.name.empty() || !transform.apply) throw Error("register_weight_transform: needs a name and a function");
-  std::lock_guard<std::mutex> lock(transforms_mutex());
-  transforms()[transform.name] = std::move(transform);
+  const std::string name = transform.name;
+  raw_transforms().add(name, std::move(transform));
 }
 
-std::vector<std::string> registered_weight_transforms() {
-  ensure_registry();
-  ensure_registered();
-  std::lock_guard<std::mutex> lock(transforms_mutex());
-  std::vector<std::string> out;
-  for (const auto& kv : transforms()) out.push_back(kv.first);
-  return out;
-}
+std::vector<std::string> registered_weight_transforms() { return weight_transforms().names(); }
 
-const WeightTransform& weight_transform(const std::string& name) {
-  ensure_registry();  // the built-in "mask" registers with the built-in ops
-  ensure_registered();
-  std::lock_guard<std::mutex> lock(transforms_mutex());
-  auto it = transforms().find(name);
-  if (it == transforms().end()) {
-    std::string known;
-    for (const auto& kv : transforms()) known += (known.empty() ? "" : ", ") + kv.first;
-    throw Error("unknown weight transform '" + name + "' (known: " + (known.empty() ? "none registered" : known) + ")");
-  }
-  return it->second;
-}
+const WeightTransform& weight_transform(const std::string& name) { return weight_transforms().get(name); }
 
 at::Tensor transformed_weight(const Node& node, bool training, size_t stages) {
   const at::Tensor* w = node.params.find("weight");
@@ -340,6 +334,7 @@ bool erase_weight_transform(Node& node, const std::string& name) {
   const WeightTransform& t = weight_transform(name);
   for (const auto& a : t.attributes) node.attrs.erase(a);
   for (const auto& b : t.buffers) node.buffers.erase(b);
+  for (const auto& p : t.params) node.params.erase(p);
   return true;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/registration.h"
+#include "core/registry.h"
 #include "graph/graph.h"
 
 namespace whittle {
@@ -99,24 +100,6 @@ using ChannelMapFn = std::function<std::optional<ChannelMap>(const Node& node, c
 /// channels (and the `groups` they form).
 using ChannelTiesFn = std::function<std::vector<int64_t>(const Node& node)>;
 
-class OnnxEmitter;         // defined by export/ (the ONNX writer)
-class TorchScriptEmitter;  // defined by export/ (the TorchScript writer)
-namespace deploy {
-class Lowering;  // defined by deploy/ (the deploy runtime's plan builder)
-}
-/// Writes one node through an ONNX emitter (the emitter names the node's input and output
-/// values and collects ONNX nodes and initializers). Throws whittle::Error naming the node and
-/// attribute when the node has no ONNX form at the emitter's opset.
-using OnnxWriteFn = std::function<void(const Node& node, OnnxEmitter& emitter)>;
-/// Writes one node as TorchScript through an emitter (which holds the module's tensors and the
-/// statements of its forward). Throws like OnnxWriteFn.
-using TorchScriptWriteFn = std::function<void(const Node& node, TorchScriptEmitter& emitter)>;
-/// Lowers one node into the deploy runtime's plan (deploy/lowering.h): adds the steps that run it
-/// with bitpacked kernels when its inputs and weights allow (a binary convolution reading packed
-/// signs), and returns false to leave the node to the runtime's generic step (the op's forward
-/// through ATen, with its weight decoded once at load).
-using DeployLowerFn = std::function<bool(const Node& node, deploy::Lowering& lowering)>;
-
 /// The traits of one op kind.
 struct OpTraits {
   std::string kind;                         ///< registry key, e.g. "conv2d"
@@ -154,16 +137,26 @@ struct OpTraits {
   std::string norm_scale;
   /// The TorchScript operators (qualified, "aten::conv2d") the importer maps onto this op.
   std::vector<std::string> torchscript_ops;
-  OnnxWriteFn to_onnx;                ///< filled by the module that owns the op; empty: no ONNX form yet
-  TorchScriptWriteFn to_torchscript;  ///< likewise for TorchScript emission
-  DeployLowerFn to_deploy;            ///< filled by deploy/ for ops with kernels; empty: the generic ATen step
+  /// True when the node outputs sign(input) ∈ {−1, +1} elementwise with sign(0) = +1 (a sign
+  /// binarizer, as an act_quant whose quantizer's grid is the sign): a batch norm before it folds
+  /// into a per-channel threshold (fuse/bn_threshold.h). Empty: never.
+  std::function<bool(const Node& node)> binarizes;
+  /// Learned parameters of a node that belong to its quantizer (an activation quantizer's step or
+  /// clip): they get no weight decay (ParamRole::kQuantizer). Empty: none.
+  std::function<std::vector<std::string>(const Node& node)> quantizer_params;
+  // How each exporter writes the op lives with the exporter (export/), and its deploy lowering with
+  // the deploy runtime (deploy/), not here.
 };
 
-/// Registers (or replaces) an op kind's traits.
+/// The op registry ("ops" in `whittle inspect`): the built-in ops and those the modules register.
+Registry<OpTraits>& op_registry();
+
+/// Registers (or replaces) an op kind's traits. Throws whittle::Error for an entry without a kind,
+/// forward or shape inference.
 void register_op(OpTraits traits);
 /// The traits of `kind`; throws whittle::Error listing the known ops when unknown.
 const OpTraits& op_traits(const std::string& kind);
-/// Mutable access, for writers that attach their export hooks; throws like op_traits.
+/// Mutable access for the op's owner while it registers; throws like op_traits.
 OpTraits& mutable_op_traits(const std::string& kind);
 /// True when `kind` is registered.
 bool has_op(const std::string& kind);
@@ -188,6 +181,22 @@ bool folds_batchnorm(const Node& node);
 /// True when parameter `param` of the node is a normalization's affine (OpTraits::norm_params).
 /// Throws whittle::Error when the node's op is not registered.
 bool is_norm_param(const Node& node, const std::string& param);
+
+/// True when the node is a sign binarizer (OpTraits::binarizes). Throws whittle::Error when its op
+/// is not registered.
+bool is_sign_binarizer(const Node& node);
+
+/// What a learned parameter of a node is, which decides its weight decay (training.optimizer:
+/// weight_decay, norm_weight_decay, bias_weight_decay; quantizer parameters get none).
+enum class ParamRole {
+  kWeight,     ///< a layer's weight and any other parameter
+  kBias,       ///< a layer's "bias"
+  kNorm,       ///< a normalization's γ or β (OpTraits::norm_params)
+  kQuantizer,  ///< a quantizer's learned step, offset or clip (WeightTransform::params, OpTraits::quantizer_params)
+};
+/// The role of parameter `param` of `node`, from its op's entry and its transform stack. Throws
+/// whittle::Error when the op or a transform is not registered.
+ParamRole param_role(const Node& node, const std::string& param);
 /// The name of the node's normalization scale γ (OpTraits::norm_scale), "" when its op has none.
 /// Throws whittle::Error when the node's op is not registered.
 const std::string& norm_scale_param(const Node& node);
@@ -236,8 +245,13 @@ struct WeightTransform {
   /// sense). `weight` is the previous stage's output; `training` is the module's mode. Throws
   /// whittle::Error naming the node when its tensors or attributes are missing or wrong.
   std::function<at::Tensor(const Node& node, const at::Tensor& weight, bool training)> apply;
+  /// Learned parameters it owns (a quantizer's step size): trained with the weight, without weight
+  /// decay (ParamRole::kQuantizer), removed with it.
+  std::vector<std::string> params;
 };
 
+/// The weight transform registry ("transforms" in `whittle inspect`).
+Registry<WeightTransform>& weight_transforms();
 /// Registers (or replaces) a weight transform.
 void register_weight_transform(WeightTransform transform);
 /// The transform `name`; throws whittle::Error listing the known ones when unknown (a checkpoint
@@ -257,7 +271,7 @@ int64_t find_transform_kind(const Node& node, TransformKind kind);
 /// Appends `name` to the node's stack (before position `at` when given). Throws whittle::Error
 /// for an unknown transform or one the stack already holds.
 void push_weight_transform(Node& node, const std::string& name, int64_t at = -1);
-/// Removes entry `name` from the node's stack, with the attributes and buffers it owns; returns
+/// Removes entry `name` from the node's stack, with the attributes, buffers and parameters it owns; returns
 /// false when the stack has no such entry.
 bool erase_weight_transform(Node& node, const std::string& name);
 /// "" when every transform in the node's stack commutes with scaling each output channel of the

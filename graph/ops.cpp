@@ -709,7 +709,7 @@ void register_shape_ops() {
 
 // The TorchScript operators each remaining built-in op is read from (the importer decodes their
 // arguments), and which ops a sign binarizer commutes with.
-void register_torchscript_ops_and_sign(std::map<std::string, OpTraits>& reg) {
+void register_torchscript_ops_and_sign(Registry<OpTraits>& reg) {
   const std::map<std::string, std::vector<std::string>> ts = {
       {"add", {"aten::add"}},
       {"mul", {"aten::mul"}},
@@ -742,15 +742,15 @@ void register_torchscript_ops_and_sign(std::map<std::string, OpTraits>& reg) {
       {"permute", {"aten::permute"}},
       {"mean", {"aten::mean"}},
   };
-  for (const auto& [kind, ops] : ts) reg.at(kind).torchscript_ops = ops;
+  for (const auto& [kind, ops] : ts) reg.get_mutable(kind).torchscript_ops = ops;
   for (const char* kind : {"max_pool2d", "flatten", "dropout", "feature_dropout", "identity"})
-    reg.at(kind).commutes_with_sign = true;
+    reg.get_mutable(kind).commutes_with_sign = true;
 }
 
 }  // namespace
 
 namespace detail {
-std::map<std::string, OpTraits>& builtin_registry();  // op_registry.cpp
+Registry<OpTraits>& builtin_registry();  // op_registry.cpp
 }
 
 void register_builtin_ops() {

@@ -10,48 +10,26 @@ namespace whittle {
 
 namespace {
 
-std::map<std::string, PassInfo>& passes() {
-  static std::map<std::string, PassInfo> p;
-  return p;
-}
-std::mutex& passes_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::string known_passes() {
-  std::string s;
-  for (const auto& kv : passes()) s += (s.empty() ? "" : ", ") + kv.first;
-  return s.empty() ? "none registered" : s;
-}
-
 [[noreturn]] void bad_option(const std::string& name, const std::string& value, const char* type) {
   throw Error("pass option " + name + "=" + value + ": expected " + type, ErrorKind::kUsage);
 }
 
 }  // namespace
 
+Registry<PassInfo>& passes() {
+  static Registry<PassInfo> r("pass", "passes", [](const PassInfo& p) { return p.description; });
+  return r;
+}
+
 void register_pass(PassInfo info) {
   if (info.name.empty() || !info.run) throw Error("register_pass: needs a name and a function");
-  std::lock_guard<std::mutex> lock(passes_mutex());
-  passes()[info.name] = std::move(info);
+  const std::string name = info.name;
+  passes().add(name, std::move(info));
 }
 
-const PassInfo& pass_info(const std::string& name) {
-  ensure_registered();
-  std::lock_guard<std::mutex> lock(passes_mutex());
-  auto it = passes().find(name);
-  if (it == passes().end()) throw Error("unknown pass '" + name + "' (known passes: " + known_passes() + ")", ErrorKind::kUsage);
-  return it->second;
-}
+const PassInfo& pass_info(const std::string& name) { return passes().get(name); }
 
-std::vector<std::string> pass_names() {
-  ensure_registered();
-  std::lock_guard<std::mutex> lock(passes_mutex());
-  std::vector<std::string> out;
-  for (const auto& kv : passes()) out.push_back(kv.first);
-  return out;
-}
+std::vector<std::string> pass_names() { return passes().names(); }
 
 std::string run_pass(const std::string& name, Graph& graph, const PassOptionValues& options) {
   const PassInfo& p = pass_info(name);

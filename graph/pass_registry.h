@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "graph/graph.h"
 
 namespace whittle {
@@ -36,6 +37,8 @@ struct PassInfo {
   std::function<std::string(Graph& graph, const PassOptionValues& options)> run;
 };
 
+/// The pass registry ("passes" in `whittle inspect`).
+Registry<PassInfo>& passes();
 /// Registers (or replaces) a pass.
 void register_pass(PassInfo info);
 /// The pass `name`; throws whittle::Error (usage) listing the known passes.

@@ -13,6 +13,7 @@
 #include "graph/op_registry.h"
 #include "graph/pass_registry.h"
 #include "graph/select.h"
+#include "quantize/method.h"
 #include "quantize/pack.h"
 
 namespace whittle::quantize {
@@ -20,98 +21,26 @@ namespace whittle::quantize {
 namespace {
 
 
-Granularity node_granularity(const Node& n, Granularity fallback) {
-  return n.has_attr("granularity") ? granularity_from_name(n.attr_str("granularity")) : fallback;
-}
-
-// Adds the node's attributes to an error message.
-[[noreturn]] void node_fail(const Node& n, const std::string& msg) { throw Error("node '" + n.name + "' (" + n.op + "): " + msg); }
-
-// The input a quantizer stage receives: the latent float weight (or a mask's output).
-const at::Tensor& latent_weight(const Node& n, const at::Tensor& w, const char* transform) {
-  if (!w.defined() || !w.is_floating_point())
-    node_fail(n, std::string("weight transform '") + transform + "' needs a float 'weight' parameter");
-  return w;
-}
-
 void register_ops() {
   OpTraits aq;
   aq.kind = "act_quant";
   aq.description =
-      "activation quantizer: method dorefa (c·quantize_k(clip(x, 0, c)/c), activation_bits, activation_clip c, default 1; "
-      "relu 1: stands for a ReLU then the quantizer, same values, gradient 0 at x = 0) or sign (BNN binarizer)";
+      "activation quantizer: attribute method names an activation quantizer (whittle inspect --activation-quantizers: "
+      "dorefa, sign, ...), which reads the node's other attributes";
   aq.channel_flow = ChannelFlow::kPassThrough;
-  aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    const std::string method = n.attr_str("method", "dorefa");
-    if (method == "sign") return std::vector<at::Tensor>{bnn_sign(in[0])};
-    if (method == "dorefa") return std::vector<at::Tensor>{
-          dorefa_activation(in[0], n.attr_int("activation_bits"), n.attr_float("activation_clip", 1.0),
-                            n.attr_int("relu", 0) != 0)};
-    node_fail(n, "unknown activation quantizer method '" + method + "' (dorefa, sign)");
+  aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
+    return std::vector<at::Tensor>{activation_quantizer_of(n).forward(n, in[0], training)};
   };
   aq.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
-    const std::string method = n.attr_str("method", "dorefa");
-    if (method != "sign" && method != "dorefa") node_fail(n, "unknown activation quantizer method '" + method + "' (dorefa, sign)");
-    if (method == "dorefa") {
-      const int64_t k = n.attr_int("activation_bits");
-      if (!((k >= 1 && k <= 8) || k == 32)) node_fail(n, "activation_bits " + std::to_string(k) + " (1..8 or 32)");
-      const double clip = n.attr_float("activation_clip", 1.0);
-      if (!(clip > 0) || !std::isfinite(clip))
-        node_fail(n, "activation_clip " + std::to_string(clip) + " (a finite value > 0)");
-    }
+    activation_quantizer_of(n).check(n);
     return std::vector<Shape>{in[0]};
   };
+  aq.quantizer_params = [](const Node& n) { return activation_quantizer_of(n).params; };
+  aq.binarizes = [](const Node& n) { return activation_quantizer_of(n).grid(n).sign; };
   register_op(std::move(aq));
-
-  OpTraits xs;
-  xs.kind = "xnor_scale";
-  xs.description = "XNOR-Net activation scale K: avg_pool(mean_c |x|) over the layer's window ([N,1,Ho,Wo]; [N,1] for features)";
-  xs.channel_flow = ChannelFlow::kOpaque;
-  xs.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    if (in[0].dim() == 2) return std::vector<at::Tensor>{xnor_activation_scale(in[0], {}, {}, {})};
-    return std::vector<at::Tensor>{xnor_activation_scale(in[0], n.attr_ints("kernel_size"), n.attr_ints("stride"),
-                                                         n.attr_ints("padding"))};
-  };
-  xs.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
-    if (in[0].size() == 2) return std::vector<Shape>{{in[0][0], 1}};
-    if (in[0].size() != 4) node_fail(n, "expects [N, C, H, W] or [N, F], got " + shape_str(in[0]));
-    const auto& k = n.attr_ints("kernel_size");
-    const auto& s = n.attr_ints("stride");
-    const auto& p = n.attr_ints("padding");
-    if (k.size() != 2 || s.size() != 2 || p.size() != 2) node_fail(n, "kernel_size, stride and padding need 2 values");
-    Shape out{in[0][0], 1, (in[0][2] + 2 * p[0] - k[0]) / s[0] + 1, (in[0][3] + 2 * p[1] - k[1]) / s[1] + 1};
-    return std::vector<Shape>{out};
-  };
-  register_op(std::move(xs));
 }
 
 void register_transforms() {
-  auto quantizer = [](const char* name, const char* description, std::vector<std::string> attributes,
-                      std::function<at::Tensor(const Node&, const at::Tensor&)> f) {
-    WeightTransform t;
-    t.name = name;
-    t.description = description;
-    t.kind = TransformKind::kQuantizer;
-    t.attributes = std::move(attributes);
-    t.apply = [f, name](const Node& n, const at::Tensor& w, bool) { return f(n, latent_weight(n, w, name)); };
-    register_weight_transform(std::move(t));
-  };
-  quantizer("dorefa", "DoReFa weights (weight_bits 1..8)", {"weight_bits", "weight_axis", "granularity"},
-            [](const Node& n, const at::Tensor& w) {
-              return dorefa_weight(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor),
-                                   n.attr_int("weight_axis", 0));
-            });
-  quantizer("twn", "TWN ternary weights", {"weight_bits", "weight_axis", "granularity"},
-            [](const Node& n, const at::Tensor& w) {
-              return twn_weight(w, node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
-            });
-  quantizer("bnn", "BNN sign weights", {"weight_bits", "weight_axis"},
-            [](const Node&, const at::Tensor& w) { return bnn_sign(w); });
-  quantizer("xnor", "XNOR-Net weights α·sign(W)", {"weight_bits", "weight_axis", "granularity", "xnor_detach_alpha"},
-            [](const Node& n, const at::Tensor& w) {
-              return xnor_weight(w, n.attr_int("xnor_detach_alpha", 0) != 0, node_granularity(n, Granularity::kPerChannel),
-                                 n.attr_int("weight_axis", 0));
-            });
   WeightTransform packed;
   packed.name = "packed";
   packed.description = "packed integer codes and scales of a checkpoint";
@@ -137,47 +66,74 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// A method option as a pass option: its type as the pass registry spells it.
+PassOption pass_option_of(const KeySpec& k, const std::string& method) {
+  std::string type = "string";
+  switch (k.type) {
+    case KeyType::kBool: type = "bool"; break;
+    case KeyType::kInt: type = "int"; break;
+    case KeyType::kFloat: type = "float"; break;
+    case KeyType::kFloatList:
+    case KeyType::kIntList:
+    case KeyType::kStringList: type = "list"; break;
+    default: break;
+  }
+  return {k.name, type, k.default_text, method + ": " + k.description};
+}
 
-Node make_node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
-               std::map<std::string, Attr> attrs) {
-  Node n;
-  n.name = name;
-  n.op = op;
-  n.inputs = std::move(inputs);
-  n.attrs = std::move(attrs);
-  return n;
+// The value of method option `o` as the pass options give it as text.
+SettingValue pass_setting(const PassOptionValues& v, const PassOption& o) {
+  if (o.type == "bool") return pass_option_bool(v, o.name, false);
+  if (o.type == "int") return pass_option_int(v, o.name, 0);
+  if (o.type == "float") return pass_option_float(v, o.name, 0.0);
+  if (o.type == "list") return pass_option_list(v, o.name);
+  return pass_option_string(v, o.name, "");
 }
 
 }  // namespace
 
 void register_passes() {
+  std::vector<PassOption> options{{"method", "string", "dorefa", "a quantizer method (whittle inspect --methods)"},
+                                  {"weight_bits", "int", "0 (the method's default)", "weight bits the method supports"},
+                                  {"activation_bits", "int", "0 (the method's default)", "activation bits the method supports"},
+                                  {"targets", "list", "", "layers to quantize (naming the first or last layer quantizes it)"},
+                                  {"ignore", "list", "", "layers to leave in full precision"}};
+  const size_t common = options.size();
+  // The methods' own options (those registered so far), each once, for Config::options.
+  for (const auto& name : quantizer_methods().names())
+    for (const KeySpec& k : quantizer_methods().get(name).option_keys())
+      if (std::none_of(options.begin(), options.end(), [&](const PassOption& o) { return o.name == k.name; }))
+        options.push_back(pass_option_of(k, name));
   register_pass({"quantize", "quantize",
-                 "quantization-aware training: quantizers on weights (transform stack) and activations (act_quant)",
-                 {{"method", "string", "dorefa", "dorefa (Zhou et al. 2016), twn (Li et al. 2016), bnn (Courbariaux et al. "
-                                                  "2016) or xnor (Rastegari et al. 2016)"},
-                  {"weight_bits", "int", "0 (the method's default)", "dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32"},
-                  {"activation_bits", "int", "0 (the method's default)", "dorefa/twn 1..8 or 32, bnn/xnor 1 or 32"},
-                  {"activation_clip", "float", "1", "DoReFa activation clip level c"},
-                  {"targets", "list", "", "layers to quantize (naming the first or last layer quantizes it)"},
-                  {"ignore", "list", "", "layers to leave in full precision"}},
-                 [](Graph& g, const PassOptionValues& v) {
+                 "quantization-aware training: quantizers on weights (transform stack) and activations (act_quant)", options,
+                 [options, common](Graph& g, const PassOptionValues& v) {
                    Config c;
                    c.method = pass_option_string(v, "method", c.method);
                    c.weight_bits = pass_option_int(v, "weight_bits", c.weight_bits);
                    c.activation_bits = pass_option_int(v, "activation_bits", c.activation_bits);
-                   c.activation_clip = pass_option_float(v, "activation_clip", c.activation_clip);
                    c.targets = pass_option_list(v, "targets");
                    c.ignore = pass_option_list(v, "ignore");
+                   for (size_t i = common; i < options.size(); ++i)
+                     if (v.count(options[i].name)) c.options[options[i].name] = pass_setting(v, options[i]);
                    return apply(g, c).summary();
                  }});
 }
 
 void register_all() {
+  // Pending registrations first (this one among them when called before any registry lookup):
+  // register_passes() looks the methods up, which must not start them inside the once-block, or
+  // it would re-enter this function.
+  ensure_registered();
   static std::once_flag once;
   std::call_once(once, [] {
     register_ops();
     register_transforms();
-    register_passes();
+    // The methods, one file each: their weight and activation quantizers and the method entry.
+    register_dorefa();
+    register_twn();
+    register_bnn();
+    register_xnor();
+    register_passes();  // after the methods: the pass takes their options
   });
 }
 
@@ -192,45 +148,31 @@ std::string Report::summary() const {
   return os.str();
 }
 
-Config resolve(const Config& in) {
-  Config c = in;
-  auto bad = [&](const std::string& key, int64_t v, const std::string& allowed) {
-    throw Error("quantize: " + key + " = " + std::to_string(v) + " is not supported by method '" + c.method + "' (" + allowed + ")");
-  };
-  auto dorefa_bits = [](int64_t k) { return (k >= 1 && k <= 8) || k == 32; };
-  if (c.method == "dorefa") {
-    if (c.weight_bits == 0) c.weight_bits = 8;
-    if (c.activation_bits == 0) c.activation_bits = 8;
-    if (!dorefa_bits(c.weight_bits)) bad("weight_bits", c.weight_bits, "1..8 or 32");
-    if (!dorefa_bits(c.activation_bits)) bad("activation_bits", c.activation_bits, "1..8 or 32");
-    if (!c.granularity) c.granularity = Granularity::kPerTensor;
-  } else if (c.method == "twn") {
-    if (c.weight_bits == 0) c.weight_bits = 2;
-    if (c.activation_bits == 0) c.activation_bits = 32;
-    if (c.weight_bits != 2) bad("weight_bits", c.weight_bits, "2: ternary");
-    if (!dorefa_bits(c.activation_bits)) bad("activation_bits", c.activation_bits, "1..8 or 32");
-    if (!c.granularity) c.granularity = Granularity::kPerChannel;
-  } else if (c.method == "bnn" || c.method == "xnor") {
-    if (c.weight_bits == 0) c.weight_bits = 1;
-    if (c.activation_bits == 0) c.activation_bits = 1;
-    if (c.weight_bits != 1 && c.weight_bits != 32) bad("weight_bits", c.weight_bits, "1 or 32");
-    if (c.activation_bits != 1 && c.activation_bits != 32) bad("activation_bits", c.activation_bits, "1 or 32");
-    if (!c.granularity) c.granularity = c.method == "xnor" ? Granularity::kPerChannel : Granularity::kPerTensor;
-  } else {
-    throw Error("quantize: unknown method '" + c.method + "' (dorefa, twn, bnn, xnor)");
+Config resolve(const Config& config) {
+  register_all();
+  const QuantizerMethod& method = quantizer_method(config.method);
+  // A key of another method is named as such, with the methods that have it.
+  const std::vector<KeySpec> own = method.option_keys();
+  for (const auto& entry : config.options.values()) {
+    const std::string& key = entry.first;
+    if (std::any_of(own.begin(), own.end(), [&](const KeySpec& k) { return k.name == key; })) continue;
+    std::string owners;
+    for (const auto& name : quantizer_methods().names())
+      for (const KeySpec& k : quantizer_methods().get(name).option_keys())
+        if (k.name == key) owners += (owners.empty() ? "" : ", ") + name;
+    std::string keys;
+    for (const KeySpec& k : own) keys += (keys.empty() ? "" : ", ") + k.name;
+    throw Error("quantize: " + key + (owners.empty() ? " is not an option of any method" : " applies to method " + owners) +
+                    ", not " + config.method + " (whose options are: " + (keys.empty() ? "none" : keys) + ")",
+                ErrorKind::kUsage);
   }
-  if (c.xnor_scale_k && c.method != "xnor") throw Error("quantize: xnor_scale_k applies to method 'xnor' only");
-  if (!(c.activation_clip > 0) || !std::isfinite(c.activation_clip))
-    throw Error("quantize: activation_clip = " + std::to_string(c.activation_clip) + " (expected a finite value > 0)");
-  if (c.activation_clip != 1.0 && (c.method == "bnn" || c.method == "xnor" || c.activation_bits == 32))
-    throw Error("quantize: activation_clip applies to DoReFa activations only (method dorefa or twn with activation_bits "
-                "1..8), not to method '" + c.method + "' with activation_bits " + std::to_string(c.activation_bits));
-  return c;
+  return method.resolve(config);
 }
 
 Report apply(Graph& graph, const Config& config_in) {
   register_all();
   const Config c = resolve(config_in);
+  const QuantizerMethod& method = quantizer_method(c.method);
   Report report;
 
   // 1. Collect the layers to quantize, in graph order.
@@ -253,24 +195,28 @@ Report apply(Graph& graph, const Config& config_in) {
     }
     chosen.push_back(name);
   }
-  const bool quant_weights = c.weight_bits != 32;
-  const bool quant_acts = c.activation_bits != 32;
-  if (!quant_weights && !quant_acts) return report;
+  const std::string weight_quantizer = method.weight_quantizer(c);
+  const std::optional<ActivationPlan> acts = method.activations(c);
+  const bool quant_acts = acts.has_value();
+  if (weight_quantizer.empty() && !quant_acts) return report;
 
-  // 2. Weights: attributes only; the transform runs in GraphModule's forward.
-  if (quant_weights) {
+  // 2. Weights: attributes (and learned parameters) only; the transform runs in GraphModule's forward.
+  if (!weight_quantizer.empty()) {
     for (const auto& name : chosen) {
       Node& n = graph.node(name);
-      push_weight_transform(n, c.method);
-      n.attrs["weight_bits"] = c.method == "twn" ? int64_t{2} : c.weight_bits;
-      n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
-      if (c.method != "bnn") n.attrs["granularity"] = std::string(granularity_name(*c.granularity));
-      if (c.method == "xnor") n.attrs["xnor_detach_alpha"] = int64_t{c.xnor_detach_alpha ? 1 : 0};
+      push_weight_transform(n, weight_quantizer);
+      method.attach_weight(n, c);
     }
   }
 
   // 3. Activations: one quantizer per distinct input value, shared by the layers reading it.
-  const bool binary = quant_acts && (c.method == "bnn" || c.method == "xnor");
+  const bool binary = quant_acts && activation_quantizers().get(acts->quantizer).placement == Placement::kBinarizeReluInput;
+  // The attributes of the act_quant nodes (relu = 1 added where one stands for a ReLU too).
+  std::map<std::string, Attr> act_attrs;
+  if (quant_acts) {
+    act_attrs = acts->attrs;
+    act_attrs["method"] = acts->quantizer;
+  }
   const std::set<std::string> chosen_set(chosen.begin(), chosen.end());
   std::map<std::string, std::string> quantized_value;  // original input value → quantized value
   std::map<std::string, std::string> real_source;      // layer → real-valued value its binary input comes from ("" unknown)
@@ -298,16 +244,14 @@ Report apply(Graph& graph, const Config& config_in) {
           if (only_quantized_layers) {
             Node& r = graph.node(vi.producer);
             r.op = "act_quant";
-            r.attrs = {{"method", std::string("dorefa")}, {"activation_bits", c.activation_bits}, {"relu", int64_t{1}}};
-            if (c.activation_clip != 1.0) r.attrs["activation_clip"] = c.activation_clip;
+            r.attrs = act_attrs;
+            r.attrs["relu"] = int64_t{1};
             report.replaced.push_back(r.name);
             quantized_value[v] = v;
             continue;
           }
         }
-        Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v},
-                           {{"method", std::string("dorefa")}, {"activation_bits", c.activation_bits}});
-        if (c.activation_clip != 1.0) q.attrs["activation_clip"] = c.activation_clip;
+        Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v}, act_attrs);
         const std::string out = graph.insert_node_before(name, q);
         report.inserted.push_back(q.name);
         quantized_value[v] = out;
@@ -338,7 +282,7 @@ Report apply(Graph& graph, const Config& config_in) {
           Node& r = graph.node(relu->name);
           const std::string source = r.inputs[0];
           r.op = "act_quant";
-          r.attrs = {{"method", std::string("sign")}, {"activation_bits", int64_t{1}}};
+          r.attrs = act_attrs;
           report.replaced.push_back(r.name);
           quantized_value[v] = v;
           quantized_value[cur] = cur;
@@ -347,8 +291,7 @@ Report apply(Graph& graph, const Config& config_in) {
         }
         if (chain.empty()) {
           const std::string source = relu->inputs[0];
-          Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {source},
-                             {{"method", std::string("sign")}, {"activation_bits", int64_t{1}}});
+          Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {source}, act_attrs);
           const std::string out = graph.insert_node_before(name, q);
           report.inserted.push_back(q.name);
           quantized_value[v] = out;
@@ -357,8 +300,7 @@ Report apply(Graph& graph, const Config& config_in) {
           continue;
         }
       }
-      Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v},
-                         {{"method", std::string("sign")}, {"activation_bits", int64_t{1}}});
+      Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v}, act_attrs);
       const std::string out = graph.insert_node_before(name, q);
       report.inserted.push_back(q.name);
       quantized_value[v] = out;
@@ -367,34 +309,8 @@ Report apply(Graph& graph, const Config& config_in) {
     }
   }
 
-  // 4. XNOR-Net K: the layer's output times K computed from its real-valued input.
-  if (binary && c.xnor_scale_k) {
-    for (const auto& name : chosen) {
-      const std::string src = real_source[name];
-      const Node& n = graph.node(name);
-      if (src.empty() || n.op == "conv_transpose2d" ||
-          (n.op == "conv2d" && (n.attr_ints("dilation", {1, 1}) != std::vector<int64_t>{1, 1} || n.attr_int("groups", 1) != 1))) {
-        report.skipped.push_back(name + ": no XNOR K scale (input pooled after the ReLU, transposed, dilated or grouped)");
-        continue;
-      }
-      std::map<std::string, Attr> attrs;
-      if (n.op == "conv2d") {
-        const auto w = n.params.at("weight").sizes();
-        attrs = {{"kernel_size", std::vector<int64_t>{w[2], w[3]}}, {"stride", n.attr_pair("stride", 1)},
-                 {"padding", n.attr_pair("padding", 0)}};
-      }
-      Node k = make_node(graph.unique_name(name + ".xnor_scale"), "xnor_scale", {src}, attrs);
-      graph.insert_node_before(name, k);
-      const size_t at = graph.node_index(name);
-      Node m = make_node(graph.unique_name(name + ".xnor_mul"), "mul", {name, k.name}, {});
-      const std::string mul_name = m.name;
-      if (at + 1 < graph.nodes().size()) graph.insert_node_before(graph.nodes()[at + 1].name, m);
-      else graph.add_node(m);
-      graph.replace_all_uses(name, mul_name, mul_name);
-      report.inserted.push_back(k.name);
-      report.inserted.push_back(mul_name);
-    }
-  }
+  // 4. What the method adds beyond its quantizers (XNOR-Net's K scale).
+  method.finish(graph, c, chosen, real_source, report);
 
   for (const auto& name : chosen) report.quantized.push_back(name);
   graph.infer_shapes();
@@ -406,17 +322,9 @@ Report apply(GraphModule& module, const Config& config) {
   return run_on_module(module, "quantize", ModuleMode::kAny, [&](Graph& g) { return apply(g, config); });
 }
 
-int64_t clip_latent_weights(Graph& graph) {
-  at::NoGradGuard no_grad;
-  int64_t count = 0;
-  for (auto& n : graph.nodes()) {
-    if (!has_weight_transform(n, "bnn")) continue;
-    if (at::Tensor* w = n.params.find("weight"); w && w->defined()) {
-      w->clamp_(-1.0, 1.0);
-      ++count;
-    }
-  }
-  return count;
+int64_t after_step(Graph& graph, const Config& resolved) {
+  register_all();
+  return quantizer_method(resolved.method).after_step(graph, resolved);
 }
 
 int64_t storage_bits(int64_t bits) {
@@ -431,8 +339,7 @@ bool has_quantized_weight(const Node& n) {
   // a fold (QAT BN) changes the weight with training-time statistics and is never packed.
   const auto& s = n.weight_transforms;
   if (s.empty() || weight_transform(s.back()).kind != TransformKind::kQuantizer) return false;
-  const std::string& t = s.back();
-  if (t != "dorefa" && t != "twn" && t != "bnn" && t != "xnor") return false;
+  if (!weight_quantizers().contains(s.back())) return false;
   for (size_t i = 0; i + 1 < s.size(); ++i)
     if (weight_transform(s[i]).kind != TransformKind::kMask) return false;
   const at::Tensor* w = n.params.find("weight");
@@ -447,11 +354,7 @@ EncodedWeight encode_node_weight(const Node& n) {
     at::NoGradGuard no_grad;
     w = transformed_weight(n, false, n.weight_transforms.size() - 1);  // the masks' output
   }
-  const int64_t axis = n.attr_int("weight_axis", 0);
-  if (t == "dorefa") return dorefa_encode(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor), axis);
-  if (t == "twn") return twn_encode(w, node_granularity(n, Granularity::kPerChannel), axis);
-  if (t == "bnn") return bnn_encode(w, axis);
-  return xnor_encode(w, node_granularity(n, Granularity::kPerChannel), axis);
+  return weight_quantizers().get(t).encode(n, w);
 }
 
 std::optional<WeightQuantization> weight_quantization(const Node& n) {
@@ -477,6 +380,26 @@ std::optional<WeightQuantization> weight_quantization(const Node& n) {
   return q;
 }
 
+std::optional<IntegerGrid> integer_grid(const Node& n) {
+  const std::optional<WeightQuantization> q = weight_quantization(n);
+  if (!q) return std::nullopt;
+  EncodedWeight e;
+  e.scale = q->scale;
+  e.encoding = q->encoding;
+  e.bits = q->bits;
+  e.axis = q->axis;
+  const Shape shape = n.params.contains("weight") ? n.params.at("weight").sizes().vec() : n.attr_ints("weight_shape");
+  if (const WeightQuantizer* entry = weight_quantizers().find(q->method))
+    return entry->integer_grid ? entry->integer_grid(e, shape) : std::nullopt;
+  // Packed codes that do not name their quantizer: the first whose grid their encoding is.
+  for (const auto& name : weight_quantizers().names()) {
+    const WeightQuantizer& w = weight_quantizers().get(name);
+    if (!w.integer_grid) continue;
+    if (std::optional<IntegerGrid> g = w.integer_grid(e, shape)) return g;
+  }
+  return std::nullopt;
+}
+
 Graph pack_graph(const Graph& graph) {
   register_all();
   Graph out = graph.clone(/*clone_tensors=*/false);
@@ -488,9 +411,13 @@ Graph pack_graph(const Graph& graph) {
     n.buffers.set("weight_codes", pack_codes(e.codes, storage_bits(e.bits)));
     n.buffers.set("weight_scale", e.scale.detach().to(at::kFloat).contiguous());
     n.attrs["quant_method"] = n.weight_transforms.back();
-    // The masks are in the codes now; the decoder replaces the whole stack.
-    for (size_t i = 0; i + 1 < n.weight_transforms.size(); ++i)
-      for (const auto& b : weight_transform(n.weight_transforms[i]).buffers) n.buffers.erase(b);
+    // The masks are in the codes, the quantizer's learned parameters in the scales: the decoder
+    // replaces the whole stack.
+    for (const auto& name : n.weight_transforms) {
+      const WeightTransform& t = weight_transform(name);
+      for (const auto& b : t.buffers) n.buffers.erase(b);
+      for (const auto& p : t.params) n.params.erase(p);
+    }
     n.weight_transforms = {"packed"};
     n.attrs["weight_encoding"] = std::string(encoding_name(e.encoding));
     n.attrs["weight_bits"] = e.bits;
@@ -513,9 +440,12 @@ at::Tensor decode_packed_weight(const Node& n) {
   const int64_t axis = n.attr_int("weight_axis", 0);
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
+  // The quantizer that wrote the codes decodes them when it has its own decoding.
+  const WeightQuantizer* q = n.has_attr("quant_method") ? weight_quantizers().find(n.attr_str("quant_method")) : nullptr;
   try {
     at::Tensor c = unpack_codes(*codes, storage_bits(bits), count).reshape(shape);
     const at::ScalarType dtype = at::isFloatingType(scale->scalar_type()) ? scale->scalar_type() : at::kFloat;
+    if (q && q->decode) return q->decode(n, c, *scale, dtype);
     return decode_weight(c, *scale, enc, bits, axis, dtype);
   } catch (const Error& e) {
     node_fail(n, std::string("packed weight: ") + e.what());

@@ -3,7 +3,7 @@
 //
 // For every selected layer (a node whose op's registry entry gives its weight an output-channel
 // axis: conv2d, conv_transpose2d, linear) the pass
-//   - pushes the quantizer "dorefa" | "twn" | "bnn" | "xnor" onto the node's weight transform
+//   - pushes the method's weight quantizer (e.g. "dorefa") onto the node's weight transform
 //     stack (the GraphModule then runs the layer with the quantized weight, after any mask already
 //     on the stack; see graph/op_registry.h) and sets the attributes it owns:
 //     `weight_bits` (1 binary, 2 ternary, k for DoReFa), `granularity`, `weight_axis` (the
@@ -22,15 +22,17 @@
 // precision unless `targets` names them exactly. Layers whose stack already holds a quantizer or
 // packed codes are left alone (reported as skipped), so applying the pass twice changes nothing.
 //
-// Ops registered by register_all(): "act_quant" (attrs: method "dorefa" | "sign",
-// activation_bits, and for dorefa activation_clip, default 1) and "xnor_scale" (attrs: kernel_size, stride, padding; output [N, 1, Ho, Wo] or
-// [N, 1]). Weight transforms: "dorefa", "twn", "bnn", "xnor", and "packed" (integer codes and
-// scales of a packed checkpoint, see pack_graph()).
+// The methods themselves (what each quantizes, how, and with which options) are registry entries,
+// one file each (quantize/method.h). Ops registered by register_all(): "act_quant" (attribute
+// `method` names its activation quantizer, which reads the other attributes) and, with XNOR-Net,
+// "xnor_scale". Weight transforms: one per weight quantizer, and "packed" (integer codes and scales
+// of a packed checkpoint, see pack_graph()).
 
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/options.h"
 #include "graph/graph.h"
 #include "graph/graph_module.h"
 #include "quantize/quantizers.h"
@@ -42,9 +44,13 @@ namespace whittle::quantize {
 /// holds quantized nodes by other means.
 void register_all();
 
-/// Options of apply(). Defaults per method: dorefa W8A8, twn W2 (ternary) A32, bnn W1A1, xnor W1A1.
+/// Options of apply(): the method, its bit widths and the layers, common to every method, and the
+/// method's own options (QuantizerMethod::option_keys(), e.g. dorefa's activation_clip and
+/// granularity, xnor's xnor_scale_k). Defaults per method: dorefa W8A8, twn W2 (ternary) A32, bnn
+/// W1A1, xnor W1A1.
 struct Config {
-  /// "dorefa" | "twn" | "bnn" | "xnor".
+  /// A registered quantizer method (quantize/method.h; `whittle inspect --methods`): "dorefa",
+  /// "twn", "bnn", "xnor", ...
   std::string method = "dorefa";
   /// Weight bits; 0 = the method's default. dorefa: 1..8 or 32 (full precision); twn: 2; bnn,
   /// xnor: 1 (or 32 to quantize only activations).
@@ -52,18 +58,10 @@ struct Config {
   /// Activation bits; 0 = the method's default. dorefa, twn: 1..8 or 32 (DoReFa activation
   /// quantizer); bnn, xnor: 1 (sign binarizer) or 32.
   int64_t activation_bits = 0;
-  /// DoReFa activations (dorefa, twn with activation_bits 1..8): the clip level c of
-  /// c·quantize_k(clip(a, 0, c)/c) (quantizers.h). Default 1, the paper's range; a wider range
-  /// keeps more of a BN + ReLU output (the LeNet-5 recipes use 4 at 8 bits, 2 at 4 and 2 bits).
-  /// Must be a finite value > 0, and 1 unless activations are DoReFa-quantized.
-  double activation_clip = 1.0;
-  /// Scale granularity of methods with a scale (TWN, XNOR, DoReFa 1-bit) and of DoReFa's max.
-  /// Unset: per_channel for TWN and XNOR, per_tensor for DoReFa; BNN has no scale.
-  std::optional<Granularity> granularity;
-  /// XNOR-Net: stop the gradient through α = mean|W| (default false: α is differentiable).
-  bool xnor_detach_alpha = false;
-  /// XNOR-Net: scale the output of each binarized layer by K (default false).
-  bool xnor_scale_k = false;
+  /// The method's own options by key, e.g. options["activation_clip"] = 2.0 (dorefa, twn: the
+  /// clip level c of DoReFa activations c·quantize_k(clip(a, 0, c)/c), default 1),
+  /// options["granularity"] = "per_channel". A key the method does not have is an error.
+  Settings options;
   /// Node names, op kinds or "re:<regex>" (graph/select.h); empty: every conv2d,
   /// conv_transpose2d and linear node.
   std::vector<std::string> targets;
@@ -81,8 +79,9 @@ struct Report {
   std::string summary() const;
 };
 
-/// Validates `config` and fills in the method's defaults. Throws whittle::Error naming the key
-/// ("method", "weight_bits", "activation_bits") and the allowed values.
+/// Validates `config` and fills in the method's defaults (its QuantizerMethod::resolve). Throws
+/// whittle::Error naming the key ("method", "weight_bits", "activation_bits", an option) and the
+/// allowed values.
 Config resolve(const Config& config);
 
 /// Quantizes the layers of `graph` as described at the top of this file, then validates it.
@@ -94,10 +93,10 @@ Report apply(Graph& graph, const Config& config);
 /// after this call since sync() re-registers them.
 Report apply(GraphModule& module, const Config& config);
 
-/// BNN: clips the latent float weights of the "bnn" layers to [−1, 1] in place, without gradient
-/// tracking (Hubara et al. 2016; call after each optimizer step). Returns the number of layers
-/// clipped.
-int64_t clip_latent_weights(Graph& graph);
+/// The method's work after each optimizer step (BNN: clips the latent float weights of its layers
+/// to [−1, 1] in place, without gradient tracking, Hubara et al. 2016), for a `resolved` config
+/// (resolve()). Returns the number of layers changed.
+int64_t after_step(Graph& graph, const Config& resolved);
 
 // ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)
 
@@ -105,7 +104,8 @@ int64_t clip_latent_weights(Graph& graph);
 int64_t storage_bits(int64_t bits);
 
 /// True when `node` runs with a quantized weight computed from a latent float weight
-/// (a stack ending in dorefa, twn, bnn or xnor, with only masks before it, and a float `weight`).
+/// (a stack ending in a weight quantizer, quantize/method.h, with only masks before it, and a
+/// float `weight`).
 bool has_quantized_weight(const Node& node);
 
 /// The integer codes and scales the node's quantizer uses in its forward pass (of the masked
@@ -116,7 +116,7 @@ EncodedWeight encode_node_weight(const Node& node);
 /// What a node's quantized weight is, for writers that keep the quantization (the ONNX writer's
 /// QuantizeLinear/DequantizeLinear form of DoReFa grids).
 struct WeightQuantization {
-  std::string method;  ///< the quantizer: "dorefa", "twn", "bnn" or "xnor"
+  std::string method;  ///< the weight quantizer ("dorefa", "twn", ...; "" for old packed checkpoints)
   Encoding encoding = Encoding::kDoReFa;
   int64_t bits = 8;
   int64_t axis = 0;   ///< output-channel axis of the weight
@@ -131,7 +131,7 @@ std::optional<WeightQuantization> weight_quantization(const Node& node);
 /// codes instead of its float weight: the `weight` parameter is removed; buffers `weight_codes`
 /// (uint8 [packed_size], codes packed with pack_codes at storage_bits) and `weight_scale`
 /// (float32 [1] or [C]) are added; the stack becomes ["packed"] (masks are baked into the codes
-/// and their buffers dropped); attributes `quant_method` (the quantizer), `weight_encoding`,
+/// and their buffers dropped, the quantizer's learned parameters with them); attributes `quant_method` (the quantizer), `weight_encoding`,
 /// `weight_bits`, `weight_shape`, `weight_axis` are set.
 /// The packed transform decodes to bitwise the weight the original transform gives. Nodes that are
 /// already packed are kept as they are (their codes are never re-quantized).

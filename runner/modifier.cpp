@@ -12,42 +12,23 @@
 
 namespace whittle::runner {
 
-namespace {
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::map<std::string, ModifierInfo>& registry() {
-  static std::map<std::string, ModifierInfo> r;
+Registry<ModifierInfo>& modifiers() {
+  static Registry<ModifierInfo> r("modifier", "modifiers", [](const ModifierInfo& m) { return m.description; });
   return r;
 }
-}  // namespace
 
 void register_modifier(ModifierInfo info) {
   if (info.name.empty() || !info.create) throw Error("register_modifier: a modifier needs a name and a factory");
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[info.name] = std::move(info);
+  const std::string name = info.name;
+  modifiers().add(name, std::move(info));
 }
 
-const ModifierInfo& modifier_info(const std::string& name) {
-  ensure_registered();
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(name);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& kv : registry()) known += (known.empty() ? "" : ", ") + kv.first;
-    throw Error("unknown modifier '" + name + "' (known modifiers: " + (known.empty() ? "none registered" : known) + ")",
-                ErrorKind::kUsage);
-  }
-  return it->second;
-}
+const ModifierInfo& modifier_info(const std::string& name) { return modifiers().get(name); }
 
-std::vector<std::string> modifier_names() {
-  ensure_registered();
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  std::vector<std::string> out;
-  for (const auto& kv : registry()) out.push_back(kv.first);
-  return out;
+std::vector<std::string> modifier_names() { return modifiers().names(); }
+
+std::vector<KeySpec> modifier_settings(const ModifierInfo& info) {
+  return info.settings_now ? info.settings_now() : info.settings;
 }
 
 void register_builtin_modifiers() {

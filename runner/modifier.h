@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/registry.h"
 #include "graph/graph_module.h"
 #include "runner/recipe.h"
 
@@ -113,9 +114,17 @@ struct ModifierInfo {
   std::string name;
   std::string description;
   std::vector<KeySpec> settings;
+  /// When set, the settings as of now, used instead of `settings`: for a modifier whose keys come
+  /// from another registry (the quantize modifier's, from its methods), which may grow after the
+  /// modifier registered. Read them through modifier_settings().
+  std::function<std::vector<KeySpec>()> settings_now;
   std::function<std::unique_ptr<Modifier>(const ModifierSpec&)> create;
 };
 
+/// The modifier registry ("modifiers" in `whittle inspect`).
+Registry<ModifierInfo>& modifiers();
+/// The settings of `info` (ModifierInfo::settings_now when set, else ModifierInfo::settings).
+std::vector<KeySpec> modifier_settings(const ModifierInfo& info);
 /// Registers (or replaces) a modifier kind.
 void register_modifier(ModifierInfo info);
 /// The modifier kind `name`; throws whittle::Error (usage) listing the known modifiers.

@@ -91,12 +91,18 @@ WeightDecayOverrides weight_decay_overrides(const std::vector<GraphModule>& modu
   WeightDecayOverrides out;
   const double norm = spec.norm_weight_decay.value_or(spec.weight_decay);
   const double bias = spec.bias_weight_decay.value_or(spec.weight_decay);
-  if (norm == spec.weight_decay && bias == spec.weight_decay) return out;
   for (const GraphModule& module : modules)
     for (const Node& node : module->graph().nodes())
       for (const auto& [name, tensor] : node.params) {
         if (!tensor.defined()) continue;
-        const double decay = is_norm_param(node, name) ? norm : name == "bias" ? bias : spec.weight_decay;
+        // The registry says what each parameter is; a quantizer's learned step or clip gets no decay.
+        double decay = spec.weight_decay;
+        switch (param_role(node, name)) {
+          case ParamRole::kNorm: decay = norm; break;
+          case ParamRole::kBias: decay = bias; break;
+          case ParamRole::kQuantizer: decay = 0.0; break;
+          case ParamRole::kWeight: break;
+        }
         if (decay != spec.weight_decay) out.emplace(tensor.unsafeGetTensorImpl(), decay);
       }
   return out;

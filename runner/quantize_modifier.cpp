@@ -2,9 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 #include "core/error.h"
+#include "quantize/method.h"
 #include "quantize/quantize.h"
 #include "runner/modifier.h"
 
@@ -17,22 +19,19 @@ namespace {
 // optimizer step. The quantizers stay attached to the end (end_epoch only ends the clipping).
 class QuantizeModifier : public Modifier {
  public:
-  QuantizeModifier(const ModifierSpec& spec, const QuantizeModifierOptions& o) : Modifier(spec) {
+  QuantizeModifier(const ModifierSpec& spec, const QuantizeModifierOptions& o, const Settings& method_options)
+      : Modifier(spec) {
     config_.method = o.method;
     if (o.weight_bits) config_.weight_bits = *o.weight_bits;
     if (o.activation_bits) config_.activation_bits = *o.activation_bits;
-    config_.activation_clip = o.activation_clip;
-    config_.xnor_detach_alpha = o.xnor_detach_alpha;
-    config_.xnor_scale_k = o.xnor_scale_k;
+    config_.options = method_options;
     config_.targets = spec.targets;
     config_.ignore = spec.ignore;
     try {
-      if (o.granularity) config_.granularity = quantize::granularity_from_name(*o.granularity);
       config_ = quantize::resolve(config_);
     } catch (const Error& e) {
       throw Error(spec.location + ": modifier 'quantize': " + e.what(), ErrorKind::kUsage);
     }
-    clip_ = o.clip_latent_weights && config_.method == "bnn" && config_.weight_bits == 1;
     // Settings that would change nothing are refused rather than ignored.
     auto refuse = [&](const std::string& why) {
       throw Error(spec.location + ": modifier 'quantize': " + why, ErrorKind::kUsage);
@@ -42,13 +41,6 @@ class QuantizeModifier : public Modifier {
              ": the quantizers stay attached to the end of the run (leave end_epoch out)");
     if (config_.weight_bits == 32 && config_.activation_bits == 32)
       refuse("weight_bits and activation_bits are both 32: nothing would be quantized");
-    const auto& given = spec.settings;
-    if (given.contains("clip_latent_weights") && config_.method != "bnn")
-      refuse("clip_latent_weights applies to method bnn, not " + config_.method);
-    for (const char* key : {"xnor_detach_alpha", "xnor_scale_k"})
-      if (given.contains(key) && config_.method != "xnor") refuse(std::string(key) + " applies to method xnor, not " + config_.method);
-    if (given.contains("granularity") && config_.method == "bnn")
-      refuse("granularity: method bnn has no weight scale (sign(W) only)");
   }
 
   void on_start(TrainContext& tc) override {
@@ -62,7 +54,7 @@ class QuantizeModifier : public Modifier {
     if (!applied_ && active_at(tc.epoch)) attach(tc);
   }
   void on_step_end(TrainContext& tc) override {
-    if (applied_ && clip_) quantize::clip_latent_weights(tc.model->graph());
+    if (applied_) quantize::after_step(tc.model->graph(), config_);
   }
 
   std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
@@ -86,12 +78,11 @@ class QuantizeModifier : public Modifier {
     applied_ = true;
     tc.parameters_changed = true;
     *tc.log << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
-    if (config_.activation_clip != 1.0) *tc.log << ", activation_clip " << config_.activation_clip;
+    for (const auto& [key, value] : config_.options.values()) *tc.log << ", " << key << " " << value.text();
     *tc.log << "): " << r.summary() << std::flush;
   }
 
   quantize::Config config_;
-  bool clip_ = true;
   bool applied_ = false;
 };
 
@@ -101,32 +92,72 @@ const OptionsSchema<QuantizeModifierOptions>& quantize_modifier_schema() {
   using O = QuantizeModifierOptions;
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
-          .add("method", &O::method, "dorefa, twn, bnn or xnor", {"dorefa", "twn", "bnn", "xnor"})
+          .add("method", &O::method, "a quantizer method: dorefa, twn, bnn, xnor, ... (whittle inspect --methods)")
           .add("weight_bits", &O::weight_bits, "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {},
                "method default (dorefa 8, twn 2, bnn/xnor 1)")
           .in_range(Range::closed(1, 32))
           .add("activation_bits", &O::activation_bits, "activation bits: dorefa/twn 1..8 or 32, bnn/xnor 1 or 32", {},
                "method default (dorefa 8, twn 32, bnn/xnor 1)")
-          .in_range(Range::closed(1, 32))
-          .add("activation_clip", &O::activation_clip,
-               "dorefa/twn activations: clip level c of c·quantize_k(clip(a, 0, c)/c) (1: the paper's [0, 1])")
-          .in_range(Range{0, 1e6, true, false})
-          .add("granularity", &O::granularity, "scale granularity of twn, xnor and 1-bit dorefa (and dorefa's max)",
-               {"per_tensor", "per_channel"}, "per_channel for twn/xnor, per_tensor for dorefa")
-          .add("xnor_detach_alpha", &O::xnor_detach_alpha, "xnor: no gradient through α = mean|W|")
-          .add("xnor_scale_k", &O::xnor_scale_k, "xnor: scale each binarized layer's output by K")
-          .add("clip_latent_weights", &O::clip_latent_weights, "bnn: clip latent weights to [-1, 1] after each step");
+          .in_range(Range::closed(1, 32));
   return schema;
+}
+
+std::vector<KeySpec> quantize_modifier_keys() {
+  std::vector<KeySpec> keys = quantize_modifier_schema().keys();
+  keys[0].choices = quantize::quantizer_methods().names();  // `method`: checked with the recipe
+  const size_t common = keys.size();
+  // Per method key: each method that has it, with its description and default.
+  struct Owner {
+    std::string method, description, default_text;
+  };
+  std::vector<std::vector<Owner>> owners;
+  for (const auto& name : quantize::quantizer_methods().names()) {
+    for (const KeySpec& k : quantize::quantizer_methods().get(name).option_keys()) {
+      size_t i = common;
+      while (i < keys.size() && keys[i].name != k.name) ++i;
+      if (i == keys.size()) {
+        keys.push_back(k);
+        owners.emplace_back();
+      }
+      owners[i - common].push_back({name, k.description, k.default_text});
+    }
+  }
+  // "dorefa, twn: <description>" when they say the same, "dorefa: ...; xnor: ..." otherwise; the
+  // default likewise, grouped by value: "per_tensor (dorefa), per_channel (twn, xnor)".
+  auto grouped = [](const std::vector<Owner>& os, std::string Owner::*field, const char* between, bool value_first) {
+    std::vector<std::pair<std::string, std::string>> groups;  // value → methods
+    for (const Owner& o : os) {
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == o.*field; });
+      if (g == groups.end()) groups.push_back({o.*field, o.method});
+      else g->second += ", " + o.method;
+    }
+    std::string out;
+    for (const auto& [value, methods] : groups) {
+      if (!out.empty()) out += between;
+      if (groups.size() == 1 && value_first) return value;
+      out += value_first ? value + " (" + methods + ")" : methods + ": " + value;
+    }
+    return out;
+  };
+  for (size_t i = common; i < keys.size(); ++i) {
+    keys[i].description = grouped(owners[i - common], &Owner::description, "; ", false);
+    keys[i].default_text = grouped(owners[i - common], &Owner::default_text, ", ", true);
+  }
+  return keys;
 }
 
 void register_quantize_modifier() {
   ModifierInfo info;
   info.name = "quantize";
-  info.description = "quantization-aware training: DoReFa, TWN, BNN or XNOR-Net quantizers on conv/linear layers";
-  info.settings = quantize_modifier_schema().keys();
+  info.description = "quantization-aware training: a registered quantizer method (DoReFa, TWN, BNN, XNOR-Net, ...) on conv/linear layers";
+  info.settings_now = &quantize_modifier_keys;
   info.create = [](const ModifierSpec& spec) {
+    // The keys every method has; the rest are the method's own (checked by its resolve).
+    Settings common, method_options;
+    for (const auto& [key, value] : spec.settings.values())
+      (quantize_modifier_schema().has(key) ? common : method_options)[key] = value;
     return std::make_unique<QuantizeModifier>(
-        spec, quantize_modifier_schema().parse(spec.settings, spec.location + ": modifier 'quantize'"));
+        spec, quantize_modifier_schema().parse(common, spec.location + ": modifier 'quantize'"), method_options);
   };
   register_modifier(std::move(info));
 }

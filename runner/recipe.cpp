@@ -13,6 +13,7 @@
 #include "graph/select.h"
 #include "graph/zoo.h"
 #include "data/loader.h"
+#include "export/exporter.h"
 #include "runner/modifier.h"
 
 namespace whittle::runner {
@@ -21,11 +22,6 @@ namespace {
 
 [[noreturn]] void usage_error(const std::string& msg) { throw Error(msg, ErrorKind::kUsage); }
 
-std::string number_text(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
 
 // Validates `node` against `keys`, throwing whittle::Error (usage) naming `origin`, the line and
 // the dotted key path `where` on the first problem. Used for recipe sections and modifier settings.
@@ -215,9 +211,16 @@ std::vector<KeySpec> build_schema() {
        key("checkpoint", KeyType::kString, "model.h5", "checkpoint file name inside the run directory"),
        key("save_every_epoch", KeyType::kBool, "true", "write checkpoint and training state after every epoch"),
        key("export", KeyType::kStringList, "[]",
-           "also write the final model as ONNX and/or TorchScript beside the checkpoint (model.onnx, model.pt; docs/export.md)",
-           std::vector<std::string>{"onnx", "torchscript"}),
-       key("onnx_opset", KeyType::kInt, "17", "ONNX opset of the export", Range::closed(13, 17))}));
+           "also write the final model in these formats beside the checkpoint (onnx: model.onnx, torchscript: model.pt; "
+           "docs/export.md)",
+           exporters().names())}));
+  // Each exporter's options, as outputs.<format>_<option> (outputs.onnx_opset).
+  for (const auto& format : exporters().names())
+    for (KeySpec k : exporter(format).option_keys()) {
+      k.name = format + "_" + k.name;
+      k.description = format + " export: " + k.description;
+      s.back().children.push_back(std::move(k));
+    }
   s.push_back(section(
       "distributed",
       "Data-parallel training when a launcher (torchrun, a SLURM script) sets WORLD_SIZE, RANK and "
@@ -339,140 +342,9 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
 
 }  // namespace
 
-const char* key_type_name(KeyType type) {
-  switch (type) {
-    case KeyType::kString: return "string";
-    case KeyType::kInt: return "integer";
-    case KeyType::kFloat: return "number";
-    case KeyType::kBool: return "boolean";
-    case KeyType::kFloatList: return "list of numbers";
-    case KeyType::kIntList: return "list of integers";
-    case KeyType::kStringList: return "list of strings";
-    case KeyType::kMap: return "section";
-    case KeyType::kList: return "list";
-    case KeyType::kAny: return "any";
-  }
-  return "?";
-}
-
-namespace {
-
-template <typename T>
-std::string list_text(const std::vector<T>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
-std::string value_text(const SettingValue::Storage& s) {
-  struct Visitor {
-    std::string operator()(bool b) const { return b ? "true" : "false"; }
-    std::string operator()(int64_t i) const { return std::to_string(i); }
-    std::string operator()(double d) const { return number_text(d); }
-    std::string operator()(const std::string& t) const { return t; }
-    std::string operator()(const std::vector<double>& v) const { return list_text(v); }
-    std::string operator()(const std::vector<int64_t>& v) const { return list_text(v); }
-    std::string operator()(const std::vector<std::string>& v) const { return list_text(v); }
-  };
-  return std::visit(Visitor{}, s);
-}
-
-const char* value_kind(const SettingValue::Storage& s) {
-  switch (s.index()) {
-    case 0: return "a boolean";
-    case 1: return "an integer";
-    case 2: return "a number";
-    case 3: return "a string";
-    case 4: return "a list of numbers";
-    case 5: return "a list of integers";
-    default: return "a list of strings";
-  }
-}
-
-[[noreturn]] void not_a(const SettingValue::Storage& s, const char* wanted) {
-  usage_error("expected " + std::string(wanted) + ", got " + value_kind(s) + " (" + value_text(s) + ")");
-}
-
-int64_t to_integer(const SettingValue::Storage& s) {
-  if (const auto* i = std::get_if<int64_t>(&s)) return *i;
-  if (const auto* d = std::get_if<double>(&s))
-    if (std::isfinite(*d) && std::floor(*d) == *d && std::fabs(*d) < 9.0e18) return static_cast<int64_t>(*d);
-  not_a(s, "an integer");
-}
-
-}  // namespace
-
-template <>
-bool SettingValue::as<bool>() const {
-  if (const auto* b = std::get_if<bool>(&value_)) return *b;
-  not_a(value_, "a boolean");
-}
-template <>
-int64_t SettingValue::as<int64_t>() const { return to_integer(value_); }
-template <>
-int SettingValue::as<int>() const {
-  const int64_t v = to_integer(value_);
-  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) not_a(value_, "an int-sized integer");
-  return static_cast<int>(v);
-}
-template <>
-double SettingValue::as<double>() const {
-  if (const auto* d = std::get_if<double>(&value_)) return *d;
-  if (const auto* i = std::get_if<int64_t>(&value_)) return static_cast<double>(*i);
-  not_a(value_, "a number");
-}
-template <>
-std::string SettingValue::as<std::string>() const {
-  if (const auto* t = std::get_if<std::string>(&value_)) return *t;
-  not_a(value_, "a string");
-}
-template <>
-std::vector<double> SettingValue::as<std::vector<double>>() const {
-  if (const auto* v = std::get_if<std::vector<double>>(&value_)) return *v;
-  if (const auto* v = std::get_if<std::vector<int64_t>>(&value_)) return std::vector<double>(v->begin(), v->end());
-  not_a(value_, "a list of numbers");
-}
-template <>
-std::vector<int64_t> SettingValue::as<std::vector<int64_t>>() const {
-  if (const auto* v = std::get_if<std::vector<int64_t>>(&value_)) return *v;
-  not_a(value_, "a list of integers");
-}
-template <>
-std::vector<std::string> SettingValue::as<std::vector<std::string>>() const {
-  if (const auto* v = std::get_if<std::vector<std::string>>(&value_)) return *v;
-  if (const auto* t = std::get_if<std::string>(&value_)) return {*t};
-  not_a(value_, "a list of strings");
-}
-
-std::string SettingValue::text() const { return value_text(value_); }
-
-const SettingValue& ModifierSettings::operator[](const std::string& key) const {
-  auto it = values_.find(key);
-  if (it == values_.end()) throw Error("modifier setting '" + key + "' is not given");
-  return it->second;
-}
-
 const std::vector<KeySpec>& recipe_schema() {
   static const std::vector<KeySpec> schema = build_schema();
   return schema;
-}
-
-bool Range::contains(double v) const {
-  if (!std::isfinite(v)) return false;
-  if (lo_open ? !(v > lo) : !(v >= lo)) return false;
-  return hi_open ? v < hi : v <= hi;
-}
-
-std::string Range::text() const {
-  const auto num = number_text;
-  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
-  if (!has_lo && !has_hi) return "";
-  if (!has_hi) return (lo_open ? "> " : "≥ ") + num(lo);
-  if (!has_lo) return (hi_open ? "< " : "≤ ") + num(hi);
-  if (!lo_open && !hi_open) return num(lo) + ".." + num(hi);
-  return std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
 }
 
 bool is_device_name(const std::string& device) {
@@ -838,7 +710,8 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
         usage_error(at_line(origin, e["name"]) + ": '" + where + ".name': " + err.what());
       }
       std::vector<KeySpec> all = common;
-      all.insert(all.end(), info->settings.begin(), info->settings.end());
+      const std::vector<KeySpec> own_keys = modifier_settings(*info);
+      all.insert(all.end(), own_keys.begin(), own_keys.end());
       validate_keys(e, all, origin, where, "'" + where + "' (" + name + ")");
       ModifierSpec ms;
       ms.name = name;
@@ -872,8 +745,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       for (const auto& kv : e) {
         const std::string k = kv.first.as<std::string>();
         if (std::any_of(common.begin(), common.end(), [&](const KeySpec& c) { return c.name == k; })) continue;
-        const auto spec = std::find_if(info->settings.begin(), info->settings.end(),
-                                       [&](const KeySpec& c) { return c.name == k; });
+        const auto spec = std::find_if(own_keys.begin(), own_keys.end(), [&](const KeySpec& c) { return c.name == k; });
         ms.settings[k] = setting_value(kv.second, *spec);
       }
       r.modifiers.push_back(std::move(ms));
@@ -890,13 +762,20 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       else
         for (const auto& f : e) r.outputs.export_formats.push_back(f.as<std::string>());
     }
-    get(o, "onnx_opset", r.outputs.onnx_opset);
     const auto& f = r.outputs.export_formats;
     for (size_t i = 0; i < f.size(); ++i)
       if (std::find(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(i), f[i]) != f.begin() + static_cast<std::ptrdiff_t>(i))
         usage_error(at_line(origin, o["export"]) + ": 'outputs.export' names " + f[i] + " twice");
-    if (o["onnx_opset"] && !o["onnx_opset"].IsNull() && std::find(f.begin(), f.end(), "onnx") == f.end())
-      usage_error(at_line(origin, o["onnx_opset"]) + ": 'outputs.onnx_opset' applies when 'outputs.export' has onnx");
+    // outputs.<format>_<option>: the exporter's own options, given only with that format.
+    for (const auto& format : exporters().names())
+      for (const KeySpec& k : exporter(format).option_keys()) {
+        const std::string name = format + "_" + k.name;
+        const YAML::Node v = o[name];
+        if (!v || v.IsNull()) continue;
+        if (std::find(f.begin(), f.end(), format) == f.end())
+          usage_error(at_line(origin, v) + ": 'outputs." + name + "' applies when 'outputs.export' has " + format);
+        r.outputs.export_options[format][k.name] = setting_value(v, k);
+      }
   }
   if (r.outputs.dir.empty()) {
     std::string stem = origin.substr(origin.rfind('/') == std::string::npos ? 0 : origin.rfind('/') + 1);
@@ -923,7 +802,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
 std::string export_file_name(const OutputsSpec& outputs, const std::string& format) {
   std::string stem = outputs.checkpoint;
   if (const size_t dot = stem.rfind('.'); dot != std::string::npos && dot > 0) stem = stem.substr(0, dot);
-  return stem + (format == "onnx" ? ".onnx" : ".pt");
+  return stem + exporter(format).extensions().front();
 }
 
 DataSpec parse_recipe_data(const std::string& text, const std::string& origin) {

@@ -13,9 +13,18 @@
 #include <variant>
 #include <vector>
 
+#include "core/options.h"
 #include "graph/graph.h"
 
 namespace whittle::runner {
+
+// The options machinery lives in core/ (core/options.h); these names are also the recipe's.
+using whittle::key_type_name;
+using whittle::KeySpec;
+using whittle::KeyType;
+using whittle::Range;
+using whittle::Settings;
+using whittle::SettingValue;
 
 /// `model:` — what to train.
 struct ModelSpec {
@@ -110,64 +119,9 @@ struct DistributedSpec {
   int64_t verify_every = 0;             ///< every N optimizer steps check the ranks' parameters are bitwise equal (0 = off)
 };
 
-/// One value of a modifier setting, typed as the modifier's KeySpec says: a boolean, an integer,
-/// a number, a string, or a list of numbers, integers or strings (a section or free-form value is
-/// kept as its YAML text, a string).
-class SettingValue {
- public:
-  using Storage = std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<int64_t>,
-                               std::vector<std::string>>;
-  SettingValue() = default;
-  SettingValue(bool v) : value_(v) {}
-  SettingValue(int v) : value_(static_cast<int64_t>(v)) {}
-  SettingValue(long v) : value_(static_cast<int64_t>(v)) {}
-  SettingValue(long long v) : value_(static_cast<int64_t>(v)) {}
-  SettingValue(double v) : value_(v) {}
-  SettingValue(const char* v) : value_(std::string(v)) {}
-  SettingValue(std::string v) : value_(std::move(v)) {}
-  SettingValue(std::vector<double> v) : value_(std::move(v)) {}
-  SettingValue(std::vector<int64_t> v) : value_(std::move(v)) {}
-  SettingValue(std::vector<std::string> v) : value_(std::move(v)) {}
-
-  /// The value as T: bool, int, int64_t, double, std::string, std::vector<double>,
-  /// std::vector<int64_t> or std::vector<std::string>. An integer converts to a number (and a list
-  /// of integers to a list of numbers), a number with an integral value to an integer, a string to
-  /// a list of one string. Throws whittle::Error (usage) saying what the value is otherwise.
-  template <typename T>
-  T as() const;
-  /// The value as recipe text ("4", "true", "[1, 2]"), for messages.
-  std::string text() const;
-  const Storage& storage() const { return value_; }
-
- private:
-  Storage value_;
-};
-
-template <> bool SettingValue::as<bool>() const;
-template <> int SettingValue::as<int>() const;
-template <> int64_t SettingValue::as<int64_t>() const;
-template <> double SettingValue::as<double>() const;
-template <> std::string SettingValue::as<std::string>() const;
-template <> std::vector<double> SettingValue::as<std::vector<double>>() const;
-template <> std::vector<int64_t> SettingValue::as<std::vector<int64_t>>() const;
-template <> std::vector<std::string> SettingValue::as<std::vector<std::string>>() const;
-
 /// A modifier entry's own settings (every key but the common name, start_epoch, end_epoch,
-/// targets and ignore): only the keys the recipe gives. Defaults live in the modifier's options
-/// struct (runner/modifier_options.h).
-class ModifierSettings {
- public:
-  bool contains(const std::string& key) const { return values_.count(key) > 0; }
-  /// The value of `key`; throws whittle::Error when the entry lacks it.
-  const SettingValue& operator[](const std::string& key) const;
-  /// The value of `key`, inserted (a default SettingValue, `false`) when absent.
-  SettingValue& operator[](const std::string& key) { return values_[key]; }
-  const std::map<std::string, SettingValue>& values() const { return values_; }
-  bool empty() const { return values_.empty(); }
-
- private:
-  std::map<std::string, SettingValue> values_;
-};
+/// targets and ignore): only the keys the recipe gives (core/options.h).
+using ModifierSettings = Settings;
 
 /// One entry of `modifiers:`.
 struct ModifierSpec {
@@ -186,14 +140,16 @@ struct OutputsSpec {
   std::string dir;                   ///< run directory (default: runs/<recipe file stem>)
   std::string checkpoint = "model.h5";
   bool save_every_epoch = true;      ///< write the checkpoint and training state after every epoch
-  /// Formats the final model is also exported in, beside the checkpoint: "onnx" (<stem>.onnx),
-  /// "torchscript" (<stem>.pt), <stem> the checkpoint's name without its extension.
+  /// Formats the final model is also exported in, beside the checkpoint (registered exporters,
+  /// export/exporter.h): "onnx" (<stem>.onnx), "torchscript" (<stem>.pt), <stem> the checkpoint's
+  /// name without its extension.
   std::vector<std::string> export_formats;
-  int64_t onnx_opset = 17;  ///< ONNX opset of the export (13..17)
+  /// Each format's options as the recipe gives them (outputs.<format>_<option>, e.g. onnx_opset).
+  std::map<std::string, Settings> export_options;
 };
 
-/// The file name outputs.export writes for `format` ("onnx" → <stem>.onnx, "torchscript" →
-/// <stem>.pt; <stem>: outputs.checkpoint without its extension).
+/// The file name outputs.export writes for `format`: <stem> (outputs.checkpoint without its
+/// extension) and the exporter's first extension ("onnx" → <stem>.onnx, "torchscript" → <stem>.pt).
 std::string export_file_name(const OutputsSpec& outputs, const std::string& format);
 
 /// A validated recipe.
@@ -207,44 +163,6 @@ struct Recipe {
   std::vector<ModifierSpec> modifiers;
   OutputsSpec outputs;
   DistributedSpec distributed;
-};
-
-/// The type of a recipe value, for validation and docs.
-enum class KeyType { kString, kInt, kFloat, kBool, kFloatList, kIntList, kStringList, kMap, kList, kAny };
-
-/// The allowed interval of a numeric recipe value (integers, numbers and the elements of their
-/// lists): [lo, hi], either end open or unbounded. Every number must also be finite (no .inf,
-/// .nan), whatever its range.
-struct Range {
-  double lo = -std::numeric_limits<double>::infinity();
-  double hi = std::numeric_limits<double>::infinity();
-  bool lo_open = false;  ///< lo itself is excluded
-  bool hi_open = false;  ///< hi itself is excluded
-  /// Any finite value.
-  static Range any() { return {}; }
-  /// ≥ v.
-  static Range at_least(double v) { return {v, std::numeric_limits<double>::infinity(), false, false}; }
-  /// > v.
-  static Range above(double v) { return {v, std::numeric_limits<double>::infinity(), true, false}; }
-  /// [a, b].
-  static Range closed(double a, double b) { return {a, b, false, false}; }
-  /// [a, b).
-  static Range half_open(double a, double b) { return {a, b, false, true}; }
-  /// Whether `v` lies inside (and is finite).
-  bool contains(double v) const;
-  /// The interval as recipe docs print it ("≥ 0", "> 0", "0..1", "[0, 1)"; "" for any()).
-  std::string text() const;
-};
-
-/// One key of a recipe section: its name, type, default (as text, for docs), and description.
-struct KeySpec {
-  std::string name;
-  KeyType type;
-  std::string default_text;
-  std::string description;
-  std::vector<KeySpec> children;  ///< for kMap
-  std::vector<std::string> choices;  ///< allowed string values (empty: any)
-  Range range;                       ///< numeric keys: the allowed values (checked before any work)
 };
 
 /// The schema of the recipe's sections (model, data, training, modifiers, outputs, distributed).
@@ -274,7 +192,5 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 /// True for the device names whittle accepts: "cpu", "cuda" and "cuda:N" (N a decimal index).
 bool is_device_name(const std::string& device);
 
-/// "<type name>" for messages and docs ("float list", ...).
-const char* key_type_name(KeyType type);
 
 }  // namespace whittle::runner

@@ -24,8 +24,7 @@
 #include "data/load.h"
 #include "data/loader.h"
 #include "export/checkpoint.h"
-#include "export/onnx.h"
-#include "export/torchscript_export.h"
+#include "export/exporter.h"
 #include "graph/op_registry.h"
 #include "graph/select.h"
 #include "runner/model_loader.h"
@@ -630,18 +629,17 @@ void Trainer::check_input_shapes() const {
   }
 }
 
+Settings Trainer::export_options(const std::string& format) const {
+  auto it = recipe_.outputs.export_options.find(format);
+  return it == recipe_.outputs.export_options.end() ? Settings{} : it->second;
+}
+
 void Trainer::check_export_forms() const {
   // A dry run of each export on the model as loaded: an op or attribute without a form is
   // reported now, not after the last epoch (modifiers only add ops that have forms).
   for (const std::string& format : recipe_.outputs.export_formats) {
     try {
-      if (format == "onnx") {
-        OnnxOptions o;
-        o.opset = recipe_.outputs.onnx_opset;
-        onnx_model_bytes(model_->graph(), o);
-      } else {
-        torchscript_source(model_->graph());
-      }
+      exporter(format).check(model_->graph(), export_options(format));
     } catch (const Error& e) {
       throw Error(recipe_.path + ": 'outputs.export' " + format + ": " + e.what() + " (docs/export.md)", ErrorKind::kUsage);
     }
@@ -994,13 +992,7 @@ void Trainer::export_final_model() {
   for (const std::string& format : recipe_.outputs.export_formats) {
     const std::string path = join_path(result_.run_dir, export_file_name(recipe_.outputs, format));
     try {
-      if (format == "onnx") {
-        OnnxOptions o;
-        o.opset = recipe_.outputs.onnx_opset;
-        export_onnx(model_->graph(), path, o);
-      } else {
-        export_torchscript(model_->graph(), path);
-      }
+      exporter(format).write(model_->graph(), path, export_options(format), {});
       result_.exports[format] = path;
       result_.export_bytes[format] = file_size(path);
     } catch (const Error& e) {

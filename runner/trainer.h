@@ -177,6 +177,7 @@ class Trainer {
   void check_previous_run() const;             // a run already there needs --resume or --overwrite
   void check_modifier_windows() const;         // every window opens at a step of the run
   void check_modifier_targets() const;         // every pattern matches a node of the model
+  Settings export_options(const std::string& format) const;  // outputs.<format>_<option> values
   void check_export_forms() const;             // outputs.export: a dry run of each export
   void check_input_shapes() const;             // both data sets' images fit the model's input
   void sum_epoch_over_ranks();                 // state_'s running sums of this rank → the sums over all ranks (rank 0)

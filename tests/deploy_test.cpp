@@ -68,7 +68,7 @@ Graph quantized(const std::string& model, const std::string& method, Shape input
   randomize_batchnorm(g);
   quantize::Config c;
   c.method = method;
-  c.xnor_scale_k = xnor_scale_k;
+  if (xnor_scale_k) c.options["xnor_scale_k"] = true;
   c.weight_bits = weight_bits;
   c.activation_bits = activation_bits;
   quantize::apply(g, c);

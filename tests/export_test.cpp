@@ -205,8 +205,8 @@ TEST_F(ExportTest, EveryRegisteredOpHasBothWriters) {
   // conv_bn_qat is written as its base layer: deploy_graph finalizes it first (QatModelOnnxAndTorchScript).
   for (const std::string& k : registered_ops()) {
     if (k == "conv_bn_qat") continue;
-    EXPECT_TRUE(static_cast<bool>(op_traits(k).to_onnx)) << k << " has no ONNX writer";
-    EXPECT_TRUE(static_cast<bool>(op_traits(k).to_torchscript)) << k << " has no TorchScript writer";
+    EXPECT_TRUE(onnx_forms().contains(k)) << k << " has no ONNX writer";
+    EXPECT_TRUE(torchscript_forms().contains(k)) << k << " has no TorchScript writer";
   }
 }
 
@@ -250,7 +250,7 @@ TEST_F(ExportTest, DoReFaW4TransposedConvIsQuantizedPerChannelOnAxis1) {
   c.method = "dorefa";
   c.weight_bits = 4;
   c.activation_bits = 4;
-  c.granularity = quantize::Granularity::kPerChannel;
+  c.options["granularity"] = "per_channel";
   c.targets = {"deconv"};
   quantize::apply(g, c);
   const Json r = export_and_run(g, "dorefa_w4_deconv");
@@ -303,8 +303,8 @@ Graph every_quantizer() {
     c.method = method;
     c.weight_bits = wbits;
     c.activation_bits = abits;
-    c.activation_clip = clip;
-    c.xnor_scale_k = k;
+    if (clip != 1.0) c.options["activation_clip"] = clip;
+    if (k) c.options["xnor_scale_k"] = true;
     c.targets = {target};
     quantize::apply(g, c);
   };

@@ -39,7 +39,8 @@ q::Config config(const std::string& method, int64_t wb = 0, int64_t ab = 0) {
 }
 
 // A few SGD steps on random data, so that BN statistics and weights move away from their init.
-void train_a_little(GraphModule& m, const Shape& in, int steps = 3) {
+// `c`: the configuration the model was quantized with (its method clips BNN latent weights).
+void train_a_little(GraphModule& m, const Shape& in, const q::Config& c, int steps = 3) {
   torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   m->train();
   for (int i = 0; i < steps; ++i) {
@@ -49,7 +50,7 @@ void train_a_little(GraphModule& m, const Shape& in, int steps = 3) {
     opt.zero_grad();
     loss.backward();
     opt.step();
-    q::clip_latent_weights(m->graph());
+    q::after_step(m->graph(), q::resolve(c));
   }
   m->eval();
 }
@@ -87,9 +88,9 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
   q::Config c = method == "dorefa_w4a4" ? config("dorefa", 4, 4)
                 : method.rfind("dorefa_w2a2", 0) == 0 ? config("dorefa", 2, 2)
                                                       : config(method);
-  if (method == "dorefa_w2a2_clip2") c.activation_clip = 2.0;
+  if (method == "dorefa_w2a2_clip2") c.options["activation_clip"] = 2.0;
   q::apply(m, c);
-  train_a_little(m, {1, 1, 28, 28});
+  train_a_little(m, {1, 1, 28, 28}, c);
   at::Tensor x = at::randn({16, 1, 28, 28});
   at::Tensor expected;
   {
@@ -107,7 +108,7 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
   EXPECT_EQ(conv2.weight_transforms, std::vector<std::string>{"packed"});
   EXPECT_FALSE(conv2.params.contains("weight"));
   EXPECT_EQ(conv2.buffers.at("weight_codes").scalar_type(), at::kByte);
-  if (c.activation_clip != 1.0)  // the clip level travels with the act_quant node
+  if (c.options.contains("activation_clip"))  // the clip level travels with the act_quant node
     EXPECT_DOUBLE_EQ(ck.graph.node("conv2.act_quant").attr_float("activation_clip"), 2.0);
   GraphModule loaded(ck.graph);
   loaded->eval();
@@ -164,7 +165,7 @@ TEST(PackedCheckpointTest, ResNet20FileSize) {
                                   std::pair<std::string, q::Config>{"resnet20_bnn", config("bnn")}}) {
     GraphModule m(build_model("resnet20"));
     q::apply(m, cfg);
-    train_a_little(m, {1, 3, 32, 32}, 1);
+    train_a_little(m, {1, 3, 32, 32}, cfg, 1);
     const std::string path = scratch(name + ".h5");
     save_checkpoint(path, m->graph());
     const double theory = theoretical_bytes(q::pack_graph(m->graph()));
@@ -200,7 +201,7 @@ TEST(PackedCheckpointTest, WriteForPython) {
   for (const auto& c : cases) {
     GraphModule m(build_model("resnet20"));
     q::apply(m, c.cfg);
-    train_a_little(m, {1, 3, 32, 32}, 1);
+    train_a_little(m, {1, 3, 32, 32}, c.cfg, 1);
     save_checkpoint(join_path(dir, c.name + ".h5"), m->graph());
     Graph decoded = m->graph().clone();
     for (auto& n : decoded.nodes()) {

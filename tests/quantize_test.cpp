@@ -236,23 +236,23 @@ TEST(QuantizePass, ActivationClipReachesTheQuantizer) {
   c.method = "dorefa";
   c.weight_bits = 32;
   c.activation_bits = 2;
-  c.activation_clip = 2.0;
+  c.options["activation_clip"] = 2.0;
   q::apply(m, c);
   EXPECT_DOUBLE_EQ(m->graph().node("mid.act_quant").attr_float("activation_clip"), 2.0);
   m->eval();
   EXPECT_NEAR(m->forward(at::full({1, 1, 1, 1}, 0.9f)).item<double>(), 2.0 / 3, 1e-6);
   GraphModule plain(wiring_graph("linear"));
-  c.activation_clip = 1.0;
+  c.options["activation_clip"] = 1.0;
   q::apply(plain, c);
   EXPECT_FALSE(plain->graph().node("mid.act_quant").has_attr("activation_clip"));
   Graph g = build_model("lenet5");
   c.method = "xnor";
   c.weight_bits = 0;
   c.activation_bits = 0;
-  c.activation_clip = 2.0;
+  c.options["activation_clip"] = 2.0;
   EXPECT_THROW(q::apply(g, c), Error);
   c.method = "dorefa";
-  c.activation_clip = 0.0;
+  c.options["activation_clip"] = 0.0;
   EXPECT_THROW(q::apply(g, c), Error);
 }
 
@@ -321,7 +321,7 @@ TEST(QuantizePass, BinaryActivationsReplaceTheRelu) {
     at::NoGradGuard ng;
     m->graph().node("fc1").params.at("weight").mul_(10);
   }
-  EXPECT_EQ(q::clip_latent_weights(m->graph()), 3);
+  EXPECT_EQ(q::after_step(m->graph(), q::resolve(c)), 3);
   EXPECT_LE(m->graph().node("fc1").params.at("weight").abs().max().item<double>(), 1.0);
 }
 
@@ -331,7 +331,7 @@ TEST(QuantizePass, ResidualModelXnorWithK) {
   GraphModule m(build_model("resnet20"));
   q::Config c;
   c.method = "xnor";
-  c.xnor_scale_k = true;
+  c.options["xnor_scale_k"] = true;
   q::Report r = q::apply(m, c);
   EXPECT_EQ(m->graph().node("relu").op, "relu");
   EXPECT_EQ(m->graph().node("layer1.0.conv1.act_quant").inputs[0], "bn1");
@@ -390,7 +390,7 @@ TEST(QuantizePass, DoReFaFoldsAReluWhoseUsesAreAllQuantized) {
   c.method = "dorefa";
   c.weight_bits = 4;
   c.activation_bits = 4;
-  c.activation_clip = 2.0;
+  c.options["activation_clip"] = 2.0;
   q::Report r = q::apply(folded, c);
   std::vector<std::string> expected;
   for (int stage = 1; stage <= 3; ++stage)

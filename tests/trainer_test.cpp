@@ -820,8 +820,12 @@ TEST(OptionsSchema, RecipeSettingsAreTyped) {
   const auto o = quantize_modifier_schema().parse(q, "<qat>");
   EXPECT_EQ(o.method, "dorefa");
   EXPECT_EQ(o.weight_bits, 4);
-  EXPECT_EQ(o.activation_clip, 1.0);
-  EXPECT_TRUE(o.clip_latent_weights);
+  EXPECT_EQ(o.activation_bits, 4);
+  // The methods' own keys join the modifier's: dorefa's activation_clip, bnn's clip_latent_weights.
+  std::vector<std::string> keys;
+  for (const KeySpec& k : quantize_modifier_keys()) keys.push_back(k.name);
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "activation_clip"), keys.end());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "clip_latent_weights"), keys.end());
   const ModifierSettings& f = r.modifiers.at(1).settings;
   EXPECT_EQ(std::get<double>(f["freeze_bn_epoch"].storage()), 2.0);  // a number key stores a double
 }

@@ -1,17 +1,19 @@
-// `whittle export MODEL --format onnx|torchscript --out FILE`: a checkpoint, zoo model or imported
-// TorchScript model written as ONNX or TorchScript in deploy form (docs/export.md).
+// `whittle export MODEL --format F --out FILE`: a checkpoint, zoo model or imported TorchScript
+// model written by a registered exporter (export/exporter.h) in deploy form (docs/export.md).
 
 #include <ATen/ATen.h>
 
 #include <boost/program_options.hpp>
 
-#include <iomanip>
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <iostream>
+#include <map>
 
 #include "core/error.h"
 #include "core/file_util.h"
-#include "export/onnx.h"
-#include "export/torchscript_export.h"
+#include "export/exporter.h"
 #include "export/verify.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
@@ -20,29 +22,57 @@ namespace po = boost::program_options;
 
 namespace whittle::cli {
 
+namespace {
+
+// "opset" → "--opset", "static_batch" → "--static-batch": an exporter option as a flag.
+std::string flag_of(const std::string& key) {
+  std::string f = key;
+  std::replace(f.begin(), f.end(), '_', '-');
+  return f;
+}
+
+}  // namespace
+
 int run_export(const std::vector<std::string>& args) {
+  std::string formats, extensions;
+  for (const auto& name : exporters().names()) {
+    formats += (formats.empty() ? "" : "|") + name;
+    const Exporter& e = exporter(name);
+    std::string exts;
+    for (const auto& x : e.extensions()) exts += (exts.empty() ? "" : ", ") + x;
+    extensions += (extensions.empty() ? "" : "; ") + name + ": " + exts;
+  }
   po::options_description opts(
-      "usage: whittle export MODEL --out FILE [--format onnx|torchscript] [--opset N] [--static-batch]\n"
+      "usage: whittle export MODEL --out FILE [--format " + formats + "] [format options]\n"
       "                      [--verify] [--check-data FILE.h5] [--input-shape N,C,H,W]\n\n"
-      "Writes MODEL (a whittle checkpoint, a TorchScript file or a zoo model name) as ONNX or as TorchScript,\n"
-      "in deploy form: eval mode, QAT batch norms folded, quantized weights decoded (DoReFa grids of up to 7\n"
-      "bits as QuantizeLinear/DequantizeLinear in ONNX), activation quantizers as plain ops. The format\n"
-      "defaults from the extension of --out (.onnx; .pt, .ts, .torchscript). --verify loads a TorchScript\n"
-      "export with torch::jit::load and compares its outputs on 4 random inputs with whittle's; for ONNX it\n"
-      "re-reads the file and runs the ONNX checker (run outputs with onnxruntime, see docs/export.md).\n"
+      "Writes MODEL (a whittle checkpoint, a TorchScript file or a zoo model name) in an export format\n"
+      "(whittle inspect --exporters), in deploy form: eval mode, QAT batch norms folded, quantized weights\n"
+      "decoded (int8 weight grids as QuantizeLinear/DequantizeLinear in ONNX), activation quantizers as\n"
+      "plain ops. The format defaults from the extension of --out (" + extensions + ").\n"
+      "--verify reads the written file back: TorchScript is loaded with torch::jit::load and its outputs on 4\n"
+      "random inputs compared with whittle's; ONNX is re-read and checked by the ONNX checker (run outputs\n"
+      "with onnxruntime, see docs/export.md). A file that fails is removed.\n"
       "--check-data writes those random inputs and whittle's outputs (HDF5) for checks in other runtimes.\n\n"
       "examples:\n  whittle export runs/mnist/lenet5_dorefa_w4a4/model.h5 --out lenet5_w4a4.onnx\n"
       "  whittle export resnet20 --format torchscript --out resnet20.pt --verify\n\noptions");
   std::string model, out, format, shape_text, check_data;
-  int64_t opset = 17;
   opts.add_options()("help,h", "this text")("out", po::value<std::string>(&out), "file to write")(
-      "format", po::value<std::string>(&format), "onnx or torchscript (default: from the --out extension)")(
-      "opset", po::value<int64_t>(&opset)->default_value(17), "ONNX opset, 13..17")(
-      "static-batch", "ONNX: fix the batch dimension to the model's declared one (default: dynamic 'N')")(
-      "verify", "check the written file (see above) and print the largest output difference")(
+      "format", po::value<std::string>(&format), (formats + " (default: from the --out extension)").c_str())(
+      "verify", "check the written file (see above) and print what was found")(
       "check-data", po::value<std::string>(&check_data), "also write random inputs and whittle's outputs for them (HDF5)")(
       "input-shape", po::value<std::string>(&shape_text), "input shape of a TorchScript file or zoo model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
+  // Each exporter's options as flags (a flag two formats share is listed once).
+  std::map<std::string, KeySpec> option_flags;  // key → its spec
+  for (const auto& name : exporters().names())
+    for (const KeySpec& k : exporter(name).option_keys()) {
+      if (option_flags.count(k.name)) continue;
+      option_flags.emplace(k.name, k);
+      const std::string help = name + ": " + k.description + " (default " + k.default_text +
+                               (k.range.text().empty() ? "" : ", " + k.range.text()) + ")";
+      if (k.type == KeyType::kBool) opts.add_options()(flag_of(k.name).c_str(), help.c_str());
+      else opts.add_options()(flag_of(k.name).c_str(), po::value<std::string>(), help.c_str());
+    }
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
@@ -53,17 +83,50 @@ int run_export(const std::vector<std::string>& args) {
   if (path_exists(model) && is_same_or_inside(out, model))
     throw Error("export: --out " + out + " is the input model " + model, ErrorKind::kUsage);
   if (format.empty()) {
-    const std::string ext = file_extension(out);
-    if (ext == ".onnx") format = "onnx";
-    else if (ext == ".pt" || ext == ".ts" || ext == ".torchscript") format = "torchscript";
-    else
-      throw Error("export: cannot tell the format from '" + out + "'; give --format onnx or --format torchscript",
-                  ErrorKind::kUsage);
+    const Exporter* by_extension = exporter_for_path(out);
+    if (!by_extension) {
+      std::string give;
+      for (const auto& name : exporters().names()) give += (give.empty() ? "--format " : " or --format ") + name;
+      throw Error("export: cannot tell the format from '" + out + "'; give " + give, ErrorKind::kUsage);
+    }
+    format = by_extension->name();
   }
-  if (format != "onnx" && format != "torchscript")
-    throw Error("export: unknown --format '" + format + "' (onnx, torchscript)", ErrorKind::kUsage);
-  if (format != "onnx" && (!vm["opset"].defaulted() || vm.count("static-batch")))
-    throw Error("export: --opset and --static-batch apply to --format onnx only", ErrorKind::kUsage);
+  if (!exporters().contains(format)) {
+    std::string known;
+    for (const auto& name : exporters().names()) known += (known.empty() ? "" : ", ") + name;
+    throw Error("export: unknown --format '" + format + "' (" + known + ")", ErrorKind::kUsage);
+  }
+  const Exporter& ex = exporter(format);
+  // The format's options from their flags, typed by the exporter's keys.
+  Settings options;
+  for (const auto& [key, spec] : option_flags) {
+    if (!vm.count(flag_of(key))) continue;
+    if (spec.type == KeyType::kBool) {
+      options[key] = true;
+      continue;
+    }
+    const std::string text = vm[flag_of(key)].as<std::string>();
+    if (spec.type == KeyType::kInt || spec.type == KeyType::kFloat) {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != text.size() || text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || !std::isfinite(v))
+        throw Error("export: --" + flag_of(key) + " '" + text + "' is not a finite number", ErrorKind::kUsage);
+      try {
+        // An integer key takes integral values in the 64-bit range only (SettingValue checks).
+        options[key] = spec.type == KeyType::kInt ? SettingValue(SettingValue(v).as<int64_t>()) : SettingValue(v);
+      } catch (const Error& e) {
+        throw Error("export: --" + flag_of(key) + ": " + e.what(), ErrorKind::kUsage);
+      }
+    } else {
+      options[key] = text;
+    }
+  }
+  check_export_options(ex, options, "export");
   if (!check_data.empty() && (is_same_or_inside(check_data, out) || (path_exists(model) && is_same_or_inside(check_data, model))))
     throw Error("export: --check-data " + check_data + " must be another file than MODEL and --out", ErrorKind::kUsage);
 
@@ -75,50 +138,29 @@ int run_export(const std::vector<std::string>& args) {
   runner::ModelMetadata meta;
   const Graph graph =
       load_cli_model("export", model, shape, vm["num-classes"].as<int64_t>(), !vm["num-classes"].defaulted(), &meta);
-  const bool static_batch = vm.count("static-batch") > 0;
-  if (format == "onnx") {
-    OnnxOptions o;
-    o.opset = opset;
-    o.dynamic_batch = !static_batch;
-    o.metadata["source"] = model;
-    export_onnx(graph, out, o);
-    std::cout << "wrote " << out << " (ONNX, opset " << opset << ", " << file_size(out) << " bytes)\n";
-  } else {
-    export_torchscript(graph, out);
-    std::cout << "wrote " << out << " (TorchScript, " << file_size(out) << " bytes)\n";
-  }
-  // Check data at the batch the file accepts: the declared one when it is fixed.
-  const int64_t batch = static_batch && !graph.inputs().empty() ? graph.value(graph.inputs()[0]).shape.at(0) : 4;
+  ex.check(graph, options);  // an option out of range or an op without a form, before any file
+  ExportInfo info;
+  info.metadata["source"] = model;
+  ex.write(graph, out, options, info);
+  std::cout << "wrote " << out << " (" << ex.summary(options) << ", " << file_size(out) << " bytes)\n";
+  // Check data at the batch the file accepts (the declared one when the format fixes it).
+  const int64_t batch = ex.check_batch(graph, options);
   // Random inputs and whittle's outputs for them, computed once for --check-data and --verify.
   std::optional<CheckData> data;
-  if (!check_data.empty() || (vm.count("verify") && format != "onnx")) data = make_check_data(graph, batch);
+  if (!check_data.empty() || (vm.count("verify") && ex.verify_runs())) data = make_check_data(graph, batch);
   if (!check_data.empty()) {
     save_check_data(*data, graph, check_data);
     std::cout << "wrote " << check_data << " (" << batch << " random inputs and whittle's outputs)\n";
   }
   if (vm.count("verify")) {
-    if (format == "onnx") {
-      const int64_t nodes = check_onnx_file(out);
-      std::cout << "verify: " << out << " parses and passes the ONNX checker (" << nodes
-                << " nodes); compare its outputs with onnxruntime (docs/export.md)\n";
-    } else {
-      ExportCheck c;
-      try {
-        c = verify_torchscript_file(*data, out);
-      } catch (const Error& e) {
-        remove_file(out);
-        throw Error(std::string(e.what()) + "; removed " + out);
-      }
-      const double rel = c.max_abs_output > 0 ? c.max_abs_difference / c.max_abs_output : c.max_abs_difference;
-      std::cout << "verify: torch::jit::load(" << out << ") on " << c.batch << " random inputs: largest difference "
-                << std::setprecision(3) << c.max_abs_difference << " (" << rel << " of the largest output "
-                << c.max_abs_output << ")" << (c.bitwise_equal ? ", bitwise equal" : "") << "\n";
-      if (!(rel <= 1e-5)) {
-        remove_file(out);  // a file that computes something else is not left behind
-        throw Error("export: the TorchScript file's outputs differ from whittle's by " + std::to_string(rel) +
-                    " of the largest output (bound 1e-5); removed " + out);
-      }
+    std::string found;
+    try {
+      found = ex.verify(out, data ? &*data : nullptr);
+    } catch (const Error& e) {
+      remove_file(out);  // a file that fails its check is not left behind
+      throw Error(std::string(e.what()) + "; removed " + out);
     }
+    std::cout << "verify: " << found << "\n";
   }
   return 0;
 }

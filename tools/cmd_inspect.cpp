@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/registry.h"
 #include "deploy/lowering.h"
 #include "fuse/fuse.h"
 #include "graph/op_registry.h"
@@ -42,11 +43,16 @@ std::string human(double v, const char* unit) {
 }  // namespace
 
 int run_inspect(const std::vector<std::string>& args) {
+  // Every registry is listed by a flag of its name (--ops, --methods, --exporters, ...).
+  const std::vector<const RegistryBase*> registries = all_registries();
+  std::string flags;
+  for (const RegistryBase* r : registries) flags += (flags.empty() ? "--" : " | --") + r->plural();
   po::options_description opts(
-      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n       whittle inspect --ops | --passes | --transforms\n\n"
+      "usage: whittle inspect MODEL [--input-shape N,C,H,W] [--json]\n       whittle inspect " + flags + "\n\n"
       "MODEL is a zoo model name (" + join(zoo_model_names(), ", ") + "),\n"
-      "a TorchScript file (.pt, needs --input-shape), or a whittle checkpoint (.h5).\n\n"
-      "example:\n  whittle inspect resnet20 --input-shape 1,3,32,32 --json\n\noptions");
+      "a TorchScript file (.pt, needs --input-shape), or a whittle checkpoint (.h5).\n"
+      "The other forms list an extension registry: what this build can run, quantize, export and schedule.\n\n"
+      "example:\n  whittle inspect resnet20 --input-shape 1,3,32,32 --json\n  whittle inspect --methods\n\noptions");
   std::string model, shape_text;
   opts.add_options()("help,h", "this text")
       ("input-shape", po::value<std::string>(&shape_text), "example input shape, comma-separated (batch first)")
@@ -55,9 +61,18 @@ int run_inspect(const std::vector<std::string>& args) {
       ("ops", "list the registered ops (kind, channel flow, forms: o ONNX, t TorchScript, k deploy kernels, description) and exit")
       ("passes", "list the registered graph passes (name, module, description, options) and exit")
       ("transforms", "list the registered weight transforms (name, kind, description) and exit");
+  for (const RegistryBase* r : registries) {
+    if (r->plural() == "ops" || r->plural() == "passes" || r->plural() == "transforms") continue;
+    opts.add_options()(r->plural().c_str(), ("list the registered " + r->plural() + " and exit").c_str());
+  }
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
+    return 0;
+  }
+  for (const RegistryBase* r : registries) {
+    if (r->plural() == "ops" || r->plural() == "passes" || r->plural() == "transforms" || !vm.count(r->plural())) continue;
+    for (const auto& name : r->names()) std::cout << std::left << std::setw(24) << name << r->description(name) << "\n";
     return 0;
   }
   if (vm.count("passes")) {
@@ -88,8 +103,9 @@ int run_inspect(const std::vector<std::string>& args) {
       const OpTraits& t = op_traits(kind);
       // Export forms: o = ONNX, t = TorchScript (docs/export.md); k = a bitpacked path in the
       // deploy runtime (docs/kernels.md).
-      const std::string forms =
-          std::string(t.to_onnx ? "o" : "-") + (t.to_torchscript ? "t" : "-") + (t.to_deploy ? "k" : "-");
+      const std::string forms = std::string(onnx_forms().contains(kind) ? "o" : "-") +
+                                (torchscript_forms().contains(kind) ? "t" : "-") +
+                                (deploy::deploy_lowerings().contains(kind) ? "k" : "-");
       std::cout << std::left << std::setw(22) << kind << std::setw(19) << channel_flow_name(t.channel_flow)
                 << std::setw(5) << forms << t.description << "\n";
     }

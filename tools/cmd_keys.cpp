@@ -61,14 +61,15 @@ int run_keys(const std::vector<std::string>& args) {
   list_keys(std::cout, runner::recipe_schema(), "", md);
   for (const auto& name : runner::modifier_names()) {
     const auto& info = runner::modifier_info(name);
+    const std::vector<KeySpec> settings = runner::modifier_settings(info);
     if (md) {
       std::cout << "\n### Modifier `" << name << "`\n\n" << info.description << "\n\n"
                 << "Common keys: `name`, `start_epoch`, `end_epoch`, `targets`, `ignore`.\n\n";
-      if (!info.settings.empty()) std::cout << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+      if (!settings.empty()) std::cout << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
     } else {
       std::cout << "\nmodifier " << name << ": " << info.description << "\n";
     }
-    list_keys(std::cout, info.settings, "", md);
+    list_keys(std::cout, settings, "", md);
   }
   return 0;
 }

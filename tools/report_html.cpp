@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "quantize/method.h"
 #include "core/file_util.h"
 #include "core/json_number.h"
 #include "tools/model_source.h"
@@ -176,17 +177,19 @@ std::string method_of_recipe(const std::string& path) {
       if (!m.IsMap()) continue;
       const std::string name = scalar(m, "name", "");
       if (name == "quantize") {
-        const std::string method = scalar(m, "method", "dorefa");
-        if (method == "dorefa") {
-          parts.push_back("DoReFa W" + scalar(m, "weight_bits", "8") + "A" + scalar(m, "activation_bits", "8"));
-        } else if (method == "twn") {
-          const std::string a = scalar(m, "activation_bits", "32");
-          parts.push_back(a == "32" ? "TWN" : "TWN A" + a);
-        } else if (method == "bnn" || method == "xnor") {
-          parts.push_back(method == "bnn" ? "BNN" : "XNOR-Net");
-        } else {
-          parts.push_back(method);
+        // The method's own label at its resolved bit widths ("DoReFa W2A2", "TWN", "BNN").
+        quantize::Config c;
+        c.method = scalar(m, "method", c.method);
+        std::string label = c.method;
+        try {
+          if (m["weight_bits"]) c.weight_bits = m["weight_bits"].as<int64_t>();
+          if (m["activation_bits"]) c.activation_bits = m["activation_bits"].as<int64_t>();
+          const quantize::QuantizerMethod& method = quantize::quantizer_method(c.method);
+          label = method.label(method.resolve(c));
+        } catch (const std::exception&) {
+          // an unknown method or widths it refuses: its name, as the recipe gives it
         }
+        parts.push_back(label);
       } else if (name == "prune") {
         std::string criterion = scalar(m, "criterion", "l1");
         std::transform(criterion.begin(), criterion.end(), criterion.begin(), ::toupper);

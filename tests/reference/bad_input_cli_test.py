@@ -237,9 +237,9 @@ model = os.path.join(good, "model.h5")
 eo = os.path.join(OUT, "export.onnx")
 expect(["export", model, "--out", os.path.join(OUT, "export.bin")], 2, "cannot tell the format from", "export to an unknown extension")
 expect(["export", model, "--out", eo, "--format", "tflite"], 2, "unknown --format 'tflite' (onnx, torchscript)", "export --format tflite", eo)
-expect(["export", model, "--out", eo, "--opset", "12"], 2, "opset 12 is not supported (13..17)", "export --opset 12", eo)
-expect(["export", model, "--out", eo, "--opset", "18"], 2, "opset 18 is not supported (13..17)", "export --opset 18", eo)
-expect(["export", model, "--out", os.path.join(OUT, "export.pt"), "--opset", "13"], 2, "apply to --format onnx only",
+expect(["export", model, "--out", eo, "--opset", "12"], 2, "'opset': 12 is outside 13..17", "export --opset 12", eo)
+expect(["export", model, "--out", eo, "--opset", "18"], 2, "'opset': 18 is outside 13..17", "export --opset 18", eo)
+expect(["export", model, "--out", os.path.join(OUT, "export.pt"), "--opset", "13"], 2, "opset applies to format onnx only",
        "export --opset with TorchScript", os.path.join(OUT, "export.pt"))
 expect(["export", model, "--out", model], 2, "is the input model", "export onto its input")
 check(open(model, "rb").read() == ckpt, "export onto its input: the checkpoint is untouched")

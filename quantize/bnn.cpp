@@ -1,0 +1,117 @@
+// Binarized neural networks (Hubara et al., 2016, arXiv:1602.02830): the weight quantizer "bnn"
+// (sign(W)), the activation quantizer "sign" (the binarizer BNN and XNOR-Net share) and the method
+// "bnn", which also clips the latent weights to [−1, 1] after each optimizer step. The math is in
+// quantizers.h.
+
+#include <ATen/ATen.h>
+
+#include "core/error.h"
+#include "graph/op_registry.h"
+#include "quantize/binary.h"
+
+namespace whittle::quantize {
+
+namespace {
+
+// The BNN options a recipe or Config may give.
+struct BnnOptions {
+  /// Clip the latent float weights to [−1, 1] after each optimizer step (the paper's rule).
+  bool clip_latent_weights = true;
+};
+
+const OptionsSchema<BnnOptions>& bnn_schema() {
+  using O = BnnOptions;
+  static const OptionsSchema<O> schema = OptionsSchema<O>().add(
+      "clip_latent_weights", &O::clip_latent_weights, "clip the latent weights to [-1, 1] after each optimizer step");
+  return schema;
+}
+
+class BnnMethod final : public MethodWithOptions<BnnOptions> {
+ public:
+  std::string name() const override { return "bnn"; }
+  std::string description() const override {
+    return "binarized neural networks (Hubara et al. 2016): sign weights and sign activations, W1A1";
+  }
+  std::string weight_bits_text() const override { return "1 or 32"; }
+  std::string activation_bits_text() const override { return "1 or 32"; }
+
+  Config resolve(const Config& in) const override {
+    Config c = resolve_binary(in, name());
+    options(c);  // checks the keys given
+    return c;
+  }
+  std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "bnn"; }
+  void attach_weight(Node& n, const Config& c) const override {
+    n.attrs["weight_bits"] = c.weight_bits;
+    n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
+  }
+  std::optional<ActivationPlan> activations(const Config& c) const override { return sign_activation_plan(c); }
+  int64_t after_step(Graph& graph, const Config& c) const override {
+    if (!options(c).clip_latent_weights || c.weight_bits != 1) return 0;
+    at::NoGradGuard no_grad;
+    int64_t count = 0;
+    for (auto& n : graph.nodes()) {
+      if (!has_weight_transform(n, "bnn")) continue;
+      if (at::Tensor* w = n.params.find("weight"); w && w->defined()) {
+        w->clamp_(-1.0, 1.0);
+        ++count;
+      }
+    }
+    return count;
+  }
+  std::string label(const Config&) const override { return "BNN"; }
+
+ protected:
+  const OptionsSchema<BnnOptions>& schema() const override { return bnn_schema(); }
+};
+
+}  // namespace
+
+Config resolve_binary(const Config& in, const std::string& method) {
+  Config c = in;
+  if (c.weight_bits == 0) c.weight_bits = 1;
+  if (c.activation_bits == 0) c.activation_bits = 1;
+  if (c.weight_bits != 1 && c.weight_bits != 32) bad_bits(method, "weight_bits", c.weight_bits, "1 or 32");
+  if (c.activation_bits != 1 && c.activation_bits != 32) bad_bits(method, "activation_bits", c.activation_bits, "1 or 32");
+  return c;
+}
+
+std::optional<ActivationPlan> sign_activation_plan(const Config& c) {
+  if (c.activation_bits == 32) return std::nullopt;
+  ActivationPlan p;
+  p.quantizer = "sign";
+  p.attrs["activation_bits"] = int64_t{1};
+  return p;
+}
+
+void register_bnn() {
+  WeightQuantizer w;
+  w.name = "bnn";
+  w.description = "BNN sign weights (Hubara et al. 2016): sign(W), gradient where |W| ≤ 1";
+  w.attributes = {"weight_bits", "weight_axis"};
+  w.forward = [](const Node&, const at::Tensor& w, bool) { return bnn_sign(w); };
+  w.encode = [](const Node& n, const at::Tensor& w) { return bnn_encode(w, n.attr_int("weight_axis", 0)); };
+  register_weight_quantizer(std::move(w));
+
+  ActivationQuantizer a;
+  a.name = "sign";
+  a.description = "binarizer sign(x), sign(0) = +1, gradient where |x| ≤ 1 (BNN, XNOR-Net activations)";
+  a.placement = Placement::kBinarizeReluInput;
+  a.check = [](const Node&) {};
+  a.forward = [](const Node&, const at::Tensor& x, bool) { return bnn_sign(x); };
+  a.grid = [](const Node&) {
+    ActivationGrid g;
+    g.sign = true;
+    g.bits = 1;
+    return g;
+  };
+  // where(x >= 0, +1, −1) in the input's dtype and device, as bnn_sign.
+  a.torchscript = [](const Node&, const std::string& x, const TorchScriptTerms&) {
+    return "torch.where(" + x + " >= 0, torch.ones([], dtype=" + x + ".dtype, device=" + x +
+           ".device), torch.full([], -1.0, dtype=" + x + ".dtype, device=" + x + ".device))";
+  };
+  register_activation_quantizer(std::move(a));
+  register_quantizer_method(std::make_unique<BnnMethod>());
+}
+
+}  // namespace whittle::quantize
