@@ -22,7 +22,7 @@ const OptionsSchema<OnnxExportOptions>& onnx_schema() {
       OptionsSchema<O>()
           .add("opset", &O::opset, "ONNX opset of the export")
           .in_range(Range::closed(13, 17))
-          .add("static_batch", &O::static_batch, "fix the batch dimension to the model's declared one (default: dynamic 'N')");
+          .add("static_batch", &O::static_batch, "fix the batch dimension to the model's declared one (else a dynamic 'N')");
   return schema;
 }
 

@@ -67,7 +67,7 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 // A method option as a pass option: its type as the pass registry spells it.
-PassOption pass_option_of(const KeySpec& k, const std::string& method) {
+PassOption pass_option_of(const KeySpec& k) {
   std::string type = "string";
   switch (k.type) {
     case KeyType::kBool: type = "bool"; break;
@@ -78,7 +78,7 @@ PassOption pass_option_of(const KeySpec& k, const std::string& method) {
     case KeyType::kStringList: type = "list"; break;
     default: break;
   }
-  return {k.name, type, k.default_text, method + ": " + k.description};
+  return {k.name, type, k.default_text, k.description};
 }
 
 // The value of method option `o` as the pass options give it as text.
@@ -99,11 +99,33 @@ void register_passes() {
                                   {"targets", "list", "", "layers to quantize (naming the first or last layer quantizes it)"},
                                   {"ignore", "list", "", "layers to leave in full precision"}};
   const size_t common = options.size();
-  // The methods' own options (those registered so far), each once, for Config::options.
+  // The methods' own options (those registered so far), each once, for Config::options: named
+  // with the methods that have it ("dorefa, twn: ..."), the default per method where they differ.
+  std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> owners;  // methods, defaults
   for (const auto& name : quantizer_methods().names())
-    for (const KeySpec& k : quantizer_methods().get(name).option_keys())
-      if (std::none_of(options.begin(), options.end(), [&](const PassOption& o) { return o.name == k.name; }))
-        options.push_back(pass_option_of(k, name));
+    for (const KeySpec& k : quantizer_methods().get(name).option_keys()) {
+      auto o = std::find_if(options.begin(), options.end(), [&](const PassOption& p) { return p.name == k.name; });
+      if (o == options.end()) {
+        options.push_back(pass_option_of(k));
+        owners.emplace_back();
+        o = options.end() - 1;
+      }
+      auto& owner = owners[static_cast<size_t>(o - options.begin()) - common];
+      owner.first.push_back(name);
+      owner.second.push_back(k.default_text);
+    }
+  for (size_t i = common; i < options.size(); ++i) {
+    const std::vector<std::string>& methods = owners[i - common].first;
+    const std::vector<std::string>& defaults = owners[i - common].second;
+    const bool same = std::all_of(defaults.begin(), defaults.end(), [&](const std::string& d) { return d == defaults[0]; });
+    std::string who, dflt;
+    for (size_t m = 0; m < methods.size(); ++m) {
+      who += (m ? ", " : "") + methods[m];
+      dflt += (m ? ", " : "") + defaults[m] + " (" + methods[m] + ")";
+    }
+    options[i].description = who + ": " + options[i].description;
+    options[i].default_value = same ? defaults[0] : dflt;
+  }
   register_pass({"quantize", "quantize",
                  "quantization-aware training: quantizers on weights (transform stack) and activations (act_quant)", options,
                  [options, common](Graph& g, const PassOptionValues& v) {

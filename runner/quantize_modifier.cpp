@@ -30,7 +30,9 @@ class QuantizeModifier : public Modifier {
     try {
       config_ = quantize::resolve(config_);
     } catch (const Error& e) {
-      throw Error(spec.location + ": modifier 'quantize': " + e.what(), ErrorKind::kUsage);
+      std::string what = e.what();
+      if (what.rfind("quantize: ", 0) == 0) what = what.substr(10);  // said once, in the prefix
+      throw Error(spec.location + ": modifier 'quantize': " + what, ErrorKind::kUsage);
     }
     // Settings that would change nothing are refused rather than ignored.
     auto refuse = [&](const std::string& why) {
@@ -92,7 +94,7 @@ const OptionsSchema<QuantizeModifierOptions>& quantize_modifier_schema() {
   using O = QuantizeModifierOptions;
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
-          .add("method", &O::method, "a quantizer method: dorefa, twn, bnn, xnor, ... (whittle inspect --methods)")
+          .add("method", &O::method, "a registered quantizer method (whittle inspect --methods)")
           .add("weight_bits", &O::weight_bits, "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {},
                "method default (dorefa 8, twn 2, bnn/xnor 1)")
           .in_range(Range::closed(1, 32))

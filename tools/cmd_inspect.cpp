@@ -70,6 +70,15 @@ int run_inspect(const std::vector<std::string>& args) {
     std::cout << opts << "\n";
     return 0;
   }
+  // One listing at a time, and a listing takes no model or model options.
+  std::vector<std::string> listings;
+  for (const RegistryBase* r : registries)
+    if (vm.count(r->plural())) listings.push_back("--" + r->plural());
+  if (listings.size() > 1)
+    throw Error("inspect: give one of " + join(listings, ", ") + " at a time", ErrorKind::kUsage);
+  if (!listings.empty() && (!model.empty() || vm.count("json") || vm.count("input-shape") || !vm["num-classes"].defaulted()))
+    throw Error("inspect: " + listings[0] + " lists a registry; it takes no MODEL, --json, --input-shape or --num-classes",
+                ErrorKind::kUsage);
   for (const RegistryBase* r : registries) {
     if (r->plural() == "ops" || r->plural() == "passes" || r->plural() == "transforms" || !vm.count(r->plural())) continue;
     for (const auto& name : r->names()) std::cout << std::left << std::setw(24) << name << r->description(name) << "\n";
@@ -80,7 +89,7 @@ int run_inspect(const std::vector<std::string>& args) {
       const PassInfo& p = pass_info(name);
       std::cout << std::left << std::setw(24) << name << std::setw(10) << p.module << p.description << "\n";
       for (const auto& o : p.options)
-        std::cout << "    " << std::setw(16) << o.name << std::setw(8) << o.type << "default "
+        std::cout << "    " << std::setw(20) << o.name << " " << std::setw(8) << o.type << "default "
                   << (o.default_value.empty() ? "(none)" : o.default_value) << ": " << o.description << "\n";
     }
     return 0;
