@@ -26,26 +26,16 @@ const OptionsSchema<BnnOptions>& bnn_schema() {
   return schema;
 }
 
-class BnnMethod final : public MethodWithOptions<BnnOptions> {
+class BnnMethod final : public BinaryMethod<BnnOptions> {
  public:
   std::string name() const override { return "bnn"; }
   std::string description() const override {
     return "binarized neural networks (Hubara et al. 2016): sign weights and sign activations, W1A1";
   }
-  std::string weight_bits_text() const override { return "1 or 32"; }
-  std::string activation_bits_text() const override { return "1 or 32"; }
-
-  Config resolve(const Config& in) const override {
-    Config c = resolve_binary(in, name());
-    options(c);  // checks the keys given
-    return c;
-  }
-  std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "bnn"; }
   void attach_weight(Node& n, const Config& c) const override {
     n.attrs["weight_bits"] = c.weight_bits;
     n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
   }
-  std::optional<ActivationPlan> activations(const Config& c) const override { return sign_activation_plan(c); }
   int64_t after_step(Graph& graph, const Config& c) const override {
     if (!options(c).clip_latent_weights || c.weight_bits != 1) return 0;
     at::NoGradGuard no_grad;
@@ -66,15 +56,6 @@ class BnnMethod final : public MethodWithOptions<BnnOptions> {
 };
 
 }  // namespace
-
-Config resolve_binary(const Config& in, const std::string& method) {
-  Config c = in;
-  if (c.weight_bits == 0) c.weight_bits = 1;
-  if (c.activation_bits == 0) c.activation_bits = 1;
-  if (c.weight_bits != 1 && c.weight_bits != 32) bad_bits(method, "weight_bits", c.weight_bits, "1 or 32");
-  if (c.activation_bits != 1 && c.activation_bits != 32) bad_bits(method, "activation_bits", c.activation_bits, "1 or 32");
-  return c;
-}
 
 std::optional<ActivationPlan> sign_activation_plan(const Config& c) {
   if (c.activation_bits == 32) return std::nullopt;

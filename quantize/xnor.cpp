@@ -34,22 +34,13 @@ const OptionsSchema<XnorOptions>& xnor_schema() {
   return schema;
 }
 
-class XnorMethod final : public MethodWithOptions<XnorOptions> {
+class XnorMethod final : public BinaryMethod<XnorOptions> {
  public:
   std::string name() const override { return "xnor"; }
   std::string description() const override {
     return "XNOR-Net (Rastegari et al. 2016): α·sign(W) weights with α per output channel, sign activations, "
            "optional activation scale K";
   }
-  std::string weight_bits_text() const override { return "1 or 32"; }
-  std::string activation_bits_text() const override { return "1 or 32"; }
-
-  Config resolve(const Config& in) const override {
-    Config c = resolve_binary(in, name());
-    options(c);  // checks the keys given
-    return c;
-  }
-  std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "xnor"; }
   void attach_weight(Node& n, const Config& c) const override {
     const XnorOptions o = options(c);
     n.attrs["weight_bits"] = c.weight_bits;
@@ -57,8 +48,6 @@ class XnorMethod final : public MethodWithOptions<XnorOptions> {
     n.attrs["granularity"] = o.granularity.value_or("per_channel");
     n.attrs["xnor_detach_alpha"] = int64_t{o.xnor_detach_alpha ? 1 : 0};
   }
-  std::optional<ActivationPlan> activations(const Config& c) const override { return sign_activation_plan(c); }
-
   // K: the layer's output times K computed from its real-valued input.
   void finish(Graph& graph, const Config& c, const std::vector<std::string>& layers, const RealSources& real_sources,
               Report& report) const override {
