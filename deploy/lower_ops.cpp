@@ -115,8 +115,8 @@ bool lower_conv2d(const Node& n, Lowering& l) {
   if (!l.use_kernels() || n.inputs.size() != 1) return false;
   const Form in = l.form(n.inputs[0]);
   if (in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
-  if (n.attr_int("groups", 1) != 1 || n.attr_pair("dilation", 1) != std::vector<int64_t>{1, 1}) return false;
-  const auto stride = n.attr_pair("stride", 1), padding = n.attr_pair("padding", 0);
+  if (n.attr_int("groups") != 1 || n.attr_pair("dilation") != std::vector<int64_t>{1, 1}) return false;
+  const auto stride = n.attr_pair("stride"), padding = n.attr_pair("padding");
   const kernels::BinaryConv2dOptions options{stride[0], stride[1], padding[0], padding[1]};
   if (in.code_bits > 0) return add_bitplane_conv(n, l, in, options);
   if (!in.signs) return false;
@@ -220,7 +220,7 @@ bool lower_batch_norm(const Node& n, Lowering& l) {
   bn.running_var = n.buffers.at("running_var");
   if (const at::Tensor* w = n.params.find("weight")) bn.weight = *w;
   if (const at::Tensor* b = n.params.find("bias")) bn.bias = *b;
-  bn.eps = n.attr_float("eps", 1e-5);
+  bn.eps = n.attr_float("eps");
   const at::Tensor s = fuse::bn_scale(bn, /*high_precision=*/true).detach();
   kernels::BinaryEpilogue& e = producer->binary->epilogue;
   const int64_t O = producer->binary->out_channels();
@@ -241,11 +241,11 @@ bool lower_max_pool2d(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
   const Form& in = l.form(n.inputs[0]);
   if (!in.signs || in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
-  if (n.attr_pair("dilation", 1) != std::vector<int64_t>{1, 1}) return false;
-  const auto k = n.attr_pair("kernel_size", 1);
-  const auto s = n.has_attr("stride") ? n.attr_pair("stride", 1) : k;
-  const auto p = n.attr_pair("padding", 0);
-  kernels::SignPool2dOptions o{k[0], k[1], s[0], s[1], p[0], p[1], n.attr_int("ceil_mode", 0) != 0};
+  if (n.attr_pair("dilation") != std::vector<int64_t>{1, 1}) return false;
+  const auto k = n.attr_pair("kernel_size");
+  const auto s = n.has_attr("stride") ? n.attr_pair("stride") : k;
+  const auto p = n.attr_pair("padding");
+  kernels::SignPool2dOptions o{k[0], k[1], s[0], s[1], p[0], p[1], n.attr_bool("ceil_mode")};
   const int64_t channels = l.graph().value(n.inputs[0]).shape[1];
   l.add_step(n, "max_pool2d_signs", [o, channels](std::vector<Value>& frame, const Step& st) {
     frame[st.outputs[0]] = Value::of_words(kernels::max_pool2d_signs(frame[st.inputs[0]].words(), o), channels);
@@ -260,7 +260,7 @@ bool lower_flatten(const Node& n, Lowering& l) {
   const Form& in = l.form(n.inputs[0]);
   const Shape& shape = l.graph().value(n.inputs[0]).shape;
   if (!in.signs || in.packed_map || shape.size() != 4) return false;
-  if (n.attr_int("start_dim", 1) != 1 || (n.attr_int("end_dim", -1) != -1 && n.attr_int("end_dim", -1) != 3)) return false;
+  if (n.attr_int("start_dim") != 1 || (n.attr_int("end_dim") != -1 && n.attr_int("end_dim") != 3)) return false;
   const int64_t channels = shape[1];
   l.add_step(n, "flatten (packed, no copy)", [channels](std::vector<Value>& frame, const Step& s) {
     frame[s.outputs[0]] = Value::of_words(frame[s.inputs[0]].words(), channels, true);

@@ -136,7 +136,7 @@ struct TensorBlob {
                      {"packed_bits", quantize::storage_bits(n.attr_int("weight_bits"))},
                      {"shape", n.attr_ints("weight_shape")},
                      {"encoding", n.attr_str("weight_encoding")},
-                     {"axis", n.attr_int("weight_axis", 0)}};
+                     {"axis", n.attr_int("weight_axis")}};
     }
     index.push_back(std::move(e));
   }

@@ -54,14 +54,14 @@ void attach_layers() {
     std::vector<std::string> in{n.inputs[0], e.weight(n, 0)};
     if (std::string b = e.tensor(n, "bias"); !b.empty()) in.push_back(b);
     e.node(n, "Conv", in, {n.outputs[0]},
-           {A::of("kernel_shape", std::vector<int64_t>{w[2], w[3]}), A::of("strides", n.attr_pair("stride", 1)),
-            A::of("pads", pads4(n.attr_pair("padding", 0))), A::of("dilations", n.attr_pair("dilation", 1)),
-            A::of("group", n.attr_int("groups", 1))});
+           {A::of("kernel_shape", std::vector<int64_t>{w[2], w[3]}), A::of("strides", n.attr_pair("stride")),
+            A::of("pads", pads4(n.attr_pair("padding"))), A::of("dilations", n.attr_pair("dilation")),
+            A::of("group", n.attr_int("groups"))});
   });
   attach("conv_transpose2d", [](const Node& n, OnnxEmitter& e) {
     const std::vector<int64_t> w = weight_shape(n);
-    const auto s = n.attr_pair("stride", 1), p = n.attr_pair("padding", 0);
-    std::vector<int64_t> op = n.attr_pair("output_padding", 0), pads = pads4(p);
+    const auto s = n.attr_pair("stride"), p = n.attr_pair("padding");
+    std::vector<int64_t> op = n.attr_pair("output_padding"), pads = pads4(p);
     // PyTorch allows output_padding < max(stride, dilation), onnxruntime only < stride. The output
     // is the full result cropped by p at the start and p − output_padding at the end, so with
     // p ≥ output_padding the end padding says the same.
@@ -75,7 +75,7 @@ void attach_layers() {
     if (std::string b = e.tensor(n, "bias"); !b.empty()) in.push_back(b);
     e.node(n, "ConvTranspose", in, {n.outputs[0]},
            {A::of("kernel_shape", std::vector<int64_t>{w[2], w[3]}), A::of("strides", s), A::of("pads", pads),
-            A::of("dilations", n.attr_pair("dilation", 1)), A::of("output_padding", op), A::of("group", n.attr_int("groups", 1))});
+            A::of("dilations", n.attr_pair("dilation")), A::of("output_padding", op), A::of("group", n.attr_int("groups"))});
   });
   attach("linear", [](const Node& n, OnnxEmitter& e) {
     const std::string w = e.weight(n, 0);
@@ -104,7 +104,7 @@ void attach_layers() {
     std::string bias = e.tensor(n, "bias");
     if (bias.empty()) bias = e.initializer(n, "bias", at::zeros({c}));
     e.node(n, "BatchNormalization", {n.inputs[0], scale, bias, e.tensor(n, "running_mean"), e.tensor(n, "running_var")},
-           {n.outputs[0]}, {A::of("epsilon", static_cast<float>(n.attr_float("eps", 1e-5)))});
+           {n.outputs[0]}, {A::of("epsilon", static_cast<float>(n.attr_float("eps")))});
   });
 }
 
@@ -117,12 +117,12 @@ void attach_activations() {
   same("feature_dropout", "Identity");
   attach("relu6", [](const Node& n, OnnxEmitter& e) { clip(n, e, n.inputs[0], n.outputs[0], 0.0f, 6.0f); });
   attach("hardtanh", [](const Node& n, OnnxEmitter& e) {
-    clip(n, e, n.inputs[0], n.outputs[0], static_cast<float>(n.attr_float("min_val", -1.0)),
-         static_cast<float>(n.attr_float("max_val", 1.0)));
+    clip(n, e, n.inputs[0], n.outputs[0], static_cast<float>(n.attr_float("min_val")),
+         static_cast<float>(n.attr_float("max_val")));
   });
   attach("leaky_relu", [](const Node& n, OnnxEmitter& e) {
     e.node(n, "LeakyRelu", {n.inputs[0]}, {n.outputs[0]},
-           {A::of("alpha", static_cast<float>(n.attr_float("negative_slope", 0.01)))});
+           {A::of("alpha", static_cast<float>(n.attr_float("negative_slope")))});
   });
   attach("silu", [](const Node& n, OnnxEmitter& e) {
     const std::string s = e.temp(n, "sigmoid");
@@ -138,7 +138,7 @@ void attach_activations() {
   });
   attach("gelu", [](const Node& n, OnnxEmitter& e) {
     const std::string x = n.inputs[0];
-    const std::string mode = n.attr_str("approximate", "none");
+    const std::string mode = n.attr_str("approximate");
     std::string inner;
     if (mode == "none") {  // x·(1 + erf(x/√2))/2
       const std::string d = e.temp(n, "scaled");
@@ -162,7 +162,7 @@ void attach_activations() {
     e.node(n, "Mul", {h, p}, {n.outputs[0]});
   });
   attach("softmax", [](const Node& n, OnnxEmitter& e) {
-    e.node(n, "Softmax", {n.inputs[0]}, {n.outputs[0]}, {A::of("axis", n.attr_int("dim", -1))});
+    e.node(n, "Softmax", {n.inputs[0]}, {n.outputs[0]}, {A::of("axis", n.attr_int("dim"))});
   });
 }
 
@@ -177,11 +177,11 @@ int64_t pooled(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil
 
 void attach_pooling() {
   attach("max_pool2d", [](const Node& n, OnnxEmitter& e) {
-    const auto k = n.attr_pair("kernel_size", 1);
-    const auto s = n.has_attr("stride") ? n.attr_pair("stride", 1) : k;
-    const auto p = n.attr_pair("padding", 0);
-    const auto d = n.attr_pair("dilation", 1);
-    const bool ceil_mode = n.attr_int("ceil_mode", 0) != 0;
+    const auto k = n.attr_pair("kernel_size");
+    const auto s = n.has_attr("stride") ? n.attr_pair("stride") : k;
+    const auto p = n.attr_pair("padding");
+    const auto d = n.attr_pair("dilation");
+    const bool ceil_mode = n.attr_bool("ceil_mode");
     const Shape& in = e.shape(n.inputs[0]);
     // ceil_mode: ONNX's own when its sizes are PyTorch's (no last window starting in the padding);
     // otherwise floor mode with the end padding the last window needs (padding never wins a max),
@@ -205,11 +205,11 @@ void attach_pooling() {
             A::of("ceil_mode", int64_t{onnx_ceil ? 1 : 0})});
   });
   attach("avg_pool2d", [](const Node& n, OnnxEmitter& e) {
-    const auto k = n.attr_pair("kernel_size", 1);
-    const auto s = n.has_attr("stride") ? n.attr_pair("stride", 1) : k;
-    const auto p = n.attr_pair("padding", 0);
-    const bool ceil_mode = n.attr_int("ceil_mode", 0) != 0;
-    if (n.attr_int("divisor_override", 0) > 0) e.unsupported(n, "divisor_override");
+    const auto k = n.attr_pair("kernel_size");
+    const auto s = n.has_attr("stride") ? n.attr_pair("stride") : k;
+    const auto p = n.attr_pair("padding");
+    const bool ceil_mode = n.attr_bool("ceil_mode");
+    if (n.attr_int("divisor_override") > 0) e.unsupported(n, "divisor_override");
     const Shape& in = e.shape(n.inputs[0]);
     const Shape& out = e.shape(n.outputs[0]);
     if (ceil_mode)
@@ -219,7 +219,7 @@ void attach_pooling() {
       }
     e.node(n, "AveragePool", {n.inputs[0]}, {n.outputs[0]},
            {A::of("kernel_shape", k), A::of("strides", s), A::of("pads", pads4(p)),
-            A::of("ceil_mode", int64_t{ceil_mode ? 1 : 0}), A::of("count_include_pad", n.attr_int("count_include_pad", 1))});
+            A::of("ceil_mode", int64_t{ceil_mode ? 1 : 0}), A::of("count_include_pad", n.attr_int("count_include_pad"))});
   });
   attach("adaptive_avg_pool2d", [](const Node& n, OnnxEmitter& e) {
     const Shape& in = e.shape(n.inputs[0]);
@@ -233,7 +233,7 @@ void attach_pooling() {
   });
   attach("mean", [](const Node& n, OnnxEmitter& e) {
     e.node(n, "ReduceMean", {n.inputs[0]}, {n.outputs[0]},
-           {A::of("axes", n.attr_ints("dims")), A::of("keepdims", n.attr_int("keepdim", 0))});
+           {A::of("axes", n.attr_ints("dims")), A::of("keepdims", n.attr_int("keepdim"))});
   });
 }
 
@@ -242,8 +242,8 @@ void attach_shape_ops() {
   attach("mul", [](const Node& n, OnnxEmitter& e) { e.node(n, "Mul", {n.inputs[0], n.inputs[1]}, {n.outputs[0]}); });
   attach("flatten", [](const Node& n, OnnxEmitter& e) {
     const Shape& in = e.shape(n.inputs[0]);
-    const int64_t s = wrap(n.attr_int("start_dim", 1), in.size());
-    const int64_t end = wrap(n.attr_int("end_dim", -1), in.size());
+    const int64_t s = wrap(n.attr_int("start_dim"), in.size());
+    const int64_t end = wrap(n.attr_int("end_dim"), in.size());
     if (s == 1 && end == static_cast<int64_t>(in.size()) - 1)
       return e.node(n, "Flatten", {n.inputs[0]}, {n.outputs[0]}, {A::of("axis", int64_t{1})});
     // Dims before start_dim copied (0), the merged ones inferred (-1), later ones as declared.
@@ -261,11 +261,11 @@ void attach_shape_ops() {
     e.node(n, "Reshape", {n.inputs[0], e.ints(n, "shape", shape)}, {n.outputs[0]});
   });
   attach("cat", [](const Node& n, OnnxEmitter& e) {
-    e.node(n, "Concat", n.inputs, {n.outputs[0]}, {A::of("axis", n.attr_int("dim", 1))});
+    e.node(n, "Concat", n.inputs, {n.outputs[0]}, {A::of("axis", n.attr_int("dim"))});
   });
   attach("split", [](const Node& n, OnnxEmitter& e) {
     e.node(n, "Split", {n.inputs[0], e.ints(n, "split", n.attr_ints("split_sizes"))}, n.outputs,
-           {A::of("axis", n.attr_int("dim", 1))});
+           {A::of("axis", n.attr_int("dim"))});
   });
   attach("transpose", [](const Node& n, OnnxEmitter& e) {
     const size_t rank = e.shape(n.inputs[0]).size();
@@ -303,7 +303,7 @@ void attach_shape_ops() {
       sf = n.attr_floats("scale_factor");
       if (sf.size() == 1) sf.push_back(sf[0]);
     }
-    const std::string mode = n.attr_str("mode", "nearest");
+    const std::string mode = n.attr_str("mode");
     if (mode == "nearest") {
       // PyTorch's source index min(floor(i·scale), in − 1) in float, scale = 1/scale_factor or
       // in/out: two Gathers with those indices, exact (Resize's nearest rounds some ratios otherwise).
@@ -322,7 +322,7 @@ void attach_shape_ops() {
       return;
     }
     // Bilinear: half_pixel (pytorch_half_pixel differs from PyTorch for an output length of 1).
-    const bool align = n.attr_int("align_corners", 0) != 0;
+    const bool align = n.attr_bool("align_corners");
     const std::vector<A> attrs{A::of("mode", std::string("linear")),
                                A::of("coordinate_transformation_mode", std::string(align ? "align_corners" : "half_pixel"))};
     if (!sf.empty()) {  // scale_factor: PyTorch maps coordinates with the factor itself

@@ -42,15 +42,15 @@ std::string plus_minus_one(const std::string& cond, const std::string& like) {
 void attach_layers() {
   attach("conv2d", [](const Node& n, E& e) {
     const std::string w = e.weight(n), b = e.tensor(n, "bias");
-    e.line(out(n, e) + " = torch.conv2d(" + in(n, e) + ", " + w + ", " + b + ", " + E::ints(n.attr_pair("stride", 1)) + ", " +
-           E::ints(n.attr_pair("padding", 0)) + ", " + E::ints(n.attr_pair("dilation", 1)) + ", " +
-           std::to_string(n.attr_int("groups", 1)) + ")");
+    e.line(out(n, e) + " = torch.conv2d(" + in(n, e) + ", " + w + ", " + b + ", " + E::ints(n.attr_pair("stride")) + ", " +
+           E::ints(n.attr_pair("padding")) + ", " + E::ints(n.attr_pair("dilation")) + ", " +
+           std::to_string(n.attr_int("groups")) + ")");
   });
   attach("conv_transpose2d", [](const Node& n, E& e) {
     const std::string w = e.weight(n), b = e.tensor(n, "bias");
-    e.line(out(n, e) + " = torch.conv_transpose2d(" + in(n, e) + ", " + w + ", " + b + ", " + E::ints(n.attr_pair("stride", 1)) +
-           ", " + E::ints(n.attr_pair("padding", 0)) + ", " + E::ints(n.attr_pair("output_padding", 0)) + ", " +
-           std::to_string(n.attr_int("groups", 1)) + ", " + E::ints(n.attr_pair("dilation", 1)) + ")");
+    e.line(out(n, e) + " = torch.conv_transpose2d(" + in(n, e) + ", " + w + ", " + b + ", " + E::ints(n.attr_pair("stride")) +
+           ", " + E::ints(n.attr_pair("padding")) + ", " + E::ints(n.attr_pair("output_padding")) + ", " +
+           std::to_string(n.attr_int("groups")) + ", " + E::ints(n.attr_pair("dilation")) + ")");
   });
   attach("linear", [](const Node& n, E& e) {
     const std::string w = e.weight(n), b = e.tensor(n, "bias");
@@ -61,25 +61,25 @@ void attach_layers() {
     const std::string w = e.tensor(n, "weight"), b = e.tensor(n, "bias");
     const std::string m = e.tensor(n, "running_mean"), v = e.tensor(n, "running_var");
     e.line(out(n, e) + " = torch.batch_norm(" + in(n, e) + ", " + w + ", " + b + ", " + m + ", " + v + ", False, " +
-           E::number(n.attr_float("momentum", 0.1) < 0 ? 0.0 : n.attr_float("momentum", 0.1)) + ", " +
-           E::number(n.attr_float("eps", 1e-5)) + ", True)");
+           E::number(n.attr_float("momentum") < 0 ? 0.0 : n.attr_float("momentum")) + ", " +
+           E::number(n.attr_float("eps")) + ", True)");
   });
 }
 
 void attach_activations() {
   call("relu", "torch.relu");
   call("relu6", "torch.hardtanh", [](const Node&) { return std::string("0.0, 6.0"); });
-  call("leaky_relu", "torch.leaky_relu", [](const Node& n) { return E::number(n.attr_float("negative_slope", 0.01)); });
+  call("leaky_relu", "torch.leaky_relu", [](const Node& n) { return E::number(n.attr_float("negative_slope")); });
   call("hardtanh", "torch.hardtanh", [](const Node& n) {
-    return E::number(n.attr_float("min_val", -1.0)) + ", " + E::number(n.attr_float("max_val", 1.0));
+    return E::number(n.attr_float("min_val")) + ", " + E::number(n.attr_float("max_val"));
   });
   call("sigmoid", "torch.sigmoid");
   call("tanh", "torch.tanh");
   call("silu", "torch.silu");
   call("hardswish", "torch.hardswish");
   call("hardsigmoid", "torch.hardsigmoid");
-  call("gelu", "torch.gelu", [](const Node& n) { return "approximate=\"" + n.attr_str("approximate", "none") + "\""; });
-  call("softmax", "torch.softmax", [](const Node& n) { return std::to_string(n.attr_int("dim", -1)); });
+  call("gelu", "torch.gelu", [](const Node& n) { return "approximate=\"" + n.attr_str("approximate") + "\""; });
+  call("softmax", "torch.softmax", [](const Node& n) { return std::to_string(n.attr_int("dim")); });
   // Eval form: dropout is the identity.
   alias("dropout");
   alias("feature_dropout");
@@ -88,23 +88,23 @@ void attach_activations() {
 
 void attach_pooling() {
   attach("max_pool2d", [](const Node& n, E& e) {
-    const auto k = n.attr_pair("kernel_size", 1);
+    const auto k = n.attr_pair("kernel_size");
     e.line(out(n, e) + " = torch.max_pool2d(" + in(n, e) + ", " + E::ints(k) + ", " +
-           E::ints(n.has_attr("stride") ? n.attr_pair("stride", 1) : k) + ", " + E::ints(n.attr_pair("padding", 0)) + ", " +
-           E::ints(n.attr_pair("dilation", 1)) + ", " + E::boolean(n.attr_int("ceil_mode", 0) != 0) + ")");
+           E::ints(n.has_attr("stride") ? n.attr_pair("stride") : k) + ", " + E::ints(n.attr_pair("padding")) + ", " +
+           E::ints(n.attr_pair("dilation")) + ", " + E::boolean(n.attr_bool("ceil_mode")) + ")");
   });
   attach("avg_pool2d", [](const Node& n, E& e) {
-    const auto k = n.attr_pair("kernel_size", 1);
-    const int64_t div = n.attr_int("divisor_override", 0);
+    const auto k = n.attr_pair("kernel_size");
+    const int64_t div = n.attr_int("divisor_override");
     e.line(out(n, e) + " = torch.avg_pool2d(" + in(n, e) + ", " + E::ints(k) + ", " +
-           E::ints(n.has_attr("stride") ? n.attr_pair("stride", 1) : k) + ", " + E::ints(n.attr_pair("padding", 0)) + ", " +
-           E::boolean(n.attr_int("ceil_mode", 0) != 0) + ", " + E::boolean(n.attr_int("count_include_pad", 1) != 0) + ", " +
+           E::ints(n.has_attr("stride") ? n.attr_pair("stride") : k) + ", " + E::ints(n.attr_pair("padding")) + ", " +
+           E::boolean(n.attr_bool("ceil_mode")) + ", " + E::boolean(n.attr_bool("count_include_pad")) + ", " +
            (div > 0 ? std::to_string(div) : std::string("None")) + ")");
   });
-  call("adaptive_avg_pool2d", "torch.adaptive_avg_pool2d", [](const Node& n) { return E::ints(n.attr_pair("output_size", 1)); });
+  call("adaptive_avg_pool2d", "torch.adaptive_avg_pool2d", [](const Node& n) { return E::ints(n.attr_pair("output_size")); });
   attach("mean", [](const Node& n, E& e) {
     e.line(out(n, e) + " = torch.mean(" + in(n, e) + ", " + E::ints(n.attr_ints("dims")) + ", " +
-           E::boolean(n.attr_int("keepdim", 0) != 0) + ")");
+           E::boolean(n.attr_bool("keepdim")) + ")");
   });
 }
 
@@ -112,7 +112,7 @@ void attach_shape_ops() {
   attach("add", [](const Node& n, E& e) { e.line(out(n, e) + " = " + in(n, e, 0) + " + " + in(n, e, 1)); });
   attach("mul", [](const Node& n, E& e) { e.line(out(n, e) + " = " + in(n, e, 0) + " * " + in(n, e, 1)); });
   call("flatten", "torch.flatten",
-       [](const Node& n) { return std::to_string(n.attr_int("start_dim", 1)) + ", " + std::to_string(n.attr_int("end_dim", -1)); });
+       [](const Node& n) { return std::to_string(n.attr_int("start_dim")) + ", " + std::to_string(n.attr_int("end_dim")); });
   attach("reshape", [](const Node& n, E& e) {
     // [N, shape...] with the run's batch size.
     std::string dims = "[" + in(n, e) + ".size(0)";
@@ -122,12 +122,12 @@ void attach_shape_ops() {
   attach("cat", [](const Node& n, E& e) {
     std::string list;
     for (size_t i = 0; i < n.inputs.size(); ++i) list += (i ? ", " : "") + in(n, e, i);
-    e.line(out(n, e) + " = torch.cat([" + list + "], " + std::to_string(n.attr_int("dim", 1)) + ")");
+    e.line(out(n, e) + " = torch.cat([" + list + "], " + std::to_string(n.attr_int("dim")) + ")");
   });
   attach("split", [](const Node& n, E& e) {
     const std::string parts = e.temp(n.name + "_parts");
     e.line(parts + " = torch.split_with_sizes(" + in(n, e) + ", " + E::ints(n.attr_ints("split_sizes")) + ", " +
-           std::to_string(n.attr_int("dim", 1)) + ")");
+           std::to_string(n.attr_int("dim")) + ")");
     for (size_t i = 0; i < n.outputs.size(); ++i) e.line(out(n, e, i) + " = " + parts + "[" + std::to_string(i) + "]");
   });
   call("transpose", "torch.transpose",
@@ -152,12 +152,12 @@ void attach_shape_ops() {
       sw = E::number(sf.size() > 1 ? sf[1] : sf[0]);
     }
     const std::string size = E::ints({o[2], o[3]});
-    const std::string mode = n.attr_str("mode", "nearest");
+    const std::string mode = n.attr_str("mode");
     if (mode == "nearest")
       e.line(out(n, e) + " = torch.upsample_nearest2d(" + in(n, e) + ", " + size + ", " + sh + ", " + sw + ")");
     else if (mode == "bilinear")
       e.line(out(n, e) + " = torch.upsample_bilinear2d(" + in(n, e) + ", " + size + ", " +
-             E::boolean(n.attr_int("align_corners", 0) != 0) + ", " + sh + ", " + sw + ")");
+             E::boolean(n.attr_bool("align_corners")) + ", " + sh + ", " + sw + ")");
     else
       e.unsupported(n, "upsample mode '" + mode + "'");
   });

@@ -29,7 +29,7 @@ BatchNormParams bn_params(const Node& node, const std::string& prefix) {
   p.running_var = buffer("running_var");
   p.weight = param("weight");
   p.bias = param("bias");
-  p.eps = node.attr_float(prefix.empty() ? "eps" : prefix + "eps", 1e-5);
+  p.eps = node.attr_float(prefix + "eps");
   return p;
 }
 

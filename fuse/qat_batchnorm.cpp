@@ -29,7 +29,7 @@ ConvBnParams qat_params(const Node& n, const at::Tensor& weight) {
   if (const at::Tensor* b = find_defined(n.params, "bias")) p.bias = *b;
   p.bn = detail::bn_params(n, "bn_");
   p.layout = detail::layout_of(n.attr_str("base_op"));
-  p.groups = n.attr_int("groups", 1);
+  p.groups = attr_int_if_declared(n, "groups", 1);
   return p;
 }
 
@@ -58,7 +58,7 @@ std::vector<at::Tensor> qat_forward(const Node& n, const std::vector<at::Tensor>
   // `weight` here is already the folded (and quantized) weight: GraphModule ran the bn_fold transform.
   const at::Tensor& wf = n.params.at("weight");
   const OpTraits& base = op_traits(n.attr_str("base_op"));
-  const bool frozen = n.attr_int("bn_frozen", 0) != 0;
+  const bool frozen = n.attr_bool("bn_frozen");
   if (!training || frozen) {
     FoldedParams f = fold_conv_bn_params_differentiable(qat_params(n, wf));
     Node b = base_node(n, wf, false);
@@ -76,7 +76,7 @@ std::vector<at::Tensor> qat_forward(const Node& n, const std::vector<at::Tensor>
   };
   return {batch_norm_forward(z, param("bn_weight"), param("bn_bias"), n.buffers.at("bn_running_mean"),
                              n.buffers.at("bn_running_var"), find_defined(n.buffers, "bn_num_batches_tracked"), true,
-                             n.attr_float("bn_momentum", 0.1), n.attr_float("bn_eps", 1e-5))};
+                             n.attr_float("bn_momentum"), n.attr_float("bn_eps"))};
 }
 
 void move_tensor(NamedTensors& from, const std::string& name, NamedTensors& to, const std::string& as) {
@@ -97,11 +97,26 @@ void register_qat() {
   t.optional_params = {"bias", "bn_weight", "bn_bias"};
   t.norm_params = {"bn_weight", "bn_bias"};
   t.norm_scale = "bn_weight";
+  t.attributes = {
+      AttrSpec::needed("base_op", AttrType::kString, "the layer the BN folds into")
+          .checked([](const Node&, const Attr& v) -> std::string {
+            return is_foldable_layer(std::get<std::string>(v)) ? "" : "is " + attr_str(v) + ", not conv2d, conv_transpose2d or linear";
+          }),
+      AttrSpec::number("bn_eps", 1e-5, "the BN's eps").range(0, std::nullopt),
+      AttrSpec::number("bn_momentum", 0.1, "the BN's momentum; below 0: cumulative average").range(std::nullopt, 1),
+      AttrSpec::boolean("bn_frozen", false, "running statistics frozen: the folded eval form in training too")};
+  // The base layer's own attributes (stride, groups, ...).
+  t.node_attributes = [](const Node& n) -> const std::vector<AttrSpec>* {
+    const auto it = n.attrs.find("base_op");
+    if (it == n.attrs.end() || !std::holds_alternative<std::string>(it->second)) return nullptr;
+    const OpTraits* base = op_registry().find(std::get<std::string>(it->second));
+    return base ? &base->attributes : nullptr;
+  };
   t.required_buffers = {"bn_running_mean", "bn_running_var"};
   // The base layer's channel tensors, and the BN's on the output channels.
   t.channel_tensors = [](const Node& n) {
     Node base;
-    base.op = n.attr_str("base_op", "conv2d");
+    base.op = n.attr_str("base_op");
     std::vector<ChannelTensor> c = has_op(base.op) ? whittle::channel_tensors(base) : std::vector<ChannelTensor>{};
     for (const char* p : {"bn_weight", "bn_bias"}) c.push_back({p, false, ChannelRole::kOutput, 0, false});
     for (const char* b : {"bn_running_mean", "bn_running_var"}) c.push_back({b, true, ChannelRole::kOutput, 0, false});
@@ -170,8 +185,8 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
     l.attrs["base_op"] = l.op;
     l.op = kOp;
     push_weight_transform(l, "bn_fold", find_transform_kind(l, TransformKind::kQuantizer));
-    l.attrs["bn_eps"] = bn.attr_float("eps", 1e-5);
-    l.attrs["bn_momentum"] = bn.attr_float("momentum", 0.1);
+    l.attrs["bn_eps"] = bn.attr_float("eps");
+    l.attrs["bn_momentum"] = bn.attr_float("momentum");
     l.attrs["bn_frozen"] = int64_t{0};
     move_tensor(bn.params, "weight", l.params, "bn_weight");
     move_tensor(bn.params, "bias", l.params, "bn_bias");
@@ -195,7 +210,7 @@ Report prepare_qat_batchnorm(GraphModule& module, const QatOptions& options) {
 int64_t freeze_qat_batchnorm(Graph& graph) {
   int64_t count = 0;
   for (Node& n : graph.nodes()) {
-    if (n.op != kOp || n.attr_int("bn_frozen", 0) != 0) continue;
+    if (n.op != kOp || n.attr_bool("bn_frozen")) continue;
     n.attrs["bn_frozen"] = int64_t{1};
     ++count;
   }

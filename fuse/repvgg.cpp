@@ -12,15 +12,6 @@ namespace whittle::fuse {
 
 namespace {
 
-// A 2-element attribute (an integer or a 1-element list is repeated), as the conv op reads it.
-std::vector<int64_t> pair_attr(const Node& n, const std::string& key, int64_t fallback) {
-  if (!n.has_attr(key)) return {fallback, fallback};
-  if (auto v = std::get_if<int64_t>(&n.attrs.at(key))) return {*v, *v};
-  std::vector<int64_t> l = n.attr_ints(key);
-  if (l.size() == 1) return {l[0], l[0]};
-  return l;
-}
-
 struct Branch {
   bool conv = false;    // a conv branch (else identity)
   std::string conv_node;
@@ -135,8 +126,8 @@ std::string check(const Graph& g, const Tree& t, Plan* plan) {
   for (const auto& b : branches)
     if (!b.problem.empty()) return b.problem;
   const Node& c0 = g.node(first_conv->conv_node);
-  plan->stride = pair_attr(c0, "stride", 1);
-  plan->groups = c0.attr_int("groups", 1);
+  plan->stride = c0.attr_pair("stride");
+  plan->groups = c0.attr_int("groups");
   plan->channels = c0.params.at("weight").size(0);
   const int64_t in_channels = g.value(first_conv->x).shape.at(1);
   bool identity = false;
@@ -148,12 +139,12 @@ std::string check(const Graph& g, const Tree& t, Plan* plan) {
     const Node& c = g.node(b.conv_node);
     const at::Tensor& w = c.params.at("weight");
     const std::string where = "'" + c.name + "' ";
-    if (pair_attr(c, "dilation", 1) != std::vector<int64_t>{1, 1}) return where + "is dilated";
+    if (c.attr_pair("dilation") != std::vector<int64_t>{1, 1}) return where + "is dilated";
     if (w.size(2) % 2 == 0 || w.size(3) % 2 == 0) return where + "has an even kernel size";
-    if (pair_attr(c, "padding", 0) != std::vector<int64_t>{(w.size(2) - 1) / 2, (w.size(3) - 1) / 2})
+    if (c.attr_pair("padding") != std::vector<int64_t>{(w.size(2) - 1) / 2, (w.size(3) - 1) / 2})
       return where + "padding is not (k−1)/2, so its output is not centred like the other branches'";
-    if (pair_attr(c, "stride", 1) != plan->stride) return where + "stride differs from '" + c0.name + "'";
-    if (c.attr_int("groups", 1) != plan->groups) return where + "groups differ from '" + c0.name + "'";
+    if (c.attr_pair("stride") != plan->stride) return where + "stride differs from '" + c0.name + "'";
+    if (c.attr_int("groups") != plan->groups) return where + "groups differ from '" + c0.name + "'";
     if (w.size(0) != plan->channels) return where + "output channels differ from '" + c0.name + "'";
     plan->kh = std::max(plan->kh, w.size(2));
     plan->kw = std::max(plan->kw, w.size(3));

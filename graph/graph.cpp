@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/options.h"
 #include "graph/op_registry.h"
 
 namespace whittle {
@@ -54,12 +56,204 @@ void NamedTensors::erase(const std::string& name) {
 
 // ---------------------------------------------------------------- Node attributes
 
+const char* attr_type_name(AttrType type) {
+  switch (type) {
+    case AttrType::kInt: return "int";
+    case AttrType::kBool: return "bool";
+    case AttrType::kFloat: return "float";
+    case AttrType::kString: return "string";
+    case AttrType::kInts: return "ints";
+    case AttrType::kFloats: return "floats";
+    case AttrType::kPair: return "pair";
+  }
+  return "?";
+}
+
+std::string attr_str(const Attr& value) {
+  std::ostringstream os;
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          os << '\'' << v << '\'';
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          os << "[";
+          for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+          os << "]";
+        } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+          os << "[";
+          for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << number_text(v[i]);
+          os << "]";
+        } else if constexpr (std::is_same_v<T, double>) {
+          os << number_text(v);
+        } else {
+          os << v;
+        }
+      },
+      value);
+  return os.str();
+}
+
 namespace {
 
+AttrSpec with_default(std::string name, AttrType type, Attr fallback, std::string description) {
+  AttrSpec s;
+  s.name = std::move(name);
+  s.type = type;
+  s.default_value = std::move(fallback);
+  s.description = std::move(description);
+  return s;
+}
+
+}  // namespace
+
+AttrSpec AttrSpec::integer(std::string name, int64_t fallback, std::string description) {
+  return with_default(std::move(name), AttrType::kInt, Attr(fallback), std::move(description));
+}
+
+AttrSpec AttrSpec::boolean(std::string name, bool fallback, std::string description) {
+  return with_default(std::move(name), AttrType::kBool, Attr(int64_t{fallback ? 1 : 0}), std::move(description));
+}
+
+AttrSpec AttrSpec::number(std::string name, double fallback, std::string description) {
+  return with_default(std::move(name), AttrType::kFloat, Attr(fallback), std::move(description));
+}
+
+AttrSpec AttrSpec::text(std::string name, std::string fallback, std::string description) {
+  return with_default(std::move(name), AttrType::kString, Attr(std::move(fallback)), std::move(description));
+}
+
+AttrSpec AttrSpec::pair(std::string name, int64_t fallback, std::string description) {
+  return with_default(std::move(name), AttrType::kPair, Attr(std::vector<int64_t>{fallback, fallback}),
+                      std::move(description));
+}
+
+AttrSpec AttrSpec::needed(std::string name, AttrType type, std::string description) {
+  AttrSpec s = optional(std::move(name), type, std::move(description));
+  s.required = true;
+  return s;
+}
+
+AttrSpec AttrSpec::optional(std::string name, AttrType type, std::string description) {
+  AttrSpec s;
+  s.name = std::move(name);
+  s.type = type;
+  s.description = std::move(description);
+  return s;
+}
+
+AttrSpec& AttrSpec::range(std::optional<double> lo, std::optional<double> hi) {
+  min = lo;
+  max = hi;
+  return *this;
+}
+
+AttrSpec& AttrSpec::one_of(std::vector<std::string> values) {
+  choices = std::move(values);
+  return *this;
+}
+
+AttrSpec& AttrSpec::length(int64_t lo, int64_t hi) {
+  min_length = lo;
+  max_length = hi;
+  return *this;
+}
+
+AttrSpec& AttrSpec::checked(std::function<std::string(const Node& node, const Attr& value)> fn) {
+  check = std::move(fn);
+  return *this;
+}
+
+std::string AttrSpec::problem(const Attr& value) const {
+  const char* want = "";
+  switch (type) {
+    case AttrType::kInt: want = "an integer"; break;
+    case AttrType::kBool: want = "0 or 1"; break;
+    case AttrType::kFloat: want = "a number"; break;
+    case AttrType::kString: want = "a string"; break;
+    case AttrType::kInts: want = "an integer list"; break;
+    case AttrType::kFloats: want = "a number list"; break;
+    case AttrType::kPair: want = "an integer or a list of 1 or 2 integers"; break;
+  }
+  const std::string wrong = "is " + attr_str(value) + ", not " + want;
+  auto in_range = [&](double v) -> std::string {
+    if (min && v < *min) return "is " + attr_str(value) + ", below the minimum " + number_text(*min);
+    if (max && v > *max) return "is " + attr_str(value) + ", above the maximum " + number_text(*max);
+    return "";
+  };
+  auto list_range = [&](const auto& list) -> std::string {
+    const auto n = static_cast<int64_t>(list.size());
+    if (n < min_length || (max_length >= 0 && n > max_length))
+      return "is " + attr_str(value) + ": " + std::to_string(n) + " elements, expected " +
+             (min_length == max_length ? std::to_string(min_length)
+                                       : std::to_string(min_length) + " to " +
+                                             (max_length < 0 ? std::string("any number") : std::to_string(max_length)));
+    for (const auto& v : list)
+      if (std::string p = in_range(static_cast<double>(v)); !p.empty()) return p;
+    return "";
+  };
+  const auto* i = std::get_if<int64_t>(&value);
+  const auto* d = std::get_if<double>(&value);
+  const auto* str = std::get_if<std::string>(&value);
+  const auto* ints = std::get_if<std::vector<int64_t>>(&value);
+  const auto* floats = std::get_if<std::vector<double>>(&value);
+  switch (type) {
+    case AttrType::kInt:
+      return i ? in_range(static_cast<double>(*i)) : wrong;
+    case AttrType::kBool:
+      return i && (*i == 0 || *i == 1) ? "" : "is " + attr_str(value) + ", not 0 or 1";
+    case AttrType::kFloat:
+      if (!i && !d) return wrong;
+      if (d && !std::isfinite(*d)) return "is " + attr_str(value) + ", not a finite number";
+      return in_range(i ? static_cast<double>(*i) : *d);
+    case AttrType::kString:
+      if (!str) return wrong;
+      if (!choices.empty() && std::find(choices.begin(), choices.end(), *str) == choices.end()) {
+        std::string known;
+        for (const auto& c : choices) known += (known.empty() ? "" : ", ") + c;
+        return "is " + attr_str(value) + ", not one of " + known;
+      }
+      return "";
+    case AttrType::kInts:
+      return ints ? list_range(*ints) : wrong;
+    case AttrType::kFloats:
+      if (ints) return list_range(*ints);
+      if (!floats) return wrong;
+      for (double v : *floats)
+        if (!std::isfinite(v)) return "is " + attr_str(value) + ", not all finite";
+      return list_range(*floats);
+    case AttrType::kPair:
+      if (i) return in_range(static_cast<double>(*i));
+      if (!ints || ints->empty() || ints->size() > 2) return wrong;
+      return list_range(*ints);
+  }
+  return wrong;
+}
+
+std::string AttrSpec::summary() const {
+  std::string s = attr_type_name(type);
+  if (default_value) s += ", default " + attr_str(*default_value);
+  else s += required ? ", required" : ", optional";
+  if (min && max) s += ", " + number_text(*min) + " to " + number_text(*max);
+  else if (min) s += ", at least " + number_text(*min);
+  else if (max) s += ", at most " + number_text(*max);
+  if (!choices.empty()) {
+    s += ", one of ";
+    for (size_t k = 0; k < choices.size(); ++k) s += (k ? "|" : "") + choices[k];
+  }
+  return s;
+}
+
+namespace {
+
+// The attribute's value, or its declared default when absent.
 const Attr& find_attr(const Node& n, const std::string& key) {
   auto it = n.attrs.find(key);
-  if (it == n.attrs.end()) throw Error("node '" + n.name + "' (" + n.op + "): missing attribute '" + key + "'");
-  return it->second;
+  if (it != n.attrs.end()) return it->second;
+  const AttrSpec* spec = attr_spec(n, key);
+  if (!spec) throw Error("node '" + n.name + "' (" + n.op + "): no attribute '" + key + "' is declared for it");
+  if (!spec->default_value) throw Error("node '" + n.name + "' (" + n.op + "): missing attribute '" + key + "'");
+  return *spec->default_value;
 }
 
 [[noreturn]] void wrong_type(const Node& n, const std::string& key, const char* want) {
@@ -74,19 +268,11 @@ int64_t Node::attr_int(const std::string& key) const {
   wrong_type(*this, key, "an integer");
 }
 
-int64_t Node::attr_int(const std::string& key, int64_t fallback) const {
-  return has_attr(key) ? attr_int(key) : fallback;
-}
-
 double Node::attr_float(const std::string& key) const {
   const Attr& a = find_attr(*this, key);
   if (auto v = std::get_if<double>(&a)) return *v;
   if (auto v = std::get_if<int64_t>(&a)) return static_cast<double>(*v);
   wrong_type(*this, key, "a number");
-}
-
-double Node::attr_float(const std::string& key, double fallback) const {
-  return has_attr(key) ? attr_float(key) : fallback;
 }
 
 const std::string& Node::attr_str(const std::string& key) const {
@@ -95,27 +281,20 @@ const std::string& Node::attr_str(const std::string& key) const {
   wrong_type(*this, key, "a string");
 }
 
-std::string Node::attr_str(const std::string& key, const std::string& fallback) const {
-  return has_attr(key) ? attr_str(key) : fallback;
-}
-
 const std::vector<int64_t>& Node::attr_ints(const std::string& key) const {
   const Attr& a = find_attr(*this, key);
   if (auto v = std::get_if<std::vector<int64_t>>(&a)) return *v;
   wrong_type(*this, key, "an integer list");
 }
 
-std::vector<int64_t> Node::attr_ints(const std::string& key, std::vector<int64_t> fallback) const {
-  return has_attr(key) ? attr_ints(key) : fallback;
-}
-
-std::vector<int64_t> Node::attr_pair(const std::string& key, int64_t fallback) const {
-  if (!has_attr(key)) return {fallback, fallback};
-  if (auto v = std::get_if<int64_t>(&attrs.at(key))) return {*v, *v};
-  std::vector<int64_t> l = attr_ints(key);
-  if (l.size() == 1) return {l[0], l[0]};
-  if (l.size() != 2) throw Error("node '" + name + "' (" + op + "): attribute '" + key + "' must have 1 or 2 elements");
-  return l;
+std::vector<int64_t> Node::attr_pair(const std::string& key) const {
+  const Attr& a = find_attr(*this, key);
+  if (auto v = std::get_if<int64_t>(&a)) return {*v, *v};
+  const auto* l = std::get_if<std::vector<int64_t>>(&a);
+  if (!l) wrong_type(*this, key, "an integer or integer list");
+  if (l->size() == 1) return {(*l)[0], (*l)[0]};
+  if (l->size() != 2) throw Error("node '" + name + "' (" + op + "): attribute '" + key + "' must have 1 or 2 elements");
+  return *l;
 }
 
 std::vector<double> Node::attr_floats(const std::string& key) const {
@@ -146,6 +325,7 @@ std::vector<Shape> Graph::run_shape_inference(const Node& node_in) const {
   const std::optional<Node> stand_in = with_placeholder_weight(node_in);
   const Node& node = stand_in ? *stand_in : node_in;
   const OpTraits& traits = op_traits(node.op);
+  check_attributes(node_in);
   const int n_in = static_cast<int>(node.inputs.size());
   if (n_in < traits.min_inputs || (traits.max_inputs >= 0 && n_in > traits.max_inputs)) {
     throw Error("node '" + node.name + "' (" + node.op + "): takes " + std::to_string(traits.min_inputs) +

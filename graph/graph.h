@@ -12,6 +12,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -30,6 +31,77 @@ std::string shape_str(const Shape& shape);
 
 /// An attribute value: integer (also used for booleans), float, string, or integer/float lists.
 using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
+
+struct Node;
+
+/// The type an attribute declares (AttrSpec) and the Attr alternatives it accepts.
+enum class AttrType {
+  kInt,     ///< int64_t
+  kBool,    ///< int64_t 0 or 1
+  kFloat,   ///< double (an int64_t is accepted and read as a double)
+  kString,  ///< std::string
+  kInts,    ///< std::vector<int64_t>
+  kFloats,  ///< std::vector<double> (an integer list is accepted)
+  kPair,    ///< a 2-D op's per-axis pair (stride, padding): an int64_t or a list of 1 or 2
+};
+
+/// Name of an AttrType ("int", "bool", "float", "string", "ints", "floats", "pair").
+const char* attr_type_name(AttrType type);
+
+/// "3", "0.5", "'nearest'", "[1, 2]": an attribute value as messages show it.
+std::string attr_str(const Attr& value);
+
+/// The declaration of one node attribute: its type, default and valid values. Each op's registry
+/// entry declares the attributes its nodes may carry (OpTraits::attributes), as does each weight
+/// transform for the attributes it owns; readers take the default from here (Node::attr_int and
+/// the other accessors), and Graph::validate() checks every attribute of every node against it.
+struct AttrSpec {
+  std::string name;
+  AttrType type = AttrType::kInt;
+  std::string description;  ///< one line, for `whittle inspect --ops`
+  /// The value an absent attribute reads as; none: see `required`.
+  std::optional<Attr> default_value;
+  /// Without a default: true when every node must carry it, false when it may be absent (a reader
+  /// checks Node::has_attr, as max pooling's `stride`, which is its kernel size when absent).
+  bool required = false;
+  /// Numbers, and each element of a list or pair: the valid closed range.
+  std::optional<double> min, max;
+  /// Strings: the valid values; empty: any (or what `check` allows).
+  std::vector<std::string> choices;
+  /// Lists: the valid element counts, inclusive; max_length < 0: any.
+  int64_t min_length = 0, max_length = -1;
+  /// A further check of a present value against its node (names from a registry, a value tied to
+  /// another attribute): "" when valid, otherwise what is wrong.
+  std::function<std::string(const Node& node, const Attr& value)> check;
+
+  /// An integer attribute with a default.
+  static AttrSpec integer(std::string name, int64_t fallback, std::string description);
+  /// A boolean (0/1) attribute with a default.
+  static AttrSpec boolean(std::string name, bool fallback, std::string description);
+  /// A float attribute with a default.
+  static AttrSpec number(std::string name, double fallback, std::string description);
+  /// A string attribute with a default.
+  static AttrSpec text(std::string name, std::string fallback, std::string description);
+  /// A pair attribute with a default (both axes `fallback`).
+  static AttrSpec pair(std::string name, int64_t fallback, std::string description);
+  /// An attribute of `type` every node must carry.
+  static AttrSpec needed(std::string name, AttrType type, std::string description);
+  /// An attribute of `type` a node may lack (no default).
+  static AttrSpec optional(std::string name, AttrType type, std::string description);
+  /// Sets the valid range [lo, hi] (numbers and list elements); returns *this.
+  AttrSpec& range(std::optional<double> lo, std::optional<double> hi);
+  /// Sets the valid string values; returns *this.
+  AttrSpec& one_of(std::vector<std::string> values);
+  /// Sets the valid list lengths; returns *this.
+  AttrSpec& length(int64_t lo, int64_t hi);
+  /// Sets the further check; returns *this.
+  AttrSpec& checked(std::function<std::string(const Node& node, const Attr& value)> fn);
+  /// "" when `value` has this spec's type and lies in its ranges, choices and lengths (`check`
+  /// not included); otherwise what is wrong ("is 64, above the maximum 32").
+  std::string problem(const Attr& value) const;
+  /// "int, default 1, at least 1": the declaration as `whittle inspect` lists it.
+  std::string summary() const;
+};
 
 /// Ordered name → tensor map, keeping insertion order (as a PyTorch state_dict does).
 class NamedTensors {
@@ -73,21 +145,21 @@ struct Node {
   std::vector<std::string> weight_transforms;
 
   bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
-  /// Typed attribute access; the versions without a default throw whittle::Error naming the node
-  /// and key when the attribute is absent or has another type.
+  /// Typed attribute access. An absent attribute reads as the default its declaration gives (the
+  /// op's AttrSpec, or that of a weight transform in the node's stack; attr_spec() in
+  /// op_registry.h). Throws whittle::Error naming the node and key when the attribute is absent
+  /// without a default, undeclared, or of another type.
   int64_t attr_int(const std::string& key) const;
-  int64_t attr_int(const std::string& key, int64_t fallback) const;
+  /// An int or bool attribute as a bool (nonzero: true).
+  bool attr_bool(const std::string& key) const { return attr_int(key) != 0; }
   double attr_float(const std::string& key) const;  ///< accepts an integer attribute too
-  double attr_float(const std::string& key, double fallback) const;
   const std::string& attr_str(const std::string& key) const;
-  std::string attr_str(const std::string& key, const std::string& fallback) const;
   const std::vector<int64_t>& attr_ints(const std::string& key) const;
-  std::vector<int64_t> attr_ints(const std::string& key, std::vector<int64_t> fallback) const;
   std::vector<double> attr_floats(const std::string& key) const;  ///< accepts an int list too
   /// A 2-element attribute of a 2-D op (stride, padding, dilation, kernel_size): a single integer
-  /// or a 1-element list is repeated; `fallback` twice when absent. Throws whittle::Error naming
-  /// the node and key for another length or type.
-  std::vector<int64_t> attr_pair(const std::string& key, int64_t fallback) const;
+  /// or a 1-element list is repeated. Throws whittle::Error naming the node and key for another
+  /// length or type.
+  std::vector<int64_t> attr_pair(const std::string& key) const;
 };
 
 /// What the graph knows about one value.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "core/error.h"
@@ -178,14 +179,14 @@ std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>
     case ChannelFlow::kPassThrough: return same_channels({in.empty() ? Shape{} : in[0]}, out);
     case ChannelFlow::kElementwise: return same_channels(in, out);
     case ChannelFlow::kConcat: {
-      if (in.empty() || wrapped(node.attr_int("dim", 1), in[0].size()) != 1) return same_channels(in, out);
+      if (in.empty() || wrapped(node.attr_int("dim"), in[0].size()) != 1) return same_channels(in, out);
       ChannelMap map(1);
       for (size_t i = 0; i < in.size(); ++i)
         for (int64_t k = 0; k < in[i][1]; ++k) map[0].push_back({{static_cast<int>(i), k}});
       return map;
     }
     case ChannelFlow::kSplit: {
-      if (in.empty() || wrapped(node.attr_int("dim", 1), in[0].size()) != 1) return same_channels(in, out);
+      if (in.empty() || wrapped(node.attr_int("dim"), in[0].size()) != 1) return same_channels(in, out);
       ChannelMap map(out.size());
       int64_t offset = 0;
       for (size_t o = 0; o < out.size(); ++o) {
@@ -196,7 +197,7 @@ std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>
     }
     case ChannelFlow::kExpand: {
       if (in.empty() || in[0].size() < 2) return std::nullopt;
-      if (wrapped(node.attr_int("start_dim", 1), in[0].size()) != 1) return same_channels(in, out);
+      if (wrapped(node.attr_int("start_dim"), in[0].size()) != 1) return same_channels(in, out);
       const int64_t features = out[0][1], channels = in[0][1];
       if (channels == 0 || features % channels != 0) return std::nullopt;
       const int64_t per = features / channels;  // H·W (the flattened trailing dims)
@@ -229,7 +230,7 @@ void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64
   if (keep.empty()) fail("at least one channel must stay");
   if (!node.params.contains("weight") && node.has_attr("weight_shape"))
     fail("its weight is packed (slice before the checkpoint is written)");
-  const int64_t groups = node.attr_int("groups", 1);
+  const int64_t groups = attr_int_if_declared(node, "groups", 1);
   for (const ChannelTensor& c : channel_tensors(node)) {
     if (c.role != side && c.role != ChannelRole::kChannel) continue;
     if (side == ChannelRole::kChannel && c.role != ChannelRole::kChannel) continue;
@@ -332,10 +333,107 @@ bool erase_weight_transform(Node& node, const std::string& name) {
   if (it == s.end()) return false;
   s.erase(it);
   const WeightTransform& t = weight_transform(name);
-  for (const auto& a : t.attributes) node.attrs.erase(a);
+  for (const auto& a : t.attributes) node.attrs.erase(a.name);
   for (const auto& b : t.buffers) node.buffers.erase(b);
   for (const auto& p : t.params) node.params.erase(p);
   return true;
+}
+
+// ---------------------------------------------------------------- attributes
+
+Registry<AttrSpec>& node_annotations() {
+  static Registry<AttrSpec> r("node annotation", "annotations",
+                              [](const AttrSpec& a) { return a.description + " (" + a.summary() + ")"; },
+                              ErrorKind::kRuntime);
+  return r;
+}
+
+void register_node_annotation(AttrSpec spec) {
+  if (spec.name.empty()) throw Error("register_node_annotation: needs a name");
+  const std::string name = spec.name;
+  node_annotations().add(name, std::move(spec));
+}
+
+namespace {
+
+const AttrSpec* find_in(const std::vector<AttrSpec>& specs, const std::string& key) {
+  for (const AttrSpec& a : specs)
+    if (a.name == key) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+const AttrSpec* attr_spec(const Node& node, const std::string& key) {
+  const OpTraits& t = op_traits(node.op);
+  if (const AttrSpec* a = find_in(t.attributes, key)) return a;
+  if (t.node_attributes)
+    if (const std::vector<AttrSpec>* extra = t.node_attributes(node))
+      if (const AttrSpec* a = find_in(*extra, key)) return a;
+  for (const auto& name : node.weight_transforms)
+    if (const WeightTransform* w = weight_transforms().find(name)) {
+      if (const AttrSpec* a = find_in(w->attributes, key)) return a;
+      if (w->node_attributes)
+        if (const std::vector<AttrSpec>* extra = w->node_attributes(node))
+          if (const AttrSpec* a = find_in(*extra, key)) return a;
+    }
+  return node_annotations().find(key);
+}
+
+std::vector<const AttrSpec*> attr_specs(const Node& node) {
+  std::vector<const AttrSpec*> out;
+  auto add = [&](const std::vector<AttrSpec>& specs) {
+    for (const AttrSpec& a : specs) out.push_back(&a);
+  };
+  const OpTraits& t = op_traits(node.op);
+  add(t.attributes);
+  if (t.node_attributes)
+    if (const std::vector<AttrSpec>* extra = t.node_attributes(node)) add(*extra);
+  for (const auto& name : node.weight_transforms)
+    if (const WeightTransform* w = weight_transforms().find(name)) {
+      add(w->attributes);
+      if (w->node_attributes)
+        if (const std::vector<AttrSpec>* extra = w->node_attributes(node)) add(*extra);
+    }
+  return out;
+}
+
+void check_attributes(const Node& node) {
+  const std::string where = "node '" + node.name + "' (" + node.op + ")";
+  std::set<std::string> seen;
+  for (const auto& name : node.weight_transforms) {
+    if (!weight_transforms().find(name)) weight_transform(name);  // throws, listing the known ones
+    if (!seen.insert(name).second) throw Error(where + ": weight transform '" + name + "' appears twice in its stack");
+  }
+  // The op's own attributes first: the others' declarations may depend on them (an act_quant's
+  // `method` names the quantizer that declares the rest).
+  const OpTraits& traits = op_traits(node.op);
+  for (const auto& [key, value] : node.attrs) {
+    const AttrSpec* spec = find_in(traits.attributes, key);
+    if (!spec) continue;
+    std::string problem = spec->problem(value);
+    if (problem.empty() && spec->check) problem = spec->check(node, value);
+    if (!problem.empty()) throw Error(where + ": attribute '" + key + "' " + problem);
+  }
+  const std::vector<const AttrSpec*> specs = attr_specs(node);
+  for (const auto& [key, value] : node.attrs) {
+    const AttrSpec* spec = attr_spec(node, key);
+    if (!spec) {
+      std::string known;
+      for (const AttrSpec* a : specs) known += (known.empty() ? "" : ", ") + a->name;
+      throw Error(where + ": unknown attribute '" + key + "' (" +
+                  (known.empty() ? std::string("it declares none") : "it declares " + known) + ")");
+    }
+    std::string problem = spec->problem(value);
+    if (problem.empty() && spec->check) problem = spec->check(node, value);
+    if (!problem.empty()) throw Error(where + ": attribute '" + key + "' " + problem);
+  }
+  for (const AttrSpec* a : specs)
+    if (a->required && !node.has_attr(a->name)) throw Error(where + ": missing attribute '" + a->name + "'");
+}
+
+int64_t attr_int_if_declared(const Node& node, const std::string& key, int64_t otherwise) {
+  return attr_spec(node, key) ? node.attr_int(key) : otherwise;
 }
 
 std::string transform_stack_problem(const Node& node) {

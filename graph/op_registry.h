@@ -104,6 +104,13 @@ using ChannelTiesFn = std::function<std::vector<int64_t>(const Node& node)>;
 struct OpTraits {
   std::string kind;                         ///< registry key, e.g. "conv2d"
   std::string description;                  ///< one line, for `whittle inspect --ops`
+  /// The attributes its nodes may carry, each declared once with its type, default and valid
+  /// values (AttrSpec): readers take defaults from here, and Graph::validate() (so every graph
+  /// loaded from a file) refuses a node whose attribute is undeclared or out of range.
+  std::vector<AttrSpec> attributes;
+  /// Attributes that depend on the node, beside `attributes` (an act_quant node's are those of its
+  /// quantizer); empty or nullptr: none.
+  std::function<const std::vector<AttrSpec>*(const Node& node)> node_attributes;
   ChannelFlow channel_flow = ChannelFlow::kOpaque;
   std::vector<std::string> required_params;   ///< parameters every node of this kind has
   std::vector<std::string> optional_params;   ///< parameters it may have ("bias")
@@ -239,7 +246,11 @@ struct WeightTransform {
   std::string name;
   std::string description;
   TransformKind kind = TransformKind::kQuantizer;
-  std::vector<std::string> attributes;  ///< node attributes the transform owns (removed with it)
+  /// Node attributes the transform owns (declared as an op's are; removed with it).
+  std::vector<AttrSpec> attributes;
+  /// Attributes it allows that depend on the node (packed codes keep the attributes of the
+  /// quantizer that wrote them); empty or nullptr: none.
+  std::function<const std::vector<AttrSpec>*(const Node& node)> node_attributes;
   std::vector<std::string> buffers;     ///< node buffers it owns ("weight_mask")
   /// Returns the weight after this stage (the shape the op expects, differentiable where it makes
   /// sense). `weight` is the previous stage's output; `training` is the module's mode. Throws
@@ -287,6 +298,29 @@ std::optional<Node> with_placeholder_weight(const Node& node);
 /// Registers the transform "mask": weight ⊙ the node's buffer `weight_mask` (same shape, 0/1),
 /// the form a pruning mask takes before channels are removed. Called with the built-in ops.
 void register_mask_transform();
+
+// ---- attributes
+
+/// Attributes any node may carry beside its op's: bookkeeping a pass records on the nodes it
+/// changes (pruning's unpruned_channels). Registered by the module that writes them.
+Registry<AttrSpec>& node_annotations();
+/// Registers (or replaces) a node annotation. Throws whittle::Error for one without a name.
+void register_node_annotation(AttrSpec spec);
+
+/// The declaration of attribute `key` on `node`: its op's (OpTraits::attributes, then
+/// node_attributes), a weight transform's in its stack, or a node annotation; nullptr when none
+/// declares it. Throws whittle::Error when the node's op is not registered.
+const AttrSpec* attr_spec(const Node& node, const std::string& key);
+/// Every attribute declaration that applies to `node`, in attr_spec()'s order of precedence.
+std::vector<const AttrSpec*> attr_specs(const Node& node);
+/// Checks the node's attributes against their declarations (type, range, choices, each spec's
+/// check; required ones present) and its weight transform stack (registered names, none twice).
+/// Throws whittle::Error (ErrorKind::kRuntime) naming the node and the attribute or transform.
+void check_attributes(const Node& node);
+/// For readers of an attribute that only some of the ops they handle declare: the node's value
+/// of `key` (or its default) when its op declares it, otherwise `otherwise` ("groups" of a
+/// linear layer is 1 because a linear layer has no groups, not by default).
+int64_t attr_int_if_declared(const Node& node, const std::string& key, int64_t otherwise);
 
 /// Cost of one node at the graph's declared shapes.
 struct NodeCost {

@@ -1,23 +1,7 @@
 // The built-in op set: one OpTraits entry per op kind (see op_registry.h).
 //
-// Attribute conventions (all optional unless noted; defaults as in torch.nn):
-//   conv2d            stride[2]=1, padding[2]=0, dilation[2]=1, groups=1; weight [Cout, Cin/g, kh, kw], bias [Cout]
-//   conv_transpose2d  stride, padding, output_padding, dilation, groups; weight [Cin, Cout/g, kh, kw]
-//   linear            weight [out, in], bias [out]
-//   batch_norm        eps=1e-5, momentum=0.1 (< 0: cumulative average); weight/bias [C] (absent: affine=False);
-//                     buffers running_mean, running_var [C], num_batches_tracked (int64 scalar); input [N,C] or [N,C,...]
-//   leaky_relu        negative_slope=0.01;  hardtanh  min_val=-1, max_val=1;  gelu  approximate="none"|"tanh"
-//   max_pool2d        kernel_size[2] (required), stride[2]=kernel_size, padding=0, dilation=1, ceil_mode=0
-//   avg_pool2d        kernel_size[2] (required), stride, padding, ceil_mode=0, count_include_pad=1, divisor_override=0
-//   adaptive_avg_pool2d output_size[2] (required)
-//   flatten           start_dim=1, end_dim=-1
-//   reshape           shape (required): the dims after the batch dimension, one may be -1; output [N, shape...]
-//   cat               dim=1;  split  dim=1, split_sizes (required), one output per size
-//   transpose         dim0, dim1 (required);  permute  dims (required)
-//   channel_shuffle   groups (required);  dropout  p=0.5;  softmax  dim=-1
-//   feature_dropout   p=0.5 (whole channels, as Dropout2d)
-//   upsample          mode="nearest"|"bilinear", size[2] or scale_factor[2], align_corners=0 (bilinear only)
-//   mean              dims (required), keepdim=0
+// Each entry declares its attributes (type, default as in torch.nn, valid range) in its
+// `attributes`; `whittle inspect --ops` lists them and Graph::validate() checks them.
 
 #include <ATen/ATen.h>
 
@@ -39,14 +23,14 @@ namespace {
   throw Error("node '" + n.name + "' (" + n.op + "): " + msg);
 }
 
-// A 2-D window attribute, range-checked (a stride of 0 from a damaged file would divide by zero):
-// stride, dilation and kernel_size ≥ 1, padding and output_padding ≥ 0.
-std::vector<int64_t> pair(const Node& n, const std::string& key, int64_t fallback) {
-  std::vector<int64_t> v = n.attr_pair(key, fallback);
-  const int64_t least = key == "padding" || key == "output_padding" ? 0 : 1;
-  if (v[0] < least || v[1] < least)
-    fail(n, "attribute '" + key + "' is " + shape_str(v) + "; it must be ≥ " + std::to_string(least));
-  return v;
+// Declarations shared by several ops.
+AttrSpec window(const char* name, int64_t fallback, int64_t least, const char* description) {
+  return AttrSpec::pair(name, fallback, description).range(static_cast<double>(least), std::nullopt);
+}
+AttrSpec groups_attr() { return AttrSpec::integer("groups", 1, "channel groups (torch.nn.Conv2d groups)").range(1, std::nullopt); }
+std::vector<AttrSpec> conv_attrs() {
+  return {window("stride", 1, 1, "step of the window per axis"), window("padding", 0, 0, "zeros added on each side per axis"),
+          window("dilation", 1, 1, "spacing of the kernel taps per axis"), groups_attr()};
 }
 
 int64_t wrap_dim(const Node& n, int64_t dim, size_t rank) {
@@ -86,7 +70,7 @@ ChannelTensorsFn fixed_channels(std::vector<ChannelTensor> tensors) {
 // `groups` becomes the number kept. Otherwise every group keeps the same number of channels on
 // the side sliced (and, on a per-group axis, the same ones).
 void slice_conv(Node& n, ChannelRole side, const std::vector<int64_t>& keep) {
-  const int64_t g = n.attr_int("groups", 1);
+  const int64_t g = n.attr_int("groups");
   const at::Tensor* w = n.params.find("weight");
   if (g == 1 || !w || !w->defined()) return slice_channel_tensors(n, side, keep);
   const bool transposed = n.op == "conv_transpose2d";
@@ -141,9 +125,10 @@ void slice_conv(Node& n, ChannelRole side, const std::vector<int64_t>& keep) {
 
 // Registers an elementwise single-input op whose shape is its input's.
 void unary(const std::string& kind, const std::string& desc, ChannelFlow flow,
-           std::function<at::Tensor(const Node&, const at::Tensor&, bool)> f) {
+           std::function<at::Tensor(const Node&, const at::Tensor&, bool)> f, std::vector<AttrSpec> attributes = {}) {
   OpTraits t;
   t.kind = kind;
+  t.attributes = std::move(attributes);
   t.description = desc;
   t.channel_flow = flow;
   t.forward = [f](const Node& n, const std::vector<at::Tensor>& in, bool training) { return one(f(n, in[0], training)); };
@@ -154,7 +139,7 @@ void unary(const std::string& kind, const std::string& desc, ChannelFlow flow,
 // conv2d: output channels bound to input channels when each group reads one input channel
 // (depthwise, or a channel multiplier): output c reads input c / (out / groups).
 std::vector<int64_t> conv_ties(const Node& n) {
-  const int64_t g = n.attr_int("groups", 1);
+  const int64_t g = n.attr_int("groups");
   const at::Tensor* w = n.params.find("weight");
   if (g <= 1 || !w || !w->defined() || w->dim() != 4) return {};
   const bool transposed = n.op == "conv_transpose2d";
@@ -169,6 +154,7 @@ std::vector<int64_t> conv_ties(const Node& n) {
 void register_conv() {
   OpTraits t;
   t.kind = "conv2d";
+  t.attributes = conv_attrs();
   t.channel_ties = conv_ties;
   t.description = "2-D convolution (torch.nn.Conv2d), zero padding";
   t.channel_flow = ChannelFlow::kProducerConsumer;
@@ -181,14 +167,14 @@ void register_conv() {
   t.folds_batchnorm = true;
   t.torchscript_ops = {"aten::conv2d", "aten::_convolution"};
   t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    return one(at::conv2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), pair(n, "stride", 1),
-                          pair(n, "padding", 0), pair(n, "dilation", 1), n.attr_int("groups", 1)));
+    return one(at::conv2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), n.attr_pair("stride"),
+                          n.attr_pair("padding"), n.attr_pair("dilation"), n.attr_int("groups")));
   };
   t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     require_rank(n, in[0], 4, "4-D NCHW");
     const auto w = n.params.at("weight").sizes();
     if (w.size() != 4) fail(n, "weight must be 4-D [Cout, Cin/groups, kh, kw], got " + shape_str(w.vec()));
-    const int64_t g = n.attr_int("groups", 1);
+    const int64_t g = n.attr_int("groups");
     if (g < 1 || in[0][1] % g != 0 || w[0] % g != 0)
       fail(n, "groups=" + std::to_string(g) + " does not divide in_channels " + std::to_string(in[0][1]) +
                   " and out_channels " + std::to_string(w[0]));
@@ -197,7 +183,7 @@ void register_conv() {
                   std::to_string(g) + " expects " + std::to_string(w[1] * g));
     if (const at::Tensor* b = n.params.find("bias"); b && b->defined() && (b->dim() != 1 || b->size(0) != w[0]))
       fail(n, "bias has shape " + shape_str(b->sizes().vec()) + ", expected [" + std::to_string(w[0]) + "]");
-    auto s = pair(n, "stride", 1), p = pair(n, "padding", 0), d = pair(n, "dilation", 1);
+    auto s = n.attr_pair("stride"), p = n.attr_pair("padding"), d = n.attr_pair("dilation");
     int64_t h = conv_out(in[0][2], w[2], s[0], p[0], d[0]), wo = conv_out(in[0][3], w[3], s[1], p[1], d[1]);
     if (h < 1 || wo < 1) fail(n, "input " + shape_str(in[0]) + " is too small for kernel " + shape_str({w[2], w[3]}));
     return std::vector<Shape>{{in[0][0], w[0], h, wo}};
@@ -210,6 +196,8 @@ void register_conv() {
 
   OpTraits ct;
   ct.kind = "conv_transpose2d";
+  ct.attributes = conv_attrs();
+  ct.attributes.push_back(window("output_padding", 0, 0, "size added to one side of the output per axis"));
   ct.description = "2-D transposed convolution (torch.nn.ConvTranspose2d)";
   ct.channel_flow = ChannelFlow::kProducerConsumer;
   ct.required_params = {"weight"};
@@ -222,20 +210,20 @@ void register_conv() {
   ct.torchscript_ops = {"aten::conv_transpose2d"};
   ct.optional_params = {"bias"};
   ct.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    return one(at::conv_transpose2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), pair(n, "stride", 1),
-                                    pair(n, "padding", 0), pair(n, "output_padding", 0), n.attr_int("groups", 1),
-                                    pair(n, "dilation", 1)));
+    return one(at::conv_transpose2d(in[0], n.params.at("weight"), param_or_undefined(n, "bias"), n.attr_pair("stride"),
+                                    n.attr_pair("padding"), n.attr_pair("output_padding"), n.attr_int("groups"),
+                                    n.attr_pair("dilation")));
   };
   ct.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     require_rank(n, in[0], 4, "4-D NCHW");
     const auto w = n.params.at("weight").sizes();
     if (w.size() != 4) fail(n, "weight must be 4-D [Cin, Cout/groups, kh, kw], got " + shape_str(w.vec()));
-    const int64_t g = n.attr_int("groups", 1);
+    const int64_t g = n.attr_int("groups");
     if (w[0] != in[0][1])
       fail(n, "input has " + std::to_string(in[0][1]) + " channels but weight " + shape_str(w.vec()) + " expects " +
                   std::to_string(w[0]));
     if (g < 1 || w[0] % g != 0) fail(n, "groups=" + std::to_string(g) + " does not divide in_channels");
-    auto s = pair(n, "stride", 1), p = pair(n, "padding", 0), op = pair(n, "output_padding", 0), d = pair(n, "dilation", 1);
+    auto s = n.attr_pair("stride"), p = n.attr_pair("padding"), op = n.attr_pair("output_padding"), d = n.attr_pair("dilation");
     int64_t h = (in[0][2] - 1) * s[0] - 2 * p[0] + d[0] * (w[2] - 1) + op[0] + 1;
     int64_t wo = (in[0][3] - 1) * s[1] - 2 * p[1] + d[1] * (w[3] - 1) + op[1] + 1;
     if (h < 1 || wo < 1) fail(n, "padding " + shape_str(p) + " leaves no output for input " + shape_str(in[0]));
@@ -282,6 +270,9 @@ void register_conv() {
 void register_batch_norm() {
   OpTraits t;
   t.kind = "batch_norm";
+  t.attributes = {AttrSpec::number("eps", 1e-5, "added to the variance").range(0, std::nullopt),
+                  AttrSpec::number("momentum", 0.1, "running statistics update factor; below 0: cumulative average")
+                      .range(std::nullopt, 1)};
   t.description = "batch normalization over dim 1 (BatchNorm1d/2d); batch statistics in training";
   t.channel_flow = ChannelFlow::kPassThrough;
   t.optional_params = {"weight", "bias"};
@@ -296,8 +287,8 @@ void register_batch_norm() {
   t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
     return one(batch_norm_forward(in[0], param_or_undefined(n, "weight"), param_or_undefined(n, "bias"),
                                   n.buffers.at("running_mean"), n.buffers.at("running_var"),
-                                  n.buffers.find("num_batches_tracked"), training, n.attr_float("momentum", 0.1),
-                                  n.attr_float("eps", 1e-5)));
+                                  n.buffers.find("num_batches_tracked"), training, n.attr_float("momentum"),
+                                  n.attr_float("eps")));
   };
   t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     if (in[0].size() < 2) fail(n, "expects input [N, C, ...], got " + shape_str(in[0]));
@@ -321,47 +312,54 @@ void register_activations() {
   unary("relu", "max(x, 0)", pt, [](const Node&, const at::Tensor& x, bool) { return at::relu(x); });
   unary("relu6", "min(max(x, 0), 6)", pt, [](const Node&, const at::Tensor& x, bool) { return at::hardtanh(x, 0.0, 6.0); });
   unary("leaky_relu", "x if x >= 0 else negative_slope·x", pt, [](const Node& n, const at::Tensor& x, bool) {
-    return at::leaky_relu(x, n.attr_float("negative_slope", 0.01));
-  });
+    return at::leaky_relu(x, n.attr_float("negative_slope"));
+  }, {AttrSpec::number("negative_slope", 0.01, "slope for x < 0")});
   unary("hardtanh", "clip(x, min_val, max_val)", pt, [](const Node& n, const at::Tensor& x, bool) {
-    return at::hardtanh(x, n.attr_float("min_val", -1.0), n.attr_float("max_val", 1.0));
-  });
+    return at::hardtanh(x, n.attr_float("min_val"), n.attr_float("max_val"));
+  }, {AttrSpec::number("min_val", -1.0, "lower clip"), AttrSpec::number("max_val", 1.0, "upper clip")});
   unary("sigmoid", "1 / (1 + exp(-x))", pt, [](const Node&, const at::Tensor& x, bool) { return at::sigmoid(x); });
   unary("tanh", "tanh(x)", pt, [](const Node&, const at::Tensor& x, bool) { return at::tanh(x); });
   unary("silu", "x·sigmoid(x)", pt, [](const Node&, const at::Tensor& x, bool) { return at::silu(x); });
   unary("hardswish", "x·relu6(x+3)/6", pt, [](const Node&, const at::Tensor& x, bool) { return at::hardswish(x); });
   unary("hardsigmoid", "relu6(x+3)/6", pt, [](const Node&, const at::Tensor& x, bool) { return at::hardsigmoid(x); });
   unary("gelu", "x·Φ(x) (approximate: none | tanh)", pt, [](const Node& n, const at::Tensor& x, bool) {
-    return at::gelu(x, n.attr_str("approximate", "none"));
-  });
+    return at::gelu(x, n.attr_str("approximate"));
+  }, {AttrSpec::text("approximate", "none", "Φ exact or by its tanh form").one_of({"none", "tanh"})});
   unary("dropout", "zeroes elements with probability p in training, identity in eval", pt,
-        [](const Node& n, const at::Tensor& x, bool training) { return at::dropout(x, n.attr_float("p", 0.5), training); });
+        [](const Node& n, const at::Tensor& x, bool training) { return at::dropout(x, n.attr_float("p"), training); },
+        {AttrSpec::number("p", 0.5, "probability of zeroing").range(0, 1)});
   unary("feature_dropout", "zeroes whole channels with probability p in training (Dropout2d), identity in eval", pt,
         [](const Node& n, const at::Tensor& x, bool training) {
-          return at::feature_dropout(x, n.attr_float("p", 0.5), training);
-        });
+          return at::feature_dropout(x, n.attr_float("p"), training);
+        },
+        {AttrSpec::number("p", 0.5, "probability of zeroing a channel").range(0, 1)});
   unary("identity", "y = x", pt, [](const Node&, const at::Tensor& x, bool) { return x; });
   unary("softmax", "softmax over dim", ChannelFlow::kOpaque, [](const Node& n, const at::Tensor& x, bool) {
-    return at::softmax(x, n.attr_int("dim", -1));
-  });
+    return at::softmax(x, n.attr_int("dim"));
+  }, {AttrSpec::integer("dim", -1, "the dimension normalized over")});
 }
 
 void register_pooling() {
   OpTraits mp;
   mp.kind = "max_pool2d";
+  mp.attributes = {AttrSpec::needed("kernel_size", AttrType::kPair, "window size per axis").range(1, std::nullopt),
+                   AttrSpec::optional("stride", AttrType::kPair, "step per axis; absent: kernel_size").range(1, std::nullopt),
+                   window("padding", 0, 0, "implicit -inf padding per axis"),
+                   window("dilation", 1, 1, "spacing of the window taps per axis"),
+                   AttrSpec::boolean("ceil_mode", false, "round the output size up")};
   mp.description = "2-D max pooling";
   mp.channel_flow = ChannelFlow::kPassThrough;
   mp.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    auto k = pair(n, "kernel_size", 1);
-    return one(at::max_pool2d(in[0], k, n.has_attr("stride") ? pair(n, "stride", 1) : k, pair(n, "padding", 0),
-                              pair(n, "dilation", 1), n.attr_int("ceil_mode", 0) != 0));
+    auto k = n.attr_pair("kernel_size");
+    return one(at::max_pool2d(in[0], k, n.has_attr("stride") ? n.attr_pair("stride") : k, n.attr_pair("padding"),
+                              n.attr_pair("dilation"), n.attr_bool("ceil_mode")));
   };
   mp.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     require_rank(n, in[0], 4, "4-D NCHW");
     if (!n.has_attr("kernel_size")) fail(n, "missing attribute 'kernel_size'");
-    auto k = pair(n, "kernel_size", 1), s = n.has_attr("stride") ? pair(n, "stride", 1) : k;
-    auto p = pair(n, "padding", 0), d = pair(n, "dilation", 1);
-    bool c = n.attr_int("ceil_mode", 0) != 0;
+    auto k = n.attr_pair("kernel_size"), s = n.has_attr("stride") ? n.attr_pair("stride") : k;
+    auto p = n.attr_pair("padding"), d = n.attr_pair("dilation");
+    bool c = n.attr_bool("ceil_mode");
     Shape out{in[0][0], in[0][1], pool_out(in[0][2], k[0], s[0], p[0], d[0], c), pool_out(in[0][3], k[1], s[1], p[1], d[1], c)};
     if (out[2] < 1 || out[3] < 1) fail(n, "input " + shape_str(in[0]) + " is too small for the pooling window");
     return std::vector<Shape>{out};
@@ -370,21 +368,27 @@ void register_pooling() {
 
   OpTraits ap;
   ap.kind = "avg_pool2d";
+  ap.attributes = {AttrSpec::needed("kernel_size", AttrType::kPair, "window size per axis").range(1, std::nullopt),
+                   AttrSpec::optional("stride", AttrType::kPair, "step per axis; absent: kernel_size").range(1, std::nullopt),
+                   window("padding", 0, 0, "implicit zero padding per axis"),
+                   AttrSpec::boolean("ceil_mode", false, "round the output size up"),
+                   AttrSpec::boolean("count_include_pad", true, "padding counts in the divisor"),
+                   AttrSpec::integer("divisor_override", 0, "divisor instead of the window size; 0: none").range(0, std::nullopt)};
   ap.description = "2-D average pooling";
   ap.channel_flow = ChannelFlow::kPassThrough;
   ap.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    auto k = pair(n, "kernel_size", 1);
-    int64_t div = n.attr_int("divisor_override", 0);
-    return one(at::avg_pool2d(in[0], k, n.has_attr("stride") ? pair(n, "stride", 1) : k, pair(n, "padding", 0),
-                              n.attr_int("ceil_mode", 0) != 0, n.attr_int("count_include_pad", 1) != 0,
+    auto k = n.attr_pair("kernel_size");
+    int64_t div = n.attr_int("divisor_override");
+    return one(at::avg_pool2d(in[0], k, n.has_attr("stride") ? n.attr_pair("stride") : k, n.attr_pair("padding"),
+                              n.attr_bool("ceil_mode"), n.attr_bool("count_include_pad"),
                               div > 0 ? std::optional<int64_t>(div) : std::nullopt));
   };
   ap.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     require_rank(n, in[0], 4, "4-D NCHW");
     if (!n.has_attr("kernel_size")) fail(n, "missing attribute 'kernel_size'");
-    auto k = pair(n, "kernel_size", 1), s = n.has_attr("stride") ? pair(n, "stride", 1) : k;
-    auto p = pair(n, "padding", 0);
-    bool c = n.attr_int("ceil_mode", 0) != 0;
+    auto k = n.attr_pair("kernel_size"), s = n.has_attr("stride") ? n.attr_pair("stride") : k;
+    auto p = n.attr_pair("padding");
+    bool c = n.attr_bool("ceil_mode");
     Shape out{in[0][0], in[0][1], pool_out(in[0][2], k[0], s[0], p[0], 1, c), pool_out(in[0][3], k[1], s[1], p[1], 1, c)};
     if (out[2] < 1 || out[3] < 1) fail(n, "input " + shape_str(in[0]) + " is too small for the pooling window");
     return std::vector<Shape>{out};
@@ -393,14 +397,15 @@ void register_pooling() {
 
   OpTraits aap;
   aap.kind = "adaptive_avg_pool2d";
+  aap.attributes = {window("output_size", 1, 1, "output height and width")};
   aap.description = "2-D adaptive average pooling to output_size";
   aap.channel_flow = ChannelFlow::kPassThrough;
   aap.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    return one(at::adaptive_avg_pool2d(in[0], pair(n, "output_size", 1)));
+    return one(at::adaptive_avg_pool2d(in[0], n.attr_pair("output_size")));
   };
   aap.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     require_rank(n, in[0], 4, "4-D NCHW");
-    auto o = pair(n, "output_size", 1);
+    auto o = n.attr_pair("output_size");
     return std::vector<Shape>{{in[0][0], in[0][1], o[0], o[1]}};
   };
   detail::register_builtin(std::move(aap));
@@ -409,14 +414,16 @@ void register_pooling() {
 void register_shape_ops() {
   OpTraits f;
   f.kind = "flatten";
+  f.attributes = {AttrSpec::integer("start_dim", 1, "first dimension flattened"),
+                  AttrSpec::integer("end_dim", -1, "last dimension flattened")};
   f.description = "flattens dims start_dim..end_dim";
   f.channel_flow = ChannelFlow::kExpand;
   f.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    return one(in[0].flatten(n.attr_int("start_dim", 1), n.attr_int("end_dim", -1)));
+    return one(in[0].flatten(n.attr_int("start_dim"), n.attr_int("end_dim")));
   };
   f.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
-    int64_t s = wrap_dim(n, n.attr_int("start_dim", 1), in[0].size());
-    int64_t e = wrap_dim(n, n.attr_int("end_dim", -1), in[0].size());
+    int64_t s = wrap_dim(n, n.attr_int("start_dim"), in[0].size());
+    int64_t e = wrap_dim(n, n.attr_int("end_dim"), in[0].size());
     if (e < s) fail(n, "end_dim before start_dim");
     Shape out(in[0].begin(), in[0].begin() + s);
     int64_t p = 1;
@@ -429,6 +436,8 @@ void register_shape_ops() {
 
   OpTraits r;
   r.kind = "reshape";
+  r.attributes = {AttrSpec::needed("shape", AttrType::kInts, "the dims after the batch dimension; one may be -1")
+                      .range(-1, std::nullopt)};
   r.description = "reshape keeping the batch dimension: output [N, shape...] (view/reshape)";
   r.channel_flow = ChannelFlow::kOpaque;
   // Pruning removed input positions: a reshape to [N, F] becomes [N, -1]; one to [N, C, ...]
@@ -531,12 +540,13 @@ void register_shape_ops() {
 
   OpTraits c;
   c.kind = "cat";
+  c.attributes = {AttrSpec::integer("dim", 1, "the dimension joined along")};
   c.description = "concatenation along dim";
   c.channel_flow = ChannelFlow::kConcat;
   c.max_inputs = -1;
-  c.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) { return one(at::cat(in, n.attr_int("dim", 1))); };
+  c.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) { return one(at::cat(in, n.attr_int("dim"))); };
   c.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
-    int64_t d = wrap_dim(n, n.attr_int("dim", 1), in[0].size());
+    int64_t d = wrap_dim(n, n.attr_int("dim"), in[0].size());
     Shape out = in[0];
     for (size_t i = 1; i < in.size(); ++i) {
       if (in[i].size() != out.size()) fail(n, "inputs have different ranks");
@@ -552,11 +562,13 @@ void register_shape_ops() {
 
   OpTraits s;
   s.kind = "split";
+  s.attributes = {AttrSpec::integer("dim", 1, "the dimension split along"),
+                  AttrSpec::needed("split_sizes", AttrType::kInts, "size of each piece, one output each").range(0, std::nullopt)};
   s.description = "split along dim into split_sizes (split/chunk)";
   s.channel_flow = ChannelFlow::kSplit;
   // Pruning removed input channels: each piece along dim 1 keeps the channels kept in its range.
   s.slice_channels = [](Node& n, ChannelRole, const std::vector<int64_t>& keep) {
-    if (n.attr_int("dim", 1) != 1) return;
+    if (n.attr_int("dim") != 1) return;
     std::vector<int64_t> sizes = n.attr_ints("split_sizes"), kept(sizes.size(), 0);
     int64_t start = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -567,10 +579,10 @@ void register_shape_ops() {
     n.attrs["split_sizes"] = kept;
   };
   s.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    return at::split_with_sizes(in[0], n.attr_ints("split_sizes"), n.attr_int("dim", 1));
+    return at::split_with_sizes(in[0], n.attr_ints("split_sizes"), n.attr_int("dim"));
   };
   s.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
-    int64_t d = wrap_dim(n, n.attr_int("dim", 1), in[0].size());
+    int64_t d = wrap_dim(n, n.attr_int("dim"), in[0].size());
     const auto& sizes = n.attr_ints("split_sizes");
     int64_t sum = 0;
     std::vector<Shape> out;
@@ -587,6 +599,8 @@ void register_shape_ops() {
 
   OpTraits tr;
   tr.kind = "transpose";
+  tr.attributes = {AttrSpec::needed("dim0", AttrType::kInt, "first dimension swapped"),
+                   AttrSpec::needed("dim1", AttrType::kInt, "second dimension swapped")};
   tr.description = "swaps dims dim0 and dim1";
   tr.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     return one(in[0].transpose(n.attr_int("dim0"), n.attr_int("dim1")));
@@ -600,6 +614,7 @@ void register_shape_ops() {
 
   OpTraits pm;
   pm.kind = "permute";
+  pm.attributes = {AttrSpec::needed("dims", AttrType::kInts, "the input dimension of each output dimension")};
   pm.description = "permutes dims";
   pm.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) { return one(in[0].permute(n.attr_ints("dims"))); };
   pm.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
@@ -613,6 +628,7 @@ void register_shape_ops() {
 
   OpTraits cs;
   cs.kind = "channel_shuffle";
+  cs.attributes = {AttrSpec::needed("groups", AttrType::kInt, "channel groups interleaved").range(1, std::nullopt)};
   cs.description = "ShuffleNet channel shuffle with groups";
   cs.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     const at::Tensor& x = in[0];
@@ -647,10 +663,16 @@ void register_shape_ops() {
 
   OpTraits up;
   up.kind = "upsample";
+  up.attributes = {AttrSpec::text("mode", "nearest", "interpolation").one_of({"nearest", "bilinear"}),
+                   AttrSpec::optional("size", AttrType::kPair, "output height and width").range(1, std::nullopt),
+                   AttrSpec::optional("scale_factor", AttrType::kFloats, "output size / input size per axis (when no size)")
+                       .range(0, std::nullopt)
+                       .length(1, 2),
+                   AttrSpec::boolean("align_corners", false, "bilinear: corner pixels aligned")};
   up.description = "2-D upsampling, nearest or bilinear";
   up.channel_flow = ChannelFlow::kPassThrough;
   auto up_size = [](const Node& n, const Shape& in) {
-    if (n.has_attr("size")) return pair(n, "size", 1);
+    if (n.has_attr("size")) return n.attr_pair("size");
     if (!n.has_attr("scale_factor")) fail(n, "needs 'size' or 'scale_factor'");
     auto sf = n.attr_floats("scale_factor");
     if (sf.size() == 1) sf.push_back(sf[0]);
@@ -664,14 +686,14 @@ void register_shape_ops() {
       sh = sf[0];
       sw = sf.size() > 1 ? sf[1] : sf[0];
     }
-    const std::string mode = n.attr_str("mode", "nearest");
+    const std::string mode = n.attr_str("mode");
     if (mode == "nearest") return one(at::upsample_nearest2d(in[0], size, sh, sw));
-    if (mode == "bilinear") return one(at::upsample_bilinear2d(in[0], size, n.attr_int("align_corners", 0) != 0, sh, sw));
+    if (mode == "bilinear") return one(at::upsample_bilinear2d(in[0], size, n.attr_bool("align_corners"), sh, sw));
     fail(n, "unsupported mode '" + mode + "' (nearest, bilinear)");
   };
   up.infer_shapes = [up_size](const Node& n, const std::vector<Shape>& in) {
     require_rank(n, in[0], 4, "4-D NCHW");
-    const std::string mode = n.attr_str("mode", "nearest");
+    const std::string mode = n.attr_str("mode");
     if (mode != "nearest" && mode != "bilinear") fail(n, "unsupported mode '" + mode + "' (nearest, bilinear)");
     auto s = up_size(n, in[0]);
     return std::vector<Shape>{{in[0][0], in[0][1], s[0], s[1]}};
@@ -680,6 +702,8 @@ void register_shape_ops() {
 
   OpTraits m;
   m.kind = "mean";
+  m.attributes = {AttrSpec::needed("dims", AttrType::kInts, "the dimensions averaged over"),
+                  AttrSpec::boolean("keepdim", false, "keep them as size 1")};
   m.description = "mean over dims";
   // A mean over dims after the channels (global pooling, squeeze-excitation) keeps channel c.
   m.channel_map = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>& out) -> std::optional<ChannelMap> {
@@ -691,12 +715,12 @@ void register_shape_ops() {
     return map;
   };
   m.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
-    return one(in[0].mean(n.attr_ints("dims"), n.attr_int("keepdim", 0) != 0));
+    return one(in[0].mean(n.attr_ints("dims"), n.attr_bool("keepdim")));
   };
   m.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     std::vector<bool> reduced(in[0].size(), false);
     for (int64_t d : n.attr_ints("dims")) reduced[wrap_dim(n, d, in[0].size())] = true;
-    bool keep = n.attr_int("keepdim", 0) != 0;
+    bool keep = n.attr_bool("keepdim");
     Shape out;
     for (size_t i = 0; i < in[0].size(); ++i) {
       if (!reduced[i]) out.push_back(in[0][i]);

@@ -270,7 +270,7 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     std::string uneven;
     for (const auto& m : g.members) {
       if (m.tied || (m.role != ChannelRole::kOutput && m.role != ChannelRole::kInput)) continue;
-      const int64_t groups_attr = graph.node(m.node).attr_int("groups", 1);
+      const int64_t groups_attr = attr_int_if_declared(graph.node(m.node), "groups", 1);
       if (groups_attr <= 1) continue;
       if (m.size % groups_attr != 0) {
         uneven = m.node + " has " + std::to_string(m.size) + " channels in " + std::to_string(groups_attr) + " groups";

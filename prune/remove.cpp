@@ -237,7 +237,16 @@ void register_passes() {
 
 void register_all() {
   static std::once_flag once;
-  std::call_once(once, [] { register_passes(); });
+  std::call_once(once, [] {
+    register_passes();
+    // What a layer was before any pruning, recorded when its channels are first removed.
+    register_node_annotation(AttrSpec::optional("unpruned_channels", AttrType::kInt, "output channels before pruning")
+                                 .range(1, std::nullopt));
+    register_node_annotation(AttrSpec::optional("unpruned_params", AttrType::kInt, "parameters before pruning")
+                                 .range(0, std::nullopt));
+    register_node_annotation(AttrSpec::optional("unpruned_macs", AttrType::kInt, "MACs of one run before pruning")
+                                 .range(0, std::nullopt));
+  });
 }
 
 WHITTLE_REGISTER_MODULE("prune", &register_all)

@@ -69,15 +69,16 @@ void register_bnn() {
   WeightQuantizer w;
   w.name = "bnn";
   w.description = "BNN sign weights (Hubara et al. 2016): sign(W), gradient where |W| ≤ 1";
-  w.attributes = {"weight_bits", "weight_axis"};
+  w.attributes = weight_quantizer_attributes(1, 1);
   w.forward = [](const Node&, const at::Tensor& w, bool) { return bnn_sign(w); };
-  w.encode = [](const Node& n, const at::Tensor& w) { return bnn_encode(w, n.attr_int("weight_axis", 0)); };
+  w.encode = [](const Node& n, const at::Tensor& w) { return bnn_encode(w, n.attr_int("weight_axis")); };
   register_weight_quantizer(std::move(w));
 
   ActivationQuantizer a;
   a.name = "sign";
   a.description = "binarizer sign(x), sign(0) = +1, gradient where |x| ≤ 1 (BNN, XNOR-Net activations)";
   a.placement = Placement::kBinarizeReluInput;
+  a.attributes = {AttrSpec::integer("activation_bits", 1, "bits per activation: 1, the sign").range(1, 1)};
   a.check = [](const Node&) {};
   a.forward = [](const Node&, const at::Tensor& x, bool) { return bnn_sign(x); };
   a.grid = [](const Node&) {

@@ -41,30 +41,33 @@ void register_dorefa_activation() {
       "DoReFa activations c·quantize_k(clip(x, 0, c)/c) (Zhou et al. 2016): activation_bits k, activation_clip c "
       "(default 1); relu 1: stands for a ReLU then the quantizer";
   a.placement = Placement::kAfterRelu;
-  a.check = [](const Node& n) {
-    const int64_t k = n.attr_int("activation_bits");
-    if (!dorefa_bits(k)) node_fail(n, "activation_bits " + std::to_string(k) + " (1..8 or 32)");
-    const double clip = n.attr_float("activation_clip", 1.0);
-    if (!(clip > 0) || !std::isfinite(clip)) node_fail(n, "activation_clip " + std::to_string(clip) + " (a finite value > 0)");
-  };
+  a.attributes = {
+      AttrSpec::needed("activation_bits", AttrType::kInt, "bits per activation (1..8; 32: float)")
+          .range(1, 32)
+          .checked([](const Node&, const Attr& v) {
+            return dorefa_bits(std::get<int64_t>(v)) ? "" : "is " + attr_str(v) + ", not 1..8 or 32";
+          }),
+      AttrSpec::number("activation_clip", 1.0, "clip level c of c·quantize_k(clip(x, 0, c)/c)").range(1e-30, std::nullopt),
+      AttrSpec::boolean("relu", false, "stands for a ReLU then the quantizer")};
+  a.check = [](const Node&) {};
   a.forward = [](const Node& n, const at::Tensor& x, bool) {
-    return dorefa_activation(x, n.attr_int("activation_bits"), n.attr_float("activation_clip", 1.0),
-                             n.attr_int("relu", 0) != 0);
+    return dorefa_activation(x, n.attr_int("activation_bits"), n.attr_float("activation_clip"),
+                             n.attr_bool("relu"));
   };
   a.grid = [](const Node& n) {
     ActivationGrid g;
     g.bits = n.attr_int("activation_bits");
-    g.max = n.attr_float("activation_clip", 1.0);
-    g.relu = n.attr_int("relu", 0) != 0;
+    g.max = n.attr_float("activation_clip");
+    g.relu = n.attr_bool("relu");
     return g;
   };
   a.torchscript = [](const Node& n, const std::string& x, const TorchScriptTerms& t) -> std::string {
     const int64_t bits = n.attr_int("activation_bits");
     // relu = 1: the quantizer stands for a ReLU then itself (same values below 32 bits).
-    if (bits == 32) return n.attr_int("relu", 0) ? "torch.relu(" + x + ")" : x;
+    if (bits == 32) return n.attr_int("relu") ? "torch.relu(" + x + ")" : x;
     // dorefa_activation's values: quantize_k(clamp(x, 0, 1)), or quantize_k(clamp(x, 0, c) / c)·c.
     const std::string levels = t.number(static_cast<double>((int64_t{1} << bits) - 1));
-    const double c = n.attr_float("activation_clip", 1.0);
+    const double c = n.attr_float("activation_clip");
     if (c == 1.0) return "torch.round(torch.clamp(" + x + ", 0.0, 1.0) * " + levels + ") / " + levels;
     const std::string cs = t.number(c);
     return "torch.round(torch.clamp(" + x + ", 0.0, " + cs + ") / " + cs + " * " + levels + ") / " + levels + " * " + cs;
@@ -133,12 +136,13 @@ void register_dorefa() {
   WeightQuantizer w;
   w.name = "dorefa";
   w.description = "DoReFa weights (Zhou et al. 2016): weight_bits 2..8 tanh-normalized grids, 1: sign(W)·mean|W|";
-  w.attributes = {"weight_bits", "weight_axis", "granularity"};
+  w.attributes = weight_quantizer_attributes(1, 8);
+  w.attributes.push_back(granularity_attribute(Granularity::kPerTensor));
   w.forward = [](const Node& n, const at::Tensor& w, bool) {
-    return dorefa_weight(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor), n.attr_int("weight_axis", 0));
+    return dorefa_weight(w, n.attr_int("weight_bits"), node_granularity(n), n.attr_int("weight_axis"));
   };
   w.encode = [](const Node& n, const at::Tensor& w) {
-    return dorefa_encode(w, n.attr_int("weight_bits"), node_granularity(n, Granularity::kPerTensor), n.attr_int("weight_axis", 0));
+    return dorefa_encode(w, n.attr_int("weight_bits"), node_granularity(n), n.attr_int("weight_axis"));
   };
   // A k-bit DoReFa value s·(2c/(2^k − 1) − 1) = (2c − (2^k − 1))·s/(2^k − 1): an odd integer in
   // [−(2^k − 1), 2^k − 1] (|q| ≤ 127 for k ≤ 7) times a per-channel scale.

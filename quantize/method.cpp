@@ -52,7 +52,7 @@ void register_activation_quantizer(ActivationQuantizer q) {
 
 const ActivationQuantizer& activation_quantizer_of(const Node& n) {
   // Graphs written before every act_quant named its quantizer meant DoReFa's.
-  const std::string method = n.attr_str("method", "dorefa");
+  const std::string method = n.attr_str("method");
   const ActivationQuantizer* q = activation_quantizers().find(method);
   if (!q) {
     std::string known;
@@ -92,8 +92,17 @@ Node make_node(const std::string& name, const std::string& op, std::vector<std::
   return n;
 }
 
-Granularity node_granularity(const Node& n, Granularity fallback) {
-  return n.has_attr("granularity") ? granularity_from_name(n.attr_str("granularity")) : fallback;
+Granularity node_granularity(const Node& n) { return granularity_from_name(n.attr_str("granularity")); }
+
+std::vector<AttrSpec> weight_quantizer_attributes(int64_t min_bits, int64_t max_bits) {
+  return {AttrSpec::needed("weight_bits", AttrType::kInt, "bits per weight")
+              .range(static_cast<double>(min_bits), static_cast<double>(max_bits)),
+          AttrSpec::integer("weight_axis", 0, "the weight's output-channel axis (per-channel scales)").range(0, 7)};
+}
+
+AttrSpec granularity_attribute(Granularity fallback) {
+  return AttrSpec::text("granularity", granularity_name(fallback), "where the weight's scale is computed")
+      .one_of({"per_tensor", "per_channel"});
 }
 
 }  // namespace whittle::quantize

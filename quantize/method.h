@@ -52,8 +52,9 @@ struct IntegerGrid {
 struct WeightQuantizer {
   std::string name;         ///< registry key and weight transform name, e.g. "dorefa"
   std::string description;  ///< one line, with the paper
-  /// Node attributes it reads (removed with it from a node's stack).
-  std::vector<std::string> attributes;
+  /// Node attributes it owns, declared with type, default and range (removed with it from a
+  /// node's stack; weight_quantizer_attributes() gives the common ones).
+  std::vector<AttrSpec> attributes;
   /// Learned parameters it owns on the node (e.g. a step size): they join the optimizer with no
   /// weight decay (ParamRole::kQuantizer) and are removed with it.
   std::vector<std::string> params;
@@ -122,7 +123,11 @@ struct ActivationQuantizer {
   Placement placement = Placement::kAfterRelu;
   /// Learned parameters it owns on its act_quant node (no weight decay, ParamRole::kQuantizer).
   std::vector<std::string> params;
-  /// Checks the node's attributes; throws whittle::Error naming the node and attribute.
+  /// The attributes of its act_quant nodes beside `method`, declared with type, default and range
+  /// (checked with every graph, so on load).
+  std::vector<AttrSpec> attributes;
+  /// Checks what the declarations cannot (attributes against one another); throws whittle::Error
+  /// naming the node and attribute.
   std::function<void(const Node& node)> check;
   /// The quantized activation of `x` (any shape), with its straight-through gradient.
   std::function<at::Tensor(const Node& node, const at::Tensor& x, bool training)> forward;
@@ -230,8 +235,13 @@ inline bool dorefa_bits(int64_t k) { return (k >= 1 && k <= 8) || k == 32; }
 /// A node `name` of op `op` reading `inputs`, with `attrs` (for a method's rewrites).
 Node make_node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
                std::map<std::string, Attr> attrs);
-/// The granularity attribute of a layer, or `fallback` when it has none.
-Granularity node_granularity(const Node& node, Granularity fallback);
+/// The granularity attribute of a layer (its weight quantizer declares the default).
+Granularity node_granularity(const Node& node);
+/// The attributes every weight quantizer owns: weight_bits (required, in [min_bits, max_bits]) and
+/// weight_axis (the weight's output-channel axis, default 0).
+std::vector<AttrSpec> weight_quantizer_attributes(int64_t min_bits, int64_t max_bits);
+/// The `granularity` attribute ("per_tensor" | "per_channel") with the quantizer's default.
+AttrSpec granularity_attribute(Granularity fallback);
 
 template <typename Options>
 Options MethodWithOptions<Options>::options(const Config& config) const {

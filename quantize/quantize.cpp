@@ -28,6 +28,18 @@ void register_ops() {
       "activation quantizer: attribute method names an activation quantizer (whittle inspect --activation-quantizers: "
       "dorefa, sign, ...), which reads the node's other attributes";
   aq.channel_flow = ChannelFlow::kPassThrough;
+  aq.attributes = {AttrSpec::text("method", "dorefa", "the activation quantizer (graphs before methods had names: dorefa)")
+                       .checked([](const Node&, const Attr& v) -> std::string {
+                         const std::string& name = std::get<std::string>(v);
+                         if (activation_quantizers().find(name)) return "";
+                         std::string known;
+                         for (const auto& k : activation_quantizers().names()) known += (known.empty() ? "" : ", ") + k;
+                         return "is '" + name + "', not a registered activation quantizer (" + known + ")";
+                       })};
+  aq.node_attributes = [](const Node& n) -> const std::vector<AttrSpec>* {
+    const ActivationQuantizer* q = activation_quantizers().find(n.attr_str("method"));
+    return q ? &q->attributes : nullptr;
+  };
   aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
     return std::vector<at::Tensor>{activation_quantizer_of(n).forward(n, in[0], training)};
   };
@@ -45,7 +57,23 @@ void register_transforms() {
   packed.name = "packed";
   packed.description = "packed integer codes and scales of a checkpoint";
   packed.kind = TransformKind::kDecode;
-  packed.attributes = {"quant_method", "weight_encoding", "weight_bits", "weight_shape", "weight_axis"};
+  packed.attributes = {
+      AttrSpec::text("quant_method", "", "the weight quantizer that wrote the codes (\"\": decoded by weight_encoding)")
+          .checked([](const Node&, const Attr& v) -> std::string {
+            const std::string& name = std::get<std::string>(v);
+            return name.empty() || weight_quantizers().find(name) ? "" : "is '" + name + "', not a registered weight quantizer";
+          }),
+      AttrSpec::needed("weight_encoding", AttrType::kString, "how codes map to values").one_of(encoding_names()),
+      AttrSpec::needed("weight_bits", AttrType::kInt, "bits per code").range(1, 8),
+      AttrSpec::needed("weight_shape", AttrType::kInts, "the decoded weight's shape").range(0, std::nullopt).length(1, 8),
+      AttrSpec::integer("weight_axis", 0, "the axis of the per-channel scales").range(0, 7)};
+  // The attributes of the quantizer that wrote the codes (its granularity, ...) stay with them.
+  packed.node_attributes = [](const Node& n) -> const std::vector<AttrSpec>* {
+    const auto it = n.attrs.find("quant_method");
+    if (it == n.attrs.end() || !std::holds_alternative<std::string>(it->second)) return nullptr;
+    const WeightQuantizer* q = weight_quantizers().find(std::get<std::string>(it->second));
+    return q ? &q->attributes : nullptr;
+  };
   packed.buffers = {"weight_codes", "weight_scale"};
   packed.apply = [](const Node& n, const at::Tensor&, bool) { return decode_packed_weight(n); };
   register_weight_transform(std::move(packed));
@@ -385,10 +413,10 @@ std::optional<WeightQuantization> weight_quantization(const Node& n) {
     const at::Tensor* scale = n.buffers.find("weight_scale");
     if (!scale || !scale->defined() || !n.has_attr("weight_bits") || !n.has_attr("weight_encoding"))
       node_fail(n, "packed weight needs buffer 'weight_scale' and attributes weight_bits and weight_encoding");
-    q.method = n.attr_str("quant_method", "");
+    q.method = n.attr_str("quant_method");
     q.encoding = encoding_from_name(n.attr_str("weight_encoding"));
     q.bits = n.attr_int("weight_bits");
-    q.axis = n.attr_int("weight_axis", 0);
+    q.axis = n.attr_int("weight_axis");
     q.scale = *scale;
     return q;
   }
@@ -459,7 +487,7 @@ at::Tensor decode_packed_weight(const Node& n) {
   const Shape shape = n.attr_ints("weight_shape");
   const int64_t bits = n.attr_int("weight_bits");
   const Encoding enc = encoding_from_name(n.attr_str("weight_encoding"));
-  const int64_t axis = n.attr_int("weight_axis", 0);
+  const int64_t axis = n.attr_int("weight_axis");
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
   // The quantizer that wrote the codes decodes them when it has its own decoding.

@@ -35,6 +35,12 @@ const char* encoding_name(Encoding e) {
   return "?";
 }
 
+std::vector<std::string> encoding_names() {
+  std::vector<std::string> names;
+  for (Encoding e : {Encoding::kDoReFa, Encoding::kSign, Encoding::kTernary}) names.emplace_back(encoding_name(e));
+  return names;
+}
+
 Encoding encoding_from_name(const std::string& text) {
   if (text == "dorefa") return Encoding::kDoReFa;
   if (text == "sign") return Encoding::kSign;

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace whittle::quantize {
 
@@ -72,6 +73,8 @@ enum class Encoding {
 const char* encoding_name(Encoding e);
 /// Inverse of encoding_name; throws whittle::Error naming `text` when unknown.
 Encoding encoding_from_name(const std::string& text);
+/// Every encoding's name, in declaration order.
+std::vector<std::string> encoding_names();
 
 /// Integer codes and scales of a quantized weight.
 struct EncodedWeight {

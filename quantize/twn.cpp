@@ -71,12 +71,13 @@ void register_twn() {
   WeightQuantizer w;
   w.name = "twn";
   w.description = "TWN ternary weights (Li & Liu 2016): α·sign(W)·[|W| > Δ], Δ = 0.7·mean|W|";
-  w.attributes = {"weight_bits", "weight_axis", "granularity"};
+  w.attributes = weight_quantizer_attributes(2, 2);
+  w.attributes.push_back(granularity_attribute(Granularity::kPerChannel));
   w.forward = [](const Node& n, const at::Tensor& w, bool) {
-    return twn_weight(w, node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
+    return twn_weight(w, node_granularity(n), n.attr_int("weight_axis"));
   };
   w.encode = [](const Node& n, const at::Tensor& w) {
-    return twn_encode(w, node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
+    return twn_encode(w, node_granularity(n), n.attr_int("weight_axis"));
   };
   register_weight_quantizer(std::move(w));
   register_quantizer_method(std::make_unique<TwnMethod>());

@@ -57,15 +57,15 @@ class XnorMethod final : public BinaryMethod<XnorOptions> {
       const std::string src = found == real_sources.end() ? "" : found->second;
       const Node& n = graph.node(name);
       if (src.empty() || n.op == "conv_transpose2d" ||
-          (n.op == "conv2d" && (n.attr_ints("dilation", {1, 1}) != std::vector<int64_t>{1, 1} || n.attr_int("groups", 1) != 1))) {
+          (n.op == "conv2d" && (n.attr_pair("dilation") != std::vector<int64_t>{1, 1} || n.attr_int("groups") != 1))) {
         report.skipped.push_back(name + ": no XNOR K scale (input pooled after the ReLU, transposed, dilated or grouped)");
         continue;
       }
       std::map<std::string, Attr> attrs;
       if (n.op == "conv2d") {
         const auto w = n.params.at("weight").sizes();
-        attrs = {{"kernel_size", std::vector<int64_t>{w[2], w[3]}}, {"stride", n.attr_pair("stride", 1)},
-                 {"padding", n.attr_pair("padding", 0)}};
+        attrs = {{"kernel_size", std::vector<int64_t>{w[2], w[3]}}, {"stride", n.attr_pair("stride")},
+                 {"padding", n.attr_pair("padding")}};
       }
       Node k = make_node(graph.unique_name(name + ".xnor_scale"), "xnor_scale", {src}, attrs);
       graph.insert_node_before(name, k);
@@ -90,6 +90,10 @@ void register_xnor_scale_op() {
   xs.kind = "xnor_scale";
   xs.description = "XNOR-Net activation scale K: avg_pool(mean_c |x|) over the layer's window ([N,1,Ho,Wo]; [N,1] for features)";
   xs.channel_flow = ChannelFlow::kOpaque;
+  // A linear layer's K (input [N, F]) has no window.
+  xs.attributes = {AttrSpec::optional("kernel_size", AttrType::kInts, "the layer's kernel (conv2d)").range(1, std::nullopt).length(2, 2),
+                   AttrSpec::optional("stride", AttrType::kInts, "the layer's stride (conv2d)").range(1, std::nullopt).length(2, 2),
+                   AttrSpec::optional("padding", AttrType::kInts, "the layer's padding (conv2d)").range(0, std::nullopt).length(2, 2)};
   xs.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
     if (in[0].dim() == 2) return std::vector<at::Tensor>{xnor_activation_scale(in[0], {}, {}, {})};
     return std::vector<at::Tensor>{xnor_activation_scale(in[0], n.attr_ints("kernel_size"), n.attr_ints("stride"),
@@ -114,13 +118,15 @@ void register_xnor() {
   WeightQuantizer w;
   w.name = "xnor";
   w.description = "XNOR-Net weights α·sign(W) (Rastegari et al. 2016), α = mean|W| per output channel or tensor";
-  w.attributes = {"weight_bits", "weight_axis", "granularity", "xnor_detach_alpha"};
+  w.attributes = weight_quantizer_attributes(1, 1);
+  w.attributes.push_back(granularity_attribute(Granularity::kPerChannel));
+  w.attributes.push_back(AttrSpec::boolean("xnor_detach_alpha", false, "no gradient through the scale α"));
   w.forward = [](const Node& n, const at::Tensor& w, bool) {
-    return xnor_weight(w, n.attr_int("xnor_detach_alpha", 0) != 0, node_granularity(n, Granularity::kPerChannel),
-                       n.attr_int("weight_axis", 0));
+    return xnor_weight(w, n.attr_bool("xnor_detach_alpha"), node_granularity(n),
+                       n.attr_int("weight_axis"));
   };
   w.encode = [](const Node& n, const at::Tensor& w) {
-    return xnor_encode(w, node_granularity(n, Granularity::kPerChannel), n.attr_int("weight_axis", 0));
+    return xnor_encode(w, node_granularity(n), n.attr_int("weight_axis"));
   };
   register_weight_quantizer(std::move(w));
   register_xnor_scale_op();

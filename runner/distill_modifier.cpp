@@ -214,6 +214,7 @@ void register_distill_modifier() {
     return std::make_unique<DistillModifier>(spec,
                                              distill_modifier_schema().parse(spec.settings, spec.location + ": modifier 'distill'"));
   };
+  d.label = [](const ModifierSpec&) { return std::string("KD"); };
   register_modifier(std::move(d));
 }
 

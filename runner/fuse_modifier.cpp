@@ -143,6 +143,7 @@ void register_fuse_modifier() {
     return std::make_unique<FuseBatchNormModifier>(
         spec, fuse_modifier_schema().parse(spec.settings, spec.location + ": modifier 'fuse_batchnorm'"));
   };
+  info.label = [](const ModifierSpec&) { return std::string("BN fused"); };
   register_modifier(std::move(info));
 }
 

@@ -27,6 +27,11 @@ const ModifierInfo& modifier_info(const std::string& name) { return modifiers().
 
 std::vector<std::string> modifier_names() { return modifiers().names(); }
 
+std::string modifier_label(const ModifierSpec& spec) {
+  const ModifierInfo& info = modifier_info(spec.name);
+  return info.label ? info.label(spec) : spec.name;
+}
+
 std::vector<KeySpec> modifier_settings(const ModifierInfo& info) {
   return info.settings_now ? info.settings_now() : info.settings;
 }

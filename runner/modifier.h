@@ -119,12 +119,17 @@ struct ModifierInfo {
   /// modifier registered. Read them through modifier_settings().
   std::function<std::vector<KeySpec>()> settings_now;
   std::function<std::unique_ptr<Modifier>(const ModifierSpec&)> create;
+  /// What an entry does, in a few words, for reports and their legends ("DoReFa W2A2", "pruned L1
+  /// (50 % MACs)", "KD"); empty: the modifier's name. Read it through modifier_label().
+  std::function<std::string(const ModifierSpec&)> label;
 };
 
 /// The modifier registry ("modifiers" in `whittle inspect`).
 Registry<ModifierInfo>& modifiers();
 /// The settings of `info` (ModifierInfo::settings_now when set, else ModifierInfo::settings).
 std::vector<KeySpec> modifier_settings(const ModifierInfo& info);
+/// The label of a recipe entry (ModifierInfo::label, or its name); throws like modifier_info.
+std::string modifier_label(const ModifierSpec& spec);
 /// Registers (or replaces) a modifier kind.
 void register_modifier(ModifierInfo info);
 /// The modifier kind `name`; throws whittle::Error (usage) listing the known modifiers.

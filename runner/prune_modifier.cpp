@@ -4,9 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/json_number.h"
@@ -298,6 +301,21 @@ void register_prune_modifiers() {
   p.settings = prune_modifier_schema().keys();
   p.create = [](const ModifierSpec& spec) {
     return std::make_unique<PruneModifier>(spec, prune_modifier_schema().parse(spec.settings, spec.location + ": modifier 'prune'"));
+  };
+  // "pruned L1 (50 % MACs)", "pruned FPGM (sparsity 0.3)".
+  p.label = [](const ModifierSpec& spec) {
+    const PruneModifierOptions o = prune_modifier_schema().parse(spec.settings, spec.location + ": modifier 'prune'");
+    std::string criterion = o.criterion;
+    std::transform(criterion.begin(), criterion.end(), criterion.begin(), ::toupper);
+    auto percent = [](double f) {
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(0) << 100 * f;
+      return os.str();
+    };
+    const std::string what = o.target_macs     ? percent(*o.target_macs) + " % MACs"
+                             : o.target_params ? percent(*o.target_params) + " % params"
+                                               : "sparsity " + number_text(o.sparsity);
+    return "pruned " + criterion + " (" + what + ")";
   };
   register_modifier(std::move(p));
   ModifierInfo b;

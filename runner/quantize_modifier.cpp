@@ -14,26 +14,36 @@ namespace whittle::runner {
 
 namespace {
 
+// The quantize pass's configuration of a recipe entry, resolved by its method (defaults filled in,
+// its options checked). Throws whittle::Error (usage) naming the entry.
+quantize::Config entry_config(const ModifierSpec& spec) {
+  // The keys every method has; the rest are the method's own (checked by its resolve).
+  Settings common, method_options;
+  for (const auto& [key, value] : spec.settings.values())
+    (quantize_modifier_schema().has(key) ? common : method_options)[key] = value;
+  const QuantizeModifierOptions o = quantize_modifier_schema().parse(common, spec.location + ": modifier 'quantize'");
+  quantize::Config c;
+  c.method = o.method;
+  if (o.weight_bits) c.weight_bits = *o.weight_bits;
+  if (o.activation_bits) c.activation_bits = *o.activation_bits;
+  c.options = method_options;
+  c.targets = spec.targets;
+  c.ignore = spec.ignore;
+  try {
+    return quantize::resolve(c);
+  } catch (const Error& e) {
+    std::string what = e.what();
+    if (what.rfind("quantize: ", 0) == 0) what = what.substr(10);  // said once, in the prefix
+    throw Error(spec.location + ": modifier 'quantize': " + what, ErrorKind::kUsage);
+  }
+}
+
 // Attaches the quantizers when its window opens (on_start when start_epoch is 0, otherwise at the
 // first batch inside the window, which for a whole start_epoch is the epoch's first) and, for BNN, clips the latent weights to [−1, 1] after every
 // optimizer step. The quantizers stay attached to the end (end_epoch only ends the clipping).
 class QuantizeModifier : public Modifier {
  public:
-  QuantizeModifier(const ModifierSpec& spec, const QuantizeModifierOptions& o, const Settings& method_options)
-      : Modifier(spec) {
-    config_.method = o.method;
-    if (o.weight_bits) config_.weight_bits = *o.weight_bits;
-    if (o.activation_bits) config_.activation_bits = *o.activation_bits;
-    config_.options = method_options;
-    config_.targets = spec.targets;
-    config_.ignore = spec.ignore;
-    try {
-      config_ = quantize::resolve(config_);
-    } catch (const Error& e) {
-      std::string what = e.what();
-      if (what.rfind("quantize: ", 0) == 0) what = what.substr(10);  // said once, in the prefix
-      throw Error(spec.location + ": modifier 'quantize': " + what, ErrorKind::kUsage);
-    }
+  explicit QuantizeModifier(const ModifierSpec& spec) : Modifier(spec), config_(entry_config(spec)) {
     // Settings that would change nothing are refused rather than ignored.
     auto refuse = [&](const std::string& why) {
       throw Error(spec.location + ": modifier 'quantize': " + why, ErrorKind::kUsage);
@@ -153,13 +163,11 @@ void register_quantize_modifier() {
   info.name = "quantize";
   info.description = "quantization-aware training: a registered quantizer method (DoReFa, TWN, BNN, XNOR-Net, ...) on conv/linear layers";
   info.settings_now = &quantize_modifier_keys;
-  info.create = [](const ModifierSpec& spec) {
-    // The keys every method has; the rest are the method's own (checked by its resolve).
-    Settings common, method_options;
-    for (const auto& [key, value] : spec.settings.values())
-      (quantize_modifier_schema().has(key) ? common : method_options)[key] = value;
-    return std::make_unique<QuantizeModifier>(
-        spec, quantize_modifier_schema().parse(common, spec.location + ": modifier 'quantize'"), method_options);
+  info.create = [](const ModifierSpec& spec) { return std::make_unique<QuantizeModifier>(spec); };
+  // The method's own label at the entry's resolved widths ("DoReFa W2A2", "TWN", "BNN").
+  info.label = [](const ModifierSpec& spec) {
+    const quantize::Config c = entry_config(spec);
+    return quantize::quantizer_method(c.method).label(c);
   };
   register_modifier(std::move(info));
 }

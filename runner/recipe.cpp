@@ -15,6 +15,7 @@
 #include "data/loader.h"
 #include "export/exporter.h"
 #include "runner/modifier.h"
+#include "runner/run_files.h"
 
 namespace whittle::runner {
 
@@ -519,17 +520,16 @@ const KeySpec& section_spec(const char* name) {
 
 }  // namespace
 
-Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
-                    const std::vector<std::string>& overrides) {
-  YAML::Node root = load_yaml(text, origin);
-  if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
-  if (!root.IsMap()) usage_error(at_line(origin, root) + ": the top level must be a section (key: value pairs)");
-  register_builtin_modifiers();
-  std::vector<YAML::Node> override_nodes;
-  // `model.name` (a zoo model) and `model.file` are alternatives: overriding one drops the other
-  // that the recipe file gave, so `--set model.file=runs/mnist/lenet5/model.h5` fine-tunes a run.
-  // A file also drops the recipe's weight_init: the file's model brings its own weights. A
-  // num_classes stays, checked against the file's classifier when the model is loaded.
+namespace {
+
+// The --set overrides applied to the recipe's tree; `override_nodes` keeps the nodes they made (for
+// messages that name --set). `model.name` (a zoo model) and `model.file` are alternatives:
+// overriding one drops the other that the recipe file gave, so `--set
+// model.file=runs/mnist/lenet5/model.h5` fine-tunes a run. A file also drops the recipe's
+// weight_init: the file's model brings its own weights. A num_classes stays, checked against the
+// file's classifier when the model is loaded.
+void apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides, const std::string& origin,
+                     std::vector<YAML::Node>& override_nodes) {
   std::string model_source;
   for (const auto& o : overrides) {
     const std::string key = o.substr(0, o.find('='));
@@ -544,30 +544,10 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       for (const char* k : {"name", "weight_init"}) root["model"].remove(k);
   }
   for (const auto& o : overrides) set_override(root, o, origin, override_nodes);
-  struct Scope {
-    explicit Scope(std::vector<YAML::Node>* nodes) { t_override_nodes = nodes; }
-    ~Scope() { t_override_nodes = nullptr; }
-  } scope(&override_nodes);
-  validate_keys(root, recipe_schema(), origin, "");
-  for (const char* required : {"model", "data", "training"})
-    if (!root[required]) usage_error(origin + ": missing section '" + std::string(required) + "'");
+}
 
-  Recipe r;
-  r.path = origin;
-  r.base_dir = base_dir;
-  if (overrides.empty()) {
-    r.text = text;
-  } else {
-    YAML::Emitter out;
-    out << root;
-    r.text = std::string("# ") + origin + " with --set " + [&] {
-      std::string s;
-      for (const auto& o : overrides) s += (s.empty() ? "" : " ") + o;
-      return s;
-    }() + "\n" + out.c_str() + "\n";
-  }
-
-  // model
+// `model:`: a zoo name or a file (which must exist), classes, input shape.
+void read_model_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   const YAML::Node m = root["model"];
   get(m, "name", r.model.name);
   get_path(m, "file", r.model.file);
@@ -596,8 +576,10 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
                 " does not exist (paths are relative to the directory whittle runs in)");
   if (r.model.num_classes < 1) usage_error(at_line(origin, m["num_classes"]) + ": 'model.num_classes' must be ≥ 1");
   if (!r.model.file.empty() && !m["num_classes"]) r.model.num_classes = 0;  // beside a file: not checked
+}
 
-  // data
+// `data:`: the section, then the checks across its keys and that both paths exist.
+void read_data_section_checked(const YAML::Node& root, const std::string& origin, Recipe& r) {
   const YAML::Node d = root["data"];
   for (const char* required : {"train", "test"})
     if (!d[required]) usage_error(at_line(origin, d) + ": missing key 'data." + std::string(required) + "'");
@@ -615,8 +597,10 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     if (!path_exists(*p))
       usage_error(at_line(origin, d[k]) + ": 'data." + k + "': " + *p + " does not exist (paths are relative to the directory whittle runs in)");
   }
+}
 
-  // training
+// `training:`: epochs, optimizer, schedule and the rest, with the checks across keys.
+void read_training_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   const YAML::Node t = root["training"];
   get(t, "epochs", r.training.epochs);
   if (r.training.epochs < 1) usage_error(at_line(origin, t["epochs"]) + ": 'training.epochs' must be ≥ 1");
@@ -680,8 +664,10 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   const std::string& dev = r.training.device;
   if (!is_device_name(dev))
     usage_error(at_line(origin, t["device"]) + ": 'training.device' is '" + dev + "' (one of: cpu, cuda, cuda:N)");
+}
 
-  // distributed
+// `distributed:` (data-parallel runs).
+void read_distributed_section(const YAML::Node& root, Recipe& r) {
   if (const YAML::Node d = root["distributed"]) {
     auto& ds = r.distributed;
     get(d, "backend", ds.backend);
@@ -692,8 +678,11 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
     get(d, "sync_batchnorm", ds.sync_batchnorm);
     get(d, "verify_every", ds.verify_every);
   }
+}
 
-  // modifiers
+// `modifiers:`: each entry against the common keys and its modifier's own, its window inside
+// training.epochs, its patterns.
+void read_modifiers_section(const YAML::Node& root, const std::string& origin, const std::vector<std::string>& overrides, Recipe& r) {
   if (const YAML::Node mods = root["modifiers"]) {
     const std::vector<KeySpec> common = modifier_common_keys();
     for (size_t i = 0; i < mods.size(); ++i) {
@@ -751,8 +740,11 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
       r.modifiers.push_back(std::move(ms));
     }
   }
+}
 
-  // outputs
+// `outputs:`: the run directory (default runs/<recipe stem>), checkpoint and export files, kept
+// off the names the run directory uses for itself.
+void read_outputs_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   if (const YAML::Node o = root["outputs"]) {
     get_path(o, "dir", r.outputs.dir);
     get(o, "checkpoint", r.outputs.checkpoint);
@@ -785,18 +777,72 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   const std::string& ck = r.outputs.checkpoint;
   if (ck.empty() || ck.find('/') != std::string::npos || ck == "." || ck == "..")
     usage_error(origin + ": 'outputs.checkpoint' must be a plain file name, got '" + ck + "'");
-  for (const char* reserved : {"train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml", ".whittle.lock"})
+  for (const std::string& reserved : run_files::reserved())
     if (ck == reserved)
       usage_error(origin + ": 'outputs.checkpoint' is '" + ck + "', a file the run directory already uses for itself");
   if (ck.front() == '.') usage_error(origin + ": 'outputs.checkpoint' '" + ck + "' must not start with '.'");
   for (const std::string& format : r.outputs.export_formats) {
     const std::string file = export_file_name(r.outputs, format);
-    for (const char* reserved : {"train_state.pt", "metrics.jsonl", "report.json", "recipe.yaml"})
+    for (const std::string& reserved : run_files::reserved())
       if (file == reserved || file == ck)
         usage_error(origin + ": 'outputs.export' " + format + " would write '" + file + "', a file the run directory uses " +
                     "for itself; rename 'outputs.checkpoint'");
   }
+}
+
+}  // namespace
+
+Recipe parse_recipe(const std::string& text, const std::string& origin, const std::string& base_dir,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root = load_yaml(text, origin);
+  if (!root || root.IsNull()) usage_error(origin + ": the recipe is empty");
+  if (!root.IsMap()) usage_error(at_line(origin, root) + ": the top level must be a section (key: value pairs)");
+  register_builtin_modifiers();
+  std::vector<YAML::Node> override_nodes;
+  apply_overrides(root, overrides, origin, override_nodes);
+  struct Scope {
+    explicit Scope(std::vector<YAML::Node>* nodes) { t_override_nodes = nodes; }
+    ~Scope() { t_override_nodes = nullptr; }
+  } scope(&override_nodes);
+  validate_keys(root, recipe_schema(), origin, "");
+  for (const char* required : {"model", "data", "training"})
+    if (!root[required]) usage_error(origin + ": missing section '" + std::string(required) + "'");
+
+  Recipe r;
+  r.path = origin;
+  r.base_dir = base_dir;
+  if (overrides.empty()) {
+    r.text = text;
+  } else {
+    YAML::Emitter out;
+    out << root;
+    r.text = std::string("# ") + origin + " with --set " + [&] {
+      std::string s;
+      for (const auto& o : overrides) s += (s.empty() ? "" : " ") + o;
+      return s;
+    }() + "\n" + out.c_str() + "\n";
+  }
+
+  read_model_section(root, origin, r);
+  read_data_section_checked(root, origin, r);
+  read_training_section(root, origin, r);
+  read_distributed_section(root, r);
+  read_modifiers_section(root, origin, overrides, r);
+  read_outputs_section(root, origin, r);
   return r;
+}
+
+std::vector<ModifierSpec> parse_recipe_modifiers(const std::string& text, const std::string& origin) {
+  const YAML::Node root = load_yaml(text, origin);
+  if (!root.IsMap() || !root["modifiers"] || root["modifiers"].IsNull()) return {};
+  if (!root["modifiers"].IsSequence())
+    usage_error(at_line(origin, root["modifiers"]) + ": 'modifiers' must be a list, got " + node_kind(root["modifiers"]));
+  register_builtin_modifiers();
+  Recipe r;
+  r.training.epochs = std::numeric_limits<int64_t>::max();  // no training section: any window
+  if (const YAML::Node t = root["training"]; t && t.IsMap() && t["epochs"]) get(t, "epochs", r.training.epochs);
+  read_modifiers_section(root, origin, {}, r);
+  return r.modifiers;
 }
 
 std::string export_file_name(const OutputsSpec& outputs, const std::string& format) {

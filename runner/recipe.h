@@ -186,6 +186,12 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
 /// `origin` and the line for text that is not valid YAML or a `data` key of the wrong type.
 DataSpec parse_recipe_data(const std::string& text, const std::string& origin);
 
+/// The `modifiers:` section of recipe text `text` (for instance a run directory's recipe.yaml),
+/// each entry checked as parse_recipe checks it (its keys against its modifier's, its window
+/// inside training.epochs when the text gives them) but without the checks that need the run's
+/// files. Throws whittle::Error (usage) naming `origin` and the line.
+std::vector<ModifierSpec> parse_recipe_modifiers(const std::string& text, const std::string& origin);
+
 /// The closest of `candidates` to `word` by edit distance ("" when none is close).
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 

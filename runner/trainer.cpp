@@ -30,6 +30,7 @@
 #include "runner/model_loader.h"
 #include "runner/optimizer.h"
 #include "runner/progress.h"
+#include "runner/run_files.h"
 
 namespace whittle::runner {
 
@@ -46,7 +47,7 @@ using json = nlohmann::ordered_json;
 /// failed) means finish() still has work to do.
 bool read_finished_report(const std::string& dir, const std::string& checkpoint,
                           const std::map<std::string, std::string>& exports, int64_t epochs, RunResult& result) {
-  const std::string path = join_path(dir, "report.json");
+  const std::string path = join_path(dir, run_files::kReport);
   if (!is_regular_file(path)) return false;
   const json r = json::parse(read_file(path), nullptr, false);
   auto number = [&](const char* k) { return r.is_object() && r.contains(k) && r[k].is_number(); };
@@ -263,34 +264,51 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   if (!writer_) log_ = &null_log_;
   result_.world_size = group_ ? group_->world_size() : 1;
   state_.world_size = result_.world_size;
-  std::ostream& log = *log_;
-  // A Ctrl-C that came before the Trainer (while the recipe was read) counts: checked below
-  // before the run directory is created.
-  result_.run_dir = options.out_dir.empty() ? r.outputs.dir : options.out_dir;
+  open_run_directory();
+  set_up_device();
+  make_loaders();
+  // The model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
+  std::unique_ptr<SavedTrainState> saved = read_saved_state();
+  build_model_and_modifiers(saved.get());
+  // Everything is checked: from here on the run directory is written.
+  create_run_directory();
+  start_training(saved.get());
+  if (saved) restore_position(*saved);
+  if (group_) set_up_data_parallel();
+  result_.global_batch_size = recipe_.data.batch_size * recipe_.training.grad_accumulation * result_.world_size;
+  if (options_.resume) run_dir_.written = true;  // the run's files are there already
+  log_start();
+}
+
+void Trainer::open_run_directory() {
+  // A Ctrl-C that came before the Trainer (while the recipe was read) counts: checked in
+  // create_run_directory() before the run directory is created.
+  result_.run_dir = options_.out_dir.empty() ? recipe_.outputs.dir : options_.out_dir;
   const std::string& dir = result_.run_dir;
-  result_.checkpoint = join_path(dir, r.outputs.checkpoint);
-  state_path_ = join_path(dir, "train_state.pt");
-  if (options.resume && options.overwrite)
+  result_.checkpoint = join_path(dir, recipe_.outputs.checkpoint);
+  state_path_ = join_path(dir, run_files::kTrainState);
+  if (options_.resume && options_.overwrite)
     throw Error("--resume continues the run in " + dir + " and --overwrite replaces it: give one", ErrorKind::kUsage);
 
   // The run directory must be usable before any work starts, but nothing is created until the
   // recipe has been checked against the data and the model. Only rank 0 writes it.
-  if (writer_) {
-    try {
-      check_directory_creatable(dir);
-    } catch (const Error& e) {
-      throw Error("output directory " + dir + " cannot be written: " + e.what());
-    }
-    if (is_directory(dir)) {
-      run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
-      // A run killed while writing left a hidden temporary; the file it was for is whole.
-      remove_stale_temporaries(dir);
-      check_previous_run();
-    }
+  if (!writer_) return;
+  try {
+    check_directory_creatable(dir);
+  } catch (const Error& e) {
+    throw Error("output directory " + dir + " cannot be written: " + e.what());
   }
+  if (is_directory(dir)) {
+    run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
+    // A run killed while writing left a hidden temporary; the file it was for is whole.
+    remove_stale_temporaries(dir);
+    check_previous_run();
+  }
+}
 
-  const TrainingSpec& t = r.training;
-  device_ = open_device(options.device.empty() ? t.device : options.device);
+void Trainer::set_up_device() {
+  const TrainingSpec& t = recipe_.training;
+  device_ = open_device(options_.device.empty() ? t.device : options_.device);
   if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
   at::manual_seed(static_cast<uint64_t>(t.seed));
   auto& ctx = at::globalContext();
@@ -299,8 +317,13 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     ctx.setBenchmarkCuDNN(t.cudnn_benchmark && !t.deterministic);
     ctx.setDeterministicCuDNN(t.deterministic);
   }
+}
 
-  // Data. Image folders are packed to HDF5 on first use: rank 0 packs, the others then read its copy.
+void Trainer::make_loaders() {
+  const Recipe& r = recipe_;
+  const TrainingSpec& t = r.training;
+  std::ostream& log = *log_;
+  // Image folders are packed to HDF5 on first use: rank 0 packs, the others then read its copy.
   const bool pack_first = group_ && !r.data.pack_to.empty();
   // Packing a large image folder may outlast distributed.timeout_seconds: the others wait a day.
   constexpr double kPackWaitSeconds = 86400;
@@ -354,46 +377,53 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   if (t.amp != "none" && !device_.is_cuda())
     throw Error(r.path + ": 'training.amp' " + t.amp + " applies to CUDA devices; the run is on " + device_.str(),
                 ErrorKind::kUsage);
+}
 
-  // Model: from the recipe, or on resume as it was at the save (the modifiers may have changed it).
-  std::unique_ptr<SavedTrainState> saved;  // (not std::optional: clang 14 rejects it for this type)
-  if (options.resume) {
-    try {
-      saved = std::make_unique<SavedTrainState>(SavedTrainState::read(state_path_, r.text));
-    } catch (const Error& e) {
-      if (writer_) throw;
-      throw Error(std::string(e.what()) + " (on resume every rank reads the training state: the run directory must be on a "
-                  "file system every rank sees)");
-    }
+std::unique_ptr<SavedTrainState> Trainer::read_saved_state() const {
+  // (A pointer, not std::optional: clang 14 rejects std::optional for this type.)
+  if (!options_.resume) return nullptr;
+  try {
+    return std::make_unique<SavedTrainState>(SavedTrainState::read(state_path_, recipe_.text));
+  } catch (const Error& e) {
+    if (writer_) throw;
+    throw Error(std::string(e.what()) + " (on resume every rank reads the training state: the run directory must be on a "
+                "file system every rank sees)");
   }
+}
+
+void Trainer::build_model_and_modifiers(SavedTrainState* saved) {
+  const Recipe& r = recipe_;
   model_ = GraphModule(saved ? saved->take_graph() : load_model(model_source(r, train_loader_->dataset())));
   model_->to(device_);
-
   // Modifiers (their settings checked by their factories, their patterns against the model).
   for (const auto& spec : r.modifiers) modifiers_.push_back(modifier_info(spec.name).create(spec));
   if (!saved) check_modifier_targets();
   check_input_shapes();
   check_export_forms();
-  if (!t.activation_checkpointing.empty()) {
+  if (!r.training.activation_checkpointing.empty()) {
     try {
-      model_->set_checkpoint_segments(t.activation_checkpointing);
+      model_->set_checkpoint_segments(r.training.activation_checkpointing);
     } catch (const Error& e) {
       throw Error(recipe_.path + ": 'training.activation_checkpointing': " + e.what(), ErrorKind::kUsage);
     }
   }
+}
 
-  // Everything is checked: from here on the run directory is written.
+void Trainer::create_run_directory() {
   // Every rank gets here: they agree whether a Ctrl-C (or torchrun's SIGTERM) came in time.
   if (group_ ? group_->any(g_stop.load()) : g_stop.load())
     throw Interrupted("interrupted before training started; nothing was written");
   if (writer_ && !run_dir_.lock) {
+    const std::string& dir = result_.run_dir;
     make_directories(dir);
     run_dir_.path = dir;
     run_dir_.created = true;
     run_dir_.lock = std::make_unique<DirectoryLock>(dir, "whittle run");
   }
+}
 
-  // Modifiers' start, optimizer.
+void Trainer::start_training(SavedTrainState* saved) {
+  const TrainingSpec& t = recipe_.training;
   tc_.model = model_;
   tc_.recipe = &recipe_;
   tc_.device = device_;
@@ -412,64 +442,72 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
   }
   scaler_ = LossScaler(device_.is_cuda() && t.amp == "fp16");
   autocast_ = device_.is_cuda() && t.amp != "none";
+}
 
-  if (saved) {
-    saved->restore_optimizer(*optimizer_);
-    saved->restore_loss_scaler(scaler_);
-    state_ = saved->state();
-    // Inside an epoch `batch` counts each rank's batches: it means another position with another
-    // number of ranks. At an epoch boundary any number of ranks may continue.
-    if (state_.batch > 0 && state_.world_size != result_.world_size) {
-      if (group_) group_->mark_failed_together();  // every rank read the same state
-      throw Error("--resume: " + state_path_ + " stopped inside epoch " + std::to_string(state_.epoch + 1) + " with " +
-                      std::to_string(state_.world_size) + " rank(s); this run has " + std::to_string(result_.world_size) +
-                      ": resume it with " + std::to_string(state_.world_size) + " (or from an epoch's end)",
-                  ErrorKind::kUsage);
-    }
-    state_.world_size = result_.world_size;
-    tc_.step = state_.step;
-    result_.epochs_done = state_.epoch;
-    saved->restore_rng();
-    std::map<std::string, std::string> exports;
-    for (const std::string& format : r.outputs.export_formats)
-      exports[format] = join_path(dir, export_file_name(r.outputs, format));
-    bool finished = state_.epoch >= t.epochs && read_finished_report(dir, result_.checkpoint, exports, state_.epoch, result_);
-    // Every rank reads the same files; should one see them otherwise (a network file system's
-    // cache), all finish the run again rather than some waiting for the others.
-    if (group_) finished = !group_->any(!finished);
-    if (finished) {
-      result_.finished_before = true;
-      log << "the run in " << dir << " has finished (epoch " << state_.epoch << " of " << t.epochs
-          << ", report.json): nothing to resume\n";
-    } else {
-      log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
-    }
-    if (!writer_) {  // the saved running sums are all ranks' so far: rank 0 carries them
-      state_.loss_sum = 0;
-      state_.correct = 0;
-      state_.seen = 0;
-    }
+void Trainer::restore_position(SavedTrainState& saved) {
+  const Recipe& r = recipe_;
+  const std::string& dir = result_.run_dir;
+  std::ostream& log = *log_;
+  saved.restore_optimizer(*optimizer_);
+  saved.restore_loss_scaler(scaler_);
+  state_ = saved.state();
+  // Inside an epoch `batch` counts each rank's batches: it means another position with another
+  // number of ranks. At an epoch boundary any number of ranks may continue.
+  if (state_.batch > 0 && state_.world_size != result_.world_size) {
+    if (group_) group_->mark_failed_together();  // every rank read the same state
+    throw Error("--resume: " + state_path_ + " stopped inside epoch " + std::to_string(state_.epoch + 1) + " with " +
+                    std::to_string(state_.world_size) + " rank(s); this run has " + std::to_string(result_.world_size) +
+                    ": resume it with " + std::to_string(state_.world_size) + " (or from an epoch's end)",
+                ErrorKind::kUsage);
   }
-  if (group_) {
-    DataParallelOptions dp;
-    dp.bucket_cap_mb = r.distributed.bucket_cap_mb;
-    dp.find_unused_parameters = r.distributed.find_unused_parameters;
-    dp.broadcast_buffers = r.distributed.broadcast_buffers;
-    dp.sync_batchnorm = r.distributed.sync_batchnorm;
-    // Broadcasts rank 0's parameters and buffers: every rank starts from one model.
-    // A modifier's parameters that only get gradients inside its epoch window (distill hint
-    // adapters) would stall the gradient buckets outside it: the reducer is told to expect that.
-    for (auto& m : modifiers_)
-      if (!m->parameters().empty() && (m->spec().start_epoch > 0 || m->spec().end_epoch >= 0)) dp.find_unused_parameters = true;
-    std::vector<at::Tensor> all = model_->parameters();  // frozen ones too: one model everywhere
-    for (auto& m : modifiers_)
-      for (auto& p : m->parameters()) all.push_back(p);
-    ddp_ = std::make_unique<DistributedDataParallel>(group_, all, model_->buffers(), dp);
-    result_.distributed_backend = group_->backend();
+  state_.world_size = result_.world_size;
+  tc_.step = state_.step;
+  result_.epochs_done = state_.epoch;
+  saved.restore_rng();
+  std::map<std::string, std::string> exports;
+  for (const std::string& format : r.outputs.export_formats)
+    exports[format] = join_path(dir, export_file_name(r.outputs, format));
+  bool finished = state_.epoch >= r.training.epochs &&
+                  read_finished_report(dir, result_.checkpoint, exports, state_.epoch, result_);
+  // Every rank reads the same files; should one see them otherwise (a network file system's
+  // cache), all finish the run again rather than some waiting for the others.
+  if (group_) finished = !group_->any(!finished);
+  if (finished) {
+    result_.finished_before = true;
+    log << "the run in " << dir << " has finished (epoch " << state_.epoch << " of " << r.training.epochs
+        << ", report.json): nothing to resume\n";
+  } else {
+    log << "resuming " << dir << " at epoch " << state_.epoch + 1 << ", batch " << state_.batch << "\n";
   }
-  result_.global_batch_size = r.data.batch_size * t.grad_accumulation * result_.world_size;
-  if (options.resume) run_dir_.written = true;  // the run's files are there already
+  if (!writer_) {  // the saved running sums are all ranks' so far: rank 0 carries them
+    state_.loss_sum = 0;
+    state_.correct = 0;
+    state_.seen = 0;
+  }
+}
 
+void Trainer::set_up_data_parallel() {
+  const Recipe& r = recipe_;
+  DataParallelOptions dp;
+  dp.bucket_cap_mb = r.distributed.bucket_cap_mb;
+  dp.find_unused_parameters = r.distributed.find_unused_parameters;
+  dp.broadcast_buffers = r.distributed.broadcast_buffers;
+  dp.sync_batchnorm = r.distributed.sync_batchnorm;
+  // Broadcasts rank 0's parameters and buffers: every rank starts from one model.
+  // A modifier's parameters that only get gradients inside its epoch window (distill hint
+  // adapters) would stall the gradient buckets outside it: the reducer is told to expect that.
+  for (auto& m : modifiers_)
+    if (!m->parameters().empty() && (m->spec().start_epoch > 0 || m->spec().end_epoch >= 0)) dp.find_unused_parameters = true;
+  std::vector<at::Tensor> all = model_->parameters();  // frozen ones too: one model everywhere
+  for (auto& m : modifiers_)
+    for (auto& p : m->parameters()) all.push_back(p);
+  ddp_ = std::make_unique<DistributedDataParallel>(group_, all, model_->buffers(), dp);
+  result_.distributed_backend = group_->backend();
+}
+
+void Trainer::log_start() {
+  const Recipe& r = recipe_;
+  std::ostream& log = *log_;
   const NodeCost cost = per_image_cost(model_->graph());
   result_.params = cost.params;
   result_.macs = cost.macs;
@@ -489,9 +527,8 @@ Trainer::Trainer(const Recipe& r, const RunOptions& options)
     log << "\n";
   }
   log << std::flush;
-
   const bool tty = log_ == &std::cout && ::isatty(STDOUT_FILENO);  // false for ranks other than 0
-  progress_ = std::make_unique<ProgressBar>(log, tty, t.log_every);
+  progress_ = std::make_unique<ProgressBar>(log, tty, r.training.log_every);
 }
 
 Trainer::~Trainer() = default;
@@ -511,18 +548,18 @@ void Trainer::start_writing() {
   // A new run's files replace the previous run's (with --overwrite) only now, once it has
   // something to write: a run that fails in its first epoch leaves the old one as it was.
   const std::string& dir = result_.run_dir;
-  if (options_.overwrite) remove_file(join_path(dir, "report.json"));
+  if (options_.overwrite) remove_file(join_path(dir, run_files::kReport));
   // Whatever a run killed from here on leaves holds a metrics.jsonl (check_previous_run): a new one
   // is written first, and taken back should the recipe's write fail (a full disk), leaving the
   // directory as it was; one already there (--overwrite) is emptied last, kept should that fail.
-  const std::string metrics = join_path(dir, "metrics.jsonl");
+  const std::string metrics = join_path(dir, run_files::kMetrics);
   if (path_exists(metrics)) {
-    write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
+    write_file_atomic(join_path(dir, run_files::kRecipe), recipe_.text);
     write_file_atomic(metrics, "");
   } else {
     write_file_atomic(metrics, "");
     try {
-      write_file_atomic(join_path(dir, "recipe.yaml"), recipe_.text);
+      write_file_atomic(join_path(dir, run_files::kRecipe), recipe_.text);
     } catch (...) {
       remove_file(metrics);
       throw;
@@ -532,8 +569,8 @@ void Trainer::start_writing() {
 }
 
 std::vector<std::string> Trainer::run_files() const {
-  std::vector<std::string> files{recipe_.outputs.checkpoint, "train_state.pt", "metrics.jsonl", "report.json",
-                                 "recipe.yaml"};
+  std::vector<std::string> files{recipe_.outputs.checkpoint, run_files::kTrainState, run_files::kMetrics, run_files::kReport,
+                                 run_files::kRecipe};
   for (const std::string& format : recipe_.outputs.export_formats)
     files.push_back(export_file_name(recipe_.outputs, format));
   return files;
@@ -554,20 +591,20 @@ void Trainer::check_previous_run() const {
   for (const std::string& f : run_files())
     if (path_exists(join_path(dir, f))) {
       found += (found.empty() ? "" : ", ") + f;
-      saved = saved || f == "train_state.pt" || f == "report.json";
+      saved = saved || f == run_files::kTrainState || f == run_files::kReport;
     }
   // Without a training state or a report, no run saved an epoch there. A run's first write (at the
   // end of its first epoch, or when it is stopped) is metrics.jsonl, so a folder holding it is what a
   // run killed before its training state left: run again. The run's file names without it (a
   // model.h5 or recipe.yaml of the user's own) are not a run's, and are not replaced unasked.
   if (!saved) {
-    if (found.empty() || path_exists(join_path(dir, "metrics.jsonl"))) return;
+    if (found.empty() || path_exists(join_path(dir, run_files::kMetrics))) return;
     throw Error("run directory " + dir + " holds " + found +
                     " but no metrics.jsonl, so no whittle run left them; a run would replace them: --overwrite "
                     "replaces them, --out DIR writes elsewhere",
                 ErrorKind::kUsage);
   }
-  const bool finished = path_exists(join_path(dir, "report.json"));
+  const bool finished = path_exists(join_path(dir, run_files::kReport));
   throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found +
                   "): --resume continues it, --overwrite replaces it, --out DIR writes elsewhere",
               ErrorKind::kUsage);
@@ -842,7 +879,7 @@ void Trainer::write_metrics_line(int64_t epoch, const std::string& line) const {
   // The file is rewritten whole (atomically): the lines of the epochs before this one, then this
   // one. A run killed after an epoch's line but before its training state repeats that epoch on
   // resume; its line then replaces the earlier one instead of appearing twice.
-  const std::string path = join_path(result_.run_dir, "metrics.jsonl");
+  const std::string path = join_path(result_.run_dir, run_files::kMetrics);
   std::string text;
   if (is_regular_file(path)) {
     std::istringstream in(read_file(path));
@@ -977,8 +1014,8 @@ RunResult Trainer::finish() {
   // A sitting that only finished the run trained no images: the last epoch's rate stands for it.
   result_.train_images_per_second =
       images_trained_ > 0 ? static_cast<double>(images_trained_ * result_.world_size) / std::max(train_seconds_, 1e-9)
-                          : last_epoch_rate(join_path(result_.run_dir, "metrics.jsonl"));
-  const std::string report_path = join_path(result_.run_dir, "report.json");
+                          : last_epoch_rate(join_path(result_.run_dir, run_files::kMetrics));
+  const std::string report_path = join_path(result_.run_dir, run_files::kReport);
   write_report(report_path, recipe_, result_, device_.str(), model_->graph());
   print_report(*log_, recipe_, result_, report_path);
   if (group_) group_->barrier();  // the run is complete on every rank, also when an export failed

@@ -181,6 +181,18 @@ class Trainer {
   void check_export_forms() const;             // outputs.export: a dry run of each export
   void check_input_shapes() const;             // both data sets' images fit the model's input
   void sum_epoch_over_ranks();                 // state_'s running sums of this rank → the sums over all ranks (rank 0)
+  // The constructor's steps, in order. Nothing is written before create_run_directory(): every
+  // check that can fail comes first.
+  void open_run_directory();   // its paths; a directory already there: locked, checked for a previous run
+  void set_up_device();        // device, intra-op threads, seed, determinism
+  void make_loaders();         // the data sets and their loaders, checked against the recipe
+  std::unique_ptr<SavedTrainState> read_saved_state() const;  // --resume: train_state.pt, else null
+  void build_model_and_modifiers(SavedTrainState* saved);  // and their checks against each other
+  void create_run_directory();  // a Ctrl-C so far stops here; else the directory is made and locked
+  void start_training(SavedTrainState* saved);  // modifiers' start, the optimizer, mixed precision
+  void restore_position(SavedTrainState& saved);  // --resume: optimizer, scaler, epoch and batch, RNG
+  void set_up_data_parallel();  // DistributedDataParallel over the model's and modifiers' tensors
+  void log_start();             // the model, data, device and optimizer line(s); the progress bar
 
   Recipe recipe_;
   RunOptions options_;

@@ -506,7 +506,7 @@ TEST(GraphErrors, BadAttributesAndAtenErrorsNameTheNode) {
     GraphModule m(std::move(bad_stride));
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_HAS(e.what(), "node 'conv2' (conv2d): attribute 'stride' is [0, 0]; it must be ≥ 1");
+    EXPECT_HAS(e.what(), "node 'conv2' (conv2d): attribute 'stride' is [0, 0], below the minimum 1");
   }
   Graph bad_dtype = build_model("lenet5");
   Node& conv2 = bad_dtype.node("conv2");

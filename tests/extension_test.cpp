@@ -69,7 +69,7 @@ void register_toy_method() {
   quantize::WeightQuantizer q;
   q.name = "toy3";
   q.description = "test: s·clamp(round(w/s), -1, 1), learned s";
-  q.attributes = {"weight_bits", "weight_axis"};
+  q.attributes = quantize::weight_quantizer_attributes(2, 2);
   q.params = {"toy_step"};
   q.forward = [](const Node& n, const at::Tensor& w, bool) { return toy3_weight(w, n.params.at("toy_step")); };
   // Codes c + 1 ∈ {0, 1, 2} with scale s: the ternary encoding s·(code − 1) decodes them bitwise.

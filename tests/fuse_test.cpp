@@ -238,7 +238,12 @@ TEST_F(FoldPass, DontFuseWhenConvOutputIsAGraphOutput) {
 }
 
 TEST_F(FoldPass, DontFuseWhenTheWeightIsComputedByATransform) {
-  register_weight_transform({"test_doubling", "2·W", TransformKind::kQuantizer, {}, {}, [](const Node&, const at::Tensor& w, bool) { return w * 2; }});
+  WeightTransform doubling;
+  doubling.name = "test_doubling";
+  doubling.description = "2·W";
+  doubling.kind = TransformKind::kQuantizer;
+  doubling.apply = [](const Node&, const at::Tensor& w, bool) { return w * 2; };
+  register_weight_transform(std::move(doubling));
   Graph g = small_net();
   g.node("features.0").weight_transforms = {"test_doubling"};
   f::Report r = f::fold_batchnorm(g);
@@ -421,7 +426,7 @@ TEST_P(BinaryDeploy, ThresholdsPredictTheSameClassOnAllMnistTestDigits) {
     EXPECT_FALSE(producer.weight_transforms.empty()) << n.name << " follows a plain layer: " << r.summary();
     for (const auto& u : g.users(n.outputs[0])) {
       const Node& user = g.node(u);
-      EXPECT_FALSE(user.op == "act_quant" && user.attr_str("method", "") == "sign") << n.name << " feeds a binarizer";
+      EXPECT_FALSE(user.op == "act_quant" && user.attr_str("method") == "sign") << n.name << " feeds a binarizer";
     }
   }
   EXPECT_LE(remaining, 1) << r.summary();

@@ -168,7 +168,12 @@ TEST_F(GraphTest, UnknownOpListsKnownOps) {
 }
 
 TEST_F(GraphTest, WeightTransformReplacesTheWeightAndPassesGradients) {
-  register_weight_transform({"test_double", "2·w", TransformKind::kQuantizer, {}, {}, [](const Node&, const at::Tensor& w, bool) { return w * 2.0; }});
+  WeightTransform doubled;
+  doubled.name = "test_double";
+  doubled.description = "2·w";
+  doubled.kind = TransformKind::kQuantizer;
+  doubled.apply = [](const Node&, const at::Tensor& w, bool) { return w * 2.0; };
+  register_weight_transform(std::move(doubled));
   Graph g = small_net();
   Graph plain = g.clone();
   g.node("classifier").weight_transforms = {"test_double"};
@@ -196,7 +201,85 @@ TEST_F(GraphTest, WeightTransformReplacesTheWeightAndPassesGradients) {
   }
 }
 
+// The message of the whittle::Error `fn` throws ("" when it throws none).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(GraphTest, AttributesReadTheirDeclaredDefaults) {
+  Graph g = small_net();
+  const Node& conv = g.node("features.0");
+  // conv2d declares groups = 1, stride = dilation = [1, 1]; padding was set.
+  EXPECT_EQ(conv.attr_int("groups"), 1);
+  EXPECT_EQ(conv.attr_pair("stride"), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(conv.attr_pair("dilation"), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(conv.attr_pair("padding"), (std::vector<int64_t>{1, 1}));
+  EXPECT_DOUBLE_EQ(g.node("features.1").attr_float("eps"), 1e-5);
+  EXPECT_DOUBLE_EQ(g.node("features.1").attr_float("momentum"), 0.1);
+  EXPECT_EQ(g.node("flatten").attr_int("start_dim"), 1);
+  EXPECT_EQ(g.node("flatten").attr_int("end_dim"), -1);
+  EXPECT_FALSE(g.node("features.3").attr_bool("ceil_mode"));
+  // A key no declaration names, and a declared one without a default, are errors naming both.
+  EXPECT_EQ(error_of([&] { conv.attr_int("group"); }), "node 'features.0' (conv2d): no attribute 'group' is declared for it");
+  EXPECT_EQ(error_of([&] { g.node("features.3").attr_pair("stride"); }),
+            "node 'features.3' (max_pool2d): missing attribute 'stride'");
+  // A linear layer has no groups: readers that handle both ask attr_int_if_declared.
+  EXPECT_EQ(attr_int_if_declared(g.node("classifier"), "groups", 1), 1);
+  EXPECT_THROW(g.node("classifier").attr_int("groups"), Error);
+  // The declaration as `whittle inspect --ops` lists it.
+  EXPECT_EQ(attr_spec(conv, "stride")->summary(), "pair, default [1, 1], at least 1");
+  EXPECT_EQ(attr_spec(g.node("features.1"), "momentum")->summary(), "float, default 0.1, at most 1");
+}
+
+TEST_F(GraphTest, AttributesAreCheckedAgainstTheirDeclarations) {
+  Graph g = small_net();
+  auto add_conv = [&](std::map<std::string, Attr> attrs) {
+    Graph h = small_net();
+    Node c = make("extra", "conv2d", {"features.0"}, std::move(attrs));
+    c.params.set("weight", at::randn({8, 8, 1, 1}));
+    return error_of([&] { h.add_node(c); });
+  };
+  EXPECT_EQ(add_conv({{"stride", std::vector<int64_t>{0, 1}}}),
+            "node 'extra' (conv2d): attribute 'stride' is [0, 1], below the minimum 1");
+  EXPECT_EQ(add_conv({{"groups", int64_t{0}}}), "node 'extra' (conv2d): attribute 'groups' is 0, below the minimum 1");
+  EXPECT_EQ(add_conv({{"groups", 1.5}}), "node 'extra' (conv2d): attribute 'groups' is 1.5, not an integer");
+  EXPECT_EQ(add_conv({{"stride", std::vector<int64_t>{1, 1, 1}}}),
+            "node 'extra' (conv2d): attribute 'stride' is [1, 1, 1], not an integer or a list of 1 or 2 integers");
+  EXPECT_EQ(add_conv({{"strides", std::vector<int64_t>{1, 1}}}),
+            "node 'extra' (conv2d): unknown attribute 'strides' (it declares stride, padding, dilation, groups)");
+  EXPECT_EQ(add_conv({}), "");
+  // Strings against their choices, booleans against 0 and 1, fractions against their range.
+  Node gelu = make("g", "gelu", {"features.0"}, {{"approximate", std::string("erf")}});
+  EXPECT_EQ(error_of([&] { g.add_node(gelu); }), "node 'g' (gelu): attribute 'approximate' is 'erf', not one of none, tanh");
+  Node drop = make("d", "dropout", {"features.0"}, {{"p", 1.5}});
+  EXPECT_EQ(error_of([&] { g.add_node(drop); }), "node 'd' (dropout): attribute 'p' is 1.5, above the maximum 1");
+  Node pool = make("p", "max_pool2d", {"features.0"}, {{"kernel_size", int64_t{2}}, {"ceil_mode", int64_t{2}}});
+  EXPECT_EQ(error_of([&] { g.add_node(pool); }), "node 'p' (max_pool2d): attribute 'ceil_mode' is 2, not 0 or 1");
+  // Required attributes must be there.
+  Node pool2 = make("p2", "max_pool2d", {"features.0"});
+  EXPECT_EQ(error_of([&] { g.add_node(pool2); }), "node 'p2' (max_pool2d): missing attribute 'kernel_size'");
+  // A node edited after it was added is refused by validate(), which every load runs.
+  g.node("features.3").attrs["padding"] = int64_t{-1};
+  EXPECT_EQ(error_of([&] { g.validate(); }), "node 'features.3' (max_pool2d): attribute 'padding' is -1, below the minimum 0");
+  g.node("features.3").attrs.erase("padding");
+  // The transform stack: a name twice is refused.
+  g.node("features.0").weight_transforms = {"mask", "mask"};
+  g.node("features.0").buffers.set("weight_mask", at::ones({8, 3, 3, 3}));
+  EXPECT_EQ(error_of([&] { g.validate(); }),
+            "node 'features.0' (conv2d): weight transform 'mask' appears twice in its stack");
+}
+
 TEST_F(GraphTest, StructureRoundTripsThroughJson) {
+  // Attributes of every type: "note" and "scales" are declared here, as a module declares the
+  // annotations it writes on nodes of any op.
+  register_node_annotation(AttrSpec::optional("note", AttrType::kString, "test: a string attribute"));
+  register_node_annotation(AttrSpec::optional("scales", AttrType::kFloats, "test: a float list attribute"));
   Graph g = small_net();
   g.node("features.3").attrs["ceil_mode"] = int64_t{0};
   g.node("features.2").attrs["note"] = std::string("kept");

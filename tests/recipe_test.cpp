@@ -166,6 +166,42 @@ TEST_F(RecipeTest, StructuralProblems) {
   EXPECT_NE(error_of(both).find("exactly one of 'name'"), std::string::npos);
 }
 
+// A run directory's recipe.yaml read for `whittle report`: the modifiers section alone, each entry
+// checked as parse_recipe checks it, with paths that need not exist on this machine.
+TEST_F(RecipeTest, ModifiersOfARunDirectoryRecipeAndTheirLabels) {
+  const std::string text =
+      "model: {file: /elsewhere/model.h5}\n"
+      "data: {train: /elsewhere/data, test: /elsewhere/data}\n"
+      "training: {epochs: 4}\n"
+      "modifiers:\n"
+      "  - {name: quantize, method: dorefa, weight_bits: 2, activation_bits: 2}\n"
+      "  - {name: prune, criterion: fpgm, target_macs: 0.5}\n"
+      "  - {name: prune, sparsity: 0.3}\n"
+      "  - {name: quantize, method: bnn}\n"
+      "  - {name: test_noop}\n";
+  const std::vector<ModifierSpec> mods = parse_recipe_modifiers(text, "run/recipe.yaml");
+  ASSERT_EQ(mods.size(), 5u);
+  EXPECT_EQ(modifier_label(mods[0]), "DoReFa W2A2");
+  EXPECT_EQ(modifier_label(mods[1]), "pruned FPGM (50 % MACs)");
+  EXPECT_EQ(modifier_label(mods[2]), "pruned L1 (sparsity 0.3)");
+  EXPECT_EQ(modifier_label(mods[3]), "BNN");
+  EXPECT_EQ(modifier_label(mods[4]), "test_noop");  // no label: its name
+  EXPECT_TRUE(parse_recipe_modifiers("model: {name: lenet5}\n", "r.yaml").empty());
+  // What parse_recipe refuses in the section is refused here too, naming the line.
+  try {
+    parse_recipe_modifiers("training: {epochs: 2}\nmodifiers:\n  - {name: prune, sparsty: 0.3}\n", "r.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("r.yaml:3: unknown key 'modifiers.0.sparsty'"), std::string::npos) << e.what();
+  }
+  try {
+    parse_recipe_modifiers("training: {epochs: 2}\nmodifiers:\n  - {name: prune, start_epoch: 3}\n", "r.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("start_epoch 3 is not inside the run of 2 epoch(s)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ClosestMatch, PicksNearWordsOnly) {
   EXPECT_EQ(closest_match("trainng", {"model", "data", "training"}), "training");
   EXPECT_EQ(closest_match("batchsize", {"batch_size", "eval_batch_size"}), "batch_size");

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "export/checkpoint.h"
+#include "fuse/fuse.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
 #include "graph/serialize.h"
@@ -227,6 +228,7 @@ TEST(TransformStack, MaskThenDoReFaForwardGradientAndCheckpoint) {
 }
 
 TEST(TransformStack, VersionOneGraphsReadAsStacks) {
+  fuse::register_all();  // bn_fold; loading a graph checks that every transform it names is registered
   GraphModule m(build_model("lenet5"));
   q::Config c;
   c.method = "dorefa";

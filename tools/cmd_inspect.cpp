@@ -107,7 +107,8 @@ int run_inspect(const std::vector<std::string>& args) {
     register_export_writers();
     deploy::register_all();
     std::cout << "# op                   channel flow       forms (o: ONNX, t: TorchScript, k: deploy kernels; conv_bn_qat: "
-                 "exported as its folded layer)\n";
+                 "exported as its folded layer)\n"
+              << "#   attribute           declaration (type, default, valid values)   meaning\n";
     for (const auto& kind : registered_ops()) {
       const OpTraits& t = op_traits(kind);
       // Export forms: o = ONNX, t = TorchScript (docs/export.md); k = a bitpacked path in the
@@ -117,6 +118,9 @@ int run_inspect(const std::vector<std::string>& args) {
                                 (deploy::deploy_lowerings().contains(kind) ? "k" : "-");
       std::cout << std::left << std::setw(22) << kind << std::setw(19) << channel_flow_name(t.channel_flow)
                 << std::setw(5) << forms << t.description << "\n";
+      // Its attributes, indented: name, declaration, meaning.
+      for (const AttrSpec& a : t.attributes)
+        std::cout << "    " << std::setw(18) << a.name << std::setw(40) << a.summary() << " " << a.description << "\n";
     }
     return 0;
   }

@@ -1,7 +1,6 @@
 #include "tools/report_html.h"
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,9 +12,11 @@
 #include <type_traits>
 
 #include "core/error.h"
-#include "quantize/method.h"
 #include "core/file_util.h"
 #include "core/json_number.h"
+#include "runner/modifier.h"
+#include "runner/recipe.h"
+#include "runner/run_files.h"
 #include "tools/model_source.h"
 
 namespace whittle::cli {
@@ -155,60 +156,15 @@ runner::ModelSummary summary_from_json(const json& j, const std::string& file) {
   return s;
 }
 
-std::string scalar(const YAML::Node& m, const char* key, const std::string& fallback) {
-  return m[key] && m[key].IsScalar() ? m[key].as<std::string>() : fallback;
-}
-
-// "FP32", or the recipe's modifiers in order: "DoReFa W2A2", "TWN", "pruned L1 (50 % MACs)", "KD", ...
-// A method named by several modifiers (one quantize modifier per group of layers, each with its own
-// clip level, say) is named once, where it first appears.
+// "FP32", or the recipe's modifiers in order, each as its modifier labels it: "DoReFa W2A2", "TWN",
+// "pruned L1 (50 % MACs)", "KD", ... A method named by several modifiers (one quantize modifier
+// per group of layers, each with its own clip level, say) is named once, where it first appears.
+// The recipe is read by the recipe parser (runner::parse_recipe_modifiers): a recipe it refuses
+// is an error naming the file.
 std::string method_of_recipe(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
-  }
-  const YAML::Node mods = root["modifiers"];
   std::vector<std::string> parts;
-  try {
-  if (mods && mods.IsSequence())
-    for (const YAML::Node& m : mods) {
-      if (!m.IsMap()) continue;
-      const std::string name = scalar(m, "name", "");
-      if (name == "quantize") {
-        // The method's own label at its resolved bit widths ("DoReFa W2A2", "TWN", "BNN").
-        quantize::Config c;
-        c.method = scalar(m, "method", c.method);
-        std::string label = c.method;
-        try {
-          if (m["weight_bits"]) c.weight_bits = m["weight_bits"].as<int64_t>();
-          if (m["activation_bits"]) c.activation_bits = m["activation_bits"].as<int64_t>();
-          const quantize::QuantizerMethod& method = quantize::quantizer_method(c.method);
-          label = method.label(method.resolve(c));
-        } catch (const std::exception&) {
-          // an unknown method or widths it refuses: its name, as the recipe gives it
-        }
-        parts.push_back(label);
-      } else if (name == "prune") {
-        std::string criterion = scalar(m, "criterion", "l1");
-        std::transform(criterion.begin(), criterion.end(), criterion.begin(), ::toupper);
-        std::string what;
-        if (m["target_macs"]) what = fixed(100 * m["target_macs"].as<double>(), 0) + " % MACs";
-        else if (m["target_params"]) what = fixed(100 * m["target_params"].as<double>(), 0) + " % params";
-        else what = "sparsity " + scalar(m, "sparsity", "0.5");
-        parts.push_back("pruned " + criterion + " (" + what + ")");
-      } else if (name == "distill") {
-        parts.push_back("KD");
-      } else if (name == "fuse") {
-        parts.push_back("BN fused");
-      } else if (!name.empty()) {
-        parts.push_back(name);
-      }
-    }
-  } catch (const YAML::Exception& e) {
-    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
-  }
+  for (const runner::ModifierSpec& m : runner::parse_recipe_modifiers(read_file(path), path))
+    parts.push_back(runner::modifier_label(m));
   if (parts.empty()) return "FP32";
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i)
@@ -424,7 +380,7 @@ void check_range(double v, double lo, double hi, const std::string& where, const
 RunSummary read_run(const std::string& dir) {
   RunSummary r;
   r.dir = dir;
-  const std::string report_path = join_path(dir, "report.json");
+  const std::string report_path = join_path(dir, runner::run_files::kReport);
   if (!path_exists(dir)) throw Error(dir + " does not exist (give run directories of `whittle run`)", ErrorKind::kUsage);
   if (!is_directory(dir))
     throw Error(dir + " is not a directory (give run directories of `whittle run`)", ErrorKind::kUsage);
@@ -460,7 +416,7 @@ RunSummary read_run(const std::string& dir) {
   check_range(static_cast<double>(r.params), 0, 1e15, report_path, "params");
   check_range(static_cast<double>(r.macs), 0, 1e18, report_path, "macs_per_image");
 
-  const std::string metrics_path = join_path(dir, "metrics.jsonl");
+  const std::string metrics_path = join_path(dir, runner::run_files::kMetrics);
   if (path_exists(metrics_path) && !is_regular_file(metrics_path))
     throw Error(metrics_path + " is " + describe_path(metrics_path) + ", not a file of metrics lines");
   if (is_regular_file(metrics_path)) {
@@ -537,7 +493,7 @@ RunSummary read_run(const std::string& dir) {
       }
     }
   }
-  const std::string recipe_path = join_path(dir, "recipe.yaml");
+  const std::string recipe_path = join_path(dir, runner::run_files::kRecipe);
   r.method = is_regular_file(recipe_path) ? method_of_recipe(recipe_path) : "?";
   r.tool = optional_value(rep, "tool", std::string("whittle"), report_path);
   if (r.layers && r.layers->pruned && r.method.find("pruned") == std::string::npos)

@@ -92,7 +92,11 @@ check(40_000_000 < info["total"]["macs"] < 42_000_000, f"inspect resnet20 MACs {
 r = run("inspect", "--ops")
 check(r.returncode == 0 and "conv2d" in r.stdout and "producer_consumer" in r.stdout and "act_quant" in r.stdout
       and "threshold_sign" in r.stdout, "inspect --ops lists the registered ops")
-rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
+rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith(("#", " "))]
+attrs = {line.split()[0]: line for line in r.stdout.split("\nconv2d ", 1)[-1].split("\nconv_bn_qat", 1)[0].splitlines()[1:]
+         if line.startswith("    ")}
+check(sorted(attrs) == ["dilation", "groups", "padding", "stride"] and "int, default 1, at least 1" in attrs.get("groups", ""),
+      f"inspect --ops: conv2d's attributes with their declarations ({sorted(attrs)}: {attrs.get('groups', '').strip()})")
 check(all(row[2][:2] == "ot" for row in rows if row[0] != "conv_bn_qat"),
       "inspect --ops: every op but conv_bn_qat (exported as its folded layer) has ONNX and TorchScript forms")
 kernel_ops = sorted(row[0] for row in rows if row[2].endswith("k"))

@@ -13,6 +13,8 @@ runtimes, and their ONNX files must carry the quantized forms: QuantizeLinear/De
 the DoReFa W4A4 weights (int8, zero point int8, axis 0) and activations (uint8), on the W8A8
 activations; no BatchNormalization after `whittle fuse` of the FP32 model (fewer for BNN and XNOR, whose
 BN + sign pairs become thresholds).
+
+The three parts run as three CTest tests, in parallel: `export_runtime_test.py zoo | imported | recipes`.
 """
 import json
 import os
@@ -27,8 +29,12 @@ from export_check import check as run_check  # noqa: E402
 from export_check import run_onnx, run_torchscript  # noqa: E402
 from mnist_idx import load_split  # noqa: E402
 
+PARTS = ("zoo", "imported", "recipes")
+if len(sys.argv) != 2 or sys.argv[1] not in PARTS:
+    sys.exit(f"usage: export_runtime_test.py {' | '.join(PARTS)}")
+PART = sys.argv[1]
 BOUND = 1e-5
-OUT = h.out_dir("export_runtime")
+OUT = h.out_dir(f"export_runtime_{PART}")
 TS_DIR = os.path.join(h.BUILD, "testdata", "torchscript")
 ZOO = ["lenet5", "vgg_small", "nin", "nin_gc", "resnet20", "resnet32", "resnet56", "mobilenet_v2", "repvgg_a0"]
 # Imported TorchScript fixtures (make_torchscript_models.py) and their input shapes.
@@ -106,11 +112,18 @@ def quantized_activation(summary):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    for name in ZOO:
-        export_and_check(name, name)
-    for name, shape in IMPORTED.items():
-        export_and_check(f"import_{name}", os.path.join(TS_DIR, name + ".pt"), "--input-shape", shape)
+    if PART == "zoo":
+        for name in ZOO:
+            export_and_check(name, name)
+    elif PART == "imported":
+        for name, shape in IMPORTED.items():
+            export_and_check(f"import_{name}", os.path.join(TS_DIR, name + ".pt"), "--input-shape", shape)
+    else:
+        check_recipes()
+    h.finish()
 
+
+def check_recipes():
     images, labels = load_split(h.MNIST, "t10k")
     runs = os.path.join(OUT, "runs")
     summaries = {}
@@ -184,7 +197,6 @@ def main():
     if w8:
         h.check(len(quantized_activation(w8)) > 0 and not quantized_weight(w8),
                 f"lenet5_dorefa_w8a8: activations quantized ({len(quantized_activation(w8))}), 8-bit DoReFa weights as float constants")
-    h.finish()
 
 
 if __name__ == "__main__":

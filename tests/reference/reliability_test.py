@@ -124,6 +124,35 @@ def unknown_op(graph):
     graph["nodes"][0]["op"] = "conv9d"
 
 
+def graph_node(graph, name):
+    return next(n for n in graph["nodes"] if n["name"] == name)
+
+
+def zero_stride(graph):
+    graph_node(graph, "conv1")["attrs"]["stride"] = {"type": "ints", "value": [0, 1]}
+
+
+def misspelt_attribute(graph):
+    graph_node(graph, "conv1")["attrs"]["strides"] = {"type": "ints", "value": [1, 1]}
+
+
+def sign_of_64_bits(graph):
+    """relu1 made a sign binarizer (act_quant, method sign) with activation_bits 64."""
+    n = graph_node(graph, "relu1")
+    n["op"] = "act_quant"
+    n["attrs"] = {"method": {"type": "string", "value": "sign"}, "activation_bits": {"type": "int", "value": 64}}
+
+
+def unknown_quantizer(graph):
+    n = graph_node(graph, "relu1")
+    n["op"] = "act_quant"
+    n["attrs"] = {"method": {"type": "string", "value": "lsq9"}, "activation_bits": {"type": "int", "value": 4}}
+
+
+def twice_masked(graph):
+    graph_node(graph, "conv1")["weight_transforms"] = ["mask", "mask"]
+
+
 # Bit flips at fixed places of the good file: one in a tensor's bytes, one in HDF5's metadata.
 with h5py.File(os.path.join(W, "good", "model.h5"), "r") as f:
     DATA_AT = f["tensors/data"].id.get_offset()
@@ -192,6 +221,11 @@ CASES = [
     ("huge declared size", "index declares a 1 TiB tensor", ["inspect", edited("huge.h5", edit_index(huge))], 1),
     ("NaN/Inf weights", "conv1's weight all NaN, CRC-32 updated", ["eval", edited("nan.h5", edit_index(nan_weights))], 1),
     ("unknown op", "graph names op 'conv9d'", ["inspect", edited("op.h5", edit_graph(unknown_op))], 1),
+    ("attribute out of range", "conv1's stride [0, 1]", ["inspect", edited("stride.h5", edit_graph(zero_stride))], 1),
+    ("attribute out of range", "conv1 gets an undeclared attribute 'strides'", ["inspect", edited("strides.h5", edit_graph(misspelt_attribute))], 1),
+    ("attribute out of range", "a sign binarizer with activation_bits 64", ["inspect", edited("sign64.h5", edit_graph(sign_of_64_bits))], 1),
+    ("attribute out of range", "an act_quant of method 'lsq9'", ["inspect", edited("lsq9.h5", edit_graph(unknown_quantizer))], 1),
+    ("attribute out of range", "conv1's weight transform stack [mask, mask]", ["inspect", edited("mask2.h5", edit_graph(twice_masked))], 1),
     ("newer format", "format_version 99", ["inspect", edited("v99.h5", lambda f: f.attrs.__setitem__("format_version", 99))], 1),
     ("truncated", "IDX image file cut inside its 8th image", ["data", "pack", idx_dir("idx_cut", with_count(raw_images, 8)[:16 + 7 * 784 + 100], with_count(raw_labels, 8)), "--to", "out.h5"], 1),
     ("wrong magic", "IDX file with magic 0x0000 0900", ["data", "pack", idx_dir("idx_magic", b"\0\0\x09\0" + raw_images[4:], with_count(raw_labels, 8)), "--to", "out.h5"], 1),
