@@ -405,16 +405,16 @@ void check_attributes(const Node& node) {
     if (!weight_transforms().find(name)) weight_transform(name);  // throws, listing the known ones
     if (!seen.insert(name).second) throw Error(where + ": weight transform '" + name + "' appears twice in its stack");
   }
+  auto check_value = [&](const std::string& key, const Attr& value, const AttrSpec& spec) {
+    std::string problem = spec.problem(value);
+    if (problem.empty() && spec.check) problem = spec.check(node, value);
+    if (!problem.empty()) throw Error(where + ": attribute '" + key + "' " + problem);
+  };
   // The op's own attributes first: the others' declarations may depend on them (an act_quant's
   // `method` names the quantizer that declares the rest).
   const OpTraits& traits = op_traits(node.op);
-  for (const auto& [key, value] : node.attrs) {
-    const AttrSpec* spec = find_in(traits.attributes, key);
-    if (!spec) continue;
-    std::string problem = spec->problem(value);
-    if (problem.empty() && spec->check) problem = spec->check(node, value);
-    if (!problem.empty()) throw Error(where + ": attribute '" + key + "' " + problem);
-  }
+  for (const auto& [key, value] : node.attrs)
+    if (const AttrSpec* spec = find_in(traits.attributes, key)) check_value(key, value, *spec);
   const std::vector<const AttrSpec*> specs = attr_specs(node);
   for (const auto& [key, value] : node.attrs) {
     const AttrSpec* spec = attr_spec(node, key);
@@ -424,9 +424,7 @@ void check_attributes(const Node& node) {
       throw Error(where + ": unknown attribute '" + key + "' (" +
                   (known.empty() ? std::string("it declares none") : "it declares " + known) + ")");
     }
-    std::string problem = spec->problem(value);
-    if (problem.empty() && spec->check) problem = spec->check(node, value);
-    if (!problem.empty()) throw Error(where + ": attribute '" + key + "' " + problem);
+    check_value(key, value, *spec);
   }
   for (const AttrSpec* a : specs)
     if (a->required && !node.has_attr(a->name)) throw Error(where + ": missing attribute '" + a->name + "'");

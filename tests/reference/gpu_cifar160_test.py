@@ -48,7 +48,7 @@ build = os.path.dirname(BIN)
 env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
            WHITTLE_GPU160_DEVICE="cpu",
            WHITTLE_GPU160_SET=f"data.train_limit=256 data.test_limit=200 training.epochs=1 data.batch_size=64 "
-                              f"data.pack_to={os.path.join(work, 'cache')}")
+                              f"data.pack_to={out_dir('cifar10_cache')}")  # shared with cifar10_budget_results
 
 
 def sh(*args):

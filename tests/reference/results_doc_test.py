@@ -60,7 +60,9 @@ if os.path.exists(CIFAR):
     r = subprocess.run([BIN, "run", os.path.join(SRC, "recipes", "cifar10", "resnet20_budget.yaml"),
                         "--set", "data.train_limit=2000", "--set", "training.epochs=1", "--set", "data.batch_size=32",
                         "--set", "data.random_crop_padding=0", "--set", "data.horizontal_flip=false",
-                        "--set", "training.lr_schedule.max_lr=0.05", "--out", run],
+                        "--set", "training.lr_schedule.max_lr=0.05",
+                        # The packed copy of the archive, made once for this test and gpu_cifar160_script.
+                        "--set", f"data.pack_to={out_dir('cifar10_cache')}", "--out", run],
                        capture_output=True, text=True, cwd=SRC)
     check(r.returncode == 0, f"the budget FP32 recipe runs on 2,000 images ({r.stderr.strip()[-300:]})")
     if r.returncode == 0:
