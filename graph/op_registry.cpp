@@ -364,37 +364,41 @@ const AttrSpec* find_in(const std::vector<AttrSpec>& specs, const std::string& k
 
 }  // namespace
 
-const AttrSpec* attr_spec(const Node& node, const std::string& key) {
+namespace {
+
+// Calls fn on each list of declarations that applies to `node`, in attr_spec()'s order of
+// precedence (its op's, the op's node-dependent ones, each transform's and theirs), until fn
+// returns true; returns whether one did.
+template <typename Fn>
+bool visit_declarations(const Node& node, Fn&& fn) {
+  auto visit = [&](const std::vector<AttrSpec>& own, const auto& dependent) {
+    if (fn(own)) return true;
+    if (!dependent) return false;
+    const std::vector<AttrSpec>* extra = dependent(node);
+    return extra && fn(*extra);
+  };
   const OpTraits& t = op_traits(node.op);
-  if (const AttrSpec* a = find_in(t.attributes, key)) return a;
-  if (t.node_attributes)
-    if (const std::vector<AttrSpec>* extra = t.node_attributes(node))
-      if (const AttrSpec* a = find_in(*extra, key)) return a;
+  if (visit(t.attributes, t.node_attributes)) return true;
   for (const auto& name : node.weight_transforms)
-    if (const WeightTransform* w = weight_transforms().find(name)) {
-      if (const AttrSpec* a = find_in(w->attributes, key)) return a;
-      if (w->node_attributes)
-        if (const std::vector<AttrSpec>* extra = w->node_attributes(node))
-          if (const AttrSpec* a = find_in(*extra, key)) return a;
-    }
-  return node_annotations().find(key);
+    if (const WeightTransform* w = weight_transforms().find(name))
+      if (visit(w->attributes, w->node_attributes)) return true;
+  return false;
+}
+
+}  // namespace
+
+const AttrSpec* attr_spec(const Node& node, const std::string& key) {
+  const AttrSpec* found = nullptr;
+  visit_declarations(node, [&](const std::vector<AttrSpec>& specs) { return (found = find_in(specs, key)) != nullptr; });
+  return found ? found : node_annotations().find(key);
 }
 
 std::vector<const AttrSpec*> attr_specs(const Node& node) {
   std::vector<const AttrSpec*> out;
-  auto add = [&](const std::vector<AttrSpec>& specs) {
+  visit_declarations(node, [&](const std::vector<AttrSpec>& specs) {
     for (const AttrSpec& a : specs) out.push_back(&a);
-  };
-  const OpTraits& t = op_traits(node.op);
-  add(t.attributes);
-  if (t.node_attributes)
-    if (const std::vector<AttrSpec>* extra = t.node_attributes(node)) add(*extra);
-  for (const auto& name : node.weight_transforms)
-    if (const WeightTransform* w = weight_transforms().find(name)) {
-      add(w->attributes);
-      if (w->node_attributes)
-        if (const std::vector<AttrSpec>* extra = w->node_attributes(node)) add(*extra);
-    }
+    return false;
+  });
   return out;
 }
 
