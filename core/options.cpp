@@ -1,5 +1,6 @@
 #include "core/options.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace whittle {
@@ -145,6 +146,20 @@ std::string Range::text() const {
   if (!has_lo) return (hi_open ? "< " : "≤ ") + num(hi);
   if (!lo_open && !hi_open) return num(lo) + ".." + num(hi);
   return std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
+}
+
+std::string flag_name(const std::string& key) {
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+std::string OptionSource::key(const std::string& k) const {
+  return style == KeyStyle::kFlag ? flag_name(k) : "key '" + k + "'";
+}
+
+std::string OptionSource::about(const std::string& k) const {
+  return where + (style == KeyStyle::kFlag ? ": " : ", ") + key(k);
 }
 
 }  // namespace whittle

@@ -136,6 +136,24 @@ struct KeySpec {
 /// "<type name>" for messages and docs ("list of numbers", ...).
 const char* key_type_name(KeyType type);
 
+/// How messages name an option: as a recipe key (`key 'target_macs'`) or as the command-line flag
+/// that mirrors it (`--target-macs`).
+enum class KeyStyle { kRecipe, kFlag };
+
+/// Where a set of options comes from, for messages: `where` names the place ("recipe.yaml:12:
+/// modifier 'prune'", "pass 'prune'", or a command, "prune"), `style` how its keys are spelled.
+struct OptionSource {
+  std::string where;
+  KeyStyle style = KeyStyle::kRecipe;
+  /// The option `key` as this source spells it: "key 'round_to'" or "--round-to".
+  std::string key(const std::string& key) const;
+  /// The text that leads a message about `key`: "<where>, key 'round_to'" or "<where>: --round-to".
+  std::string about(const std::string& key) const;
+};
+
+/// The command-line flag of option `key`: "--" with '_' spelled '-' ("round_to" → "--round-to").
+std::string flag_name(const std::string& key);
+
 namespace options_detail {
 
 template <typename T>
@@ -239,24 +257,44 @@ class OptionsSchema {
   /// "<where>, key '<key>': ..." for a key that is not bound or a value of the wrong type, not
   /// among the choices, not finite or outside its range.
   Options parse(const Settings& settings, const std::string& where) const {
+    return parse(settings, OptionSource{where});
+  }
+  /// The same, naming the keys as `source` spells them ("<where>: --round-to: ..." for flags).
+  Options parse(const Settings& settings, const OptionSource& source) const {
     Options o{};
-    parse_into(o, settings, where);
+    parse_into(o, settings, source);
     return o;
   }
 
   /// Sets the fields of `o` whose keys `settings` gives (others keep their values); errors as parse.
-  void parse_into(Options& o, const Settings& settings, const std::string& where) const {
+  void parse_into(Options& o, const Settings& settings, const OptionSource& source) const {
     for (const auto& [key, value] : settings.values()) {
       size_t i = 0;
       while (i < keys_.size() && keys_[i].name != key) ++i;
-      if (i == keys_.size()) throw Error(where + ": unknown key '" + key + "'", ErrorKind::kUsage);
+      if (i == keys_.size())
+        throw Error(source.where + ": unknown " + (source.style == KeyStyle::kFlag ? "option " : "") + source.key(key),
+                    ErrorKind::kUsage);
       try {
         check_numbers(value, keys_[i].range);
         setters_[i](o, value);
       } catch (const Error& e) {
-        throw Error(where + ", key '" + key + "': " + e.what(), ErrorKind::kUsage);
+        throw Error(source.about(key) + ": " + e.what(), ErrorKind::kUsage);
       }
     }
+  }
+
+  /// Adds the keys of `base`, the schema of a base class of Options, except those in `except`
+  /// (a derived options struct that extends another, e.g. the prune modifier's options extend the
+  /// prune pass's). Returns *this.
+  template <typename Base>
+  OptionsSchema& include(const OptionsSchema<Base>& base, const std::vector<std::string>& except = {}) {
+    static_assert(std::is_base_of_v<Base, Options>, "include() takes the schema of a base class");
+    for (size_t i = 0; i < base.keys_.size(); ++i) {
+      if (std::find(except.begin(), except.end(), base.keys_[i].name) != except.end()) continue;
+      keys_.push_back(base.keys_[i]);
+      setters_.push_back([set = base.setters_[i]](Options& o, const SettingValue& v) { set(static_cast<Base&>(o), v); });
+    }
+    return *this;
   }
 
  private:
@@ -272,6 +310,9 @@ class OptionsSchema {
         throw Error(value.text() + (std::isfinite(x) ? " is outside " + range.text() : " is not a finite number"),
                     ErrorKind::kUsage);
   }
+
+  template <typename>
+  friend class OptionsSchema;
 
   std::vector<KeySpec> keys_;
   std::vector<std::function<void(Options&, const SettingValue&)>> setters_;

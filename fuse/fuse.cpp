@@ -42,66 +42,81 @@ void register_threshold_op() {
   register_op(std::move(t));
 }
 
+// The schema of a fuse pass's options struct O: its BN nodes (or RepVGG roots) to consider.
+template <class O>
+const OptionsSchema<O>& selection_schema() {
+  static const auto schema = OptionsSchema<O>()
+                                 .add("targets", &O::targets, "nodes to consider: names, op kinds or re:<regex> (default: all)")
+                                 .add("ignore", &O::ignore, "nodes to leave alone");
+  return schema;
+}
+
+struct NoOptions {};
+
+// Every pattern of the call's targets and ignore matches a node of `g`; else a usage error naming
+// the option as the call spells it.
+template <class O>
+void check_selection(const Graph& g, const O& o, const PassCall& call) {
+  try {
+    require_matches(g, o.targets, call.source.key("targets"));
+    require_matches(g, o.ignore, call.source.key("ignore"));
+  } catch (const Error& e) {
+    throw Error(call.source.where + ": " + e.what(), ErrorKind::kUsage);
+  }
+}
+
+const OptionsSchema<InferenceOptions>& inference_schema() {
+  using O = InferenceOptions;
+  static const auto schema = OptionsSchema<O>()
+                                 .add("finalize_qat", &O::finalize_qat, "turn conv_bn_qat nodes into folded layers")
+                                 .add("repvgg", &O::repvgg, "merge RepVGG blocks into single 3×3 convs")
+                                 .add("fold", &O::fold, "fold BN into the conv / linear layer before it")
+                                 .add("threshold", &O::threshold, "turn BN + sign binarizer into thresholds")
+                                 .include(selection_schema<O>());
+  return schema;
+}
+
 }  // namespace
 
 // The fuse passes in the pass registry (graph/pass_registry.h).
 void register_passes() {
-  const PassOption targets{"targets", "list", "", "node names or globs to consider (default: all)"};
-  const PassOption ignore{"ignore", "list", "", "node names or globs to leave alone"};
-  auto selection = [](auto& o, const PassOptionValues& v) {
-    o.targets = pass_option_list(v, "targets");
-    o.ignore = pass_option_list(v, "ignore");
-  };
-  register_pass({"fold_batchnorm", "fuse",
-                 "folds a batch_norm into the conv2d / conv_transpose2d / linear before it: W·γ/σ, β + (b − μ)·γ/σ",
-                 {targets, ignore},
-                 [selection](Graph& g, const PassOptionValues& v) {
-                   FoldOptions o;
-                   selection(o, v);
-                   return fold_batchnorm(g, o).summary();
-                 }});
-  register_pass({"repvgg", "fuse",
-                 "RepVGG re-parameterization (Ding et al. 2021): 3×3 + 1×1 + identity branches with BN → one 3×3 conv",
-                 {targets, ignore},
-                 [selection](Graph& g, const PassOptionValues& v) {
-                   RepvggOptions o;
-                   selection(o, v);
-                   return reparameterize_repvgg(g, o).summary();
-                 }});
-  register_pass({"bn_threshold", "fuse",
-                 "batch_norm + sign binarizer → threshold_sign (per-channel threshold and sign flip, FINN-style)",
-                 {targets, ignore},
-                 [selection](Graph& g, const PassOptionValues& v) {
-                   ThresholdOptions o;
-                   selection(o, v);
-                   return fold_bn_into_threshold(g, o).summary();
-                 }});
-  register_pass({"qat_batchnorm", "fuse",
-                 "layer + BN → conv_bn_qat for QAT with the folded weight (Jacob et al. 2018); bn_fold joins the stack",
-                 {targets, ignore},
-                 [selection](Graph& g, const PassOptionValues& v) {
-                   QatOptions o;
-                   selection(o, v);
-                   return prepare_qat_batchnorm(g, o).summary();
-                 }});
-  register_pass({"qat_batchnorm_finalize", "fuse", "conv_bn_qat → its base layer with the folded weight and bias", {},
-                 [](Graph& g, const PassOptionValues&) { return finalize_qat_batchnorm(g).summary(); }});
-  register_pass({"fuse_for_inference", "fuse",
-                 "the inference pipeline: finalize QAT folding, RepVGG, BN folding, BN → threshold",
-                 {{"finalize_qat", "bool", "true", "turn conv_bn_qat nodes into folded layers"},
-                  {"repvgg", "bool", "true", "RepVGG re-parameterization"},
-                  {"fold", "bool", "true", "BN folding"},
-                  {"threshold", "bool", "true", "BN + sign binarizer → threshold_sign"},
-                  targets, ignore},
-                 [selection](Graph& g, const PassOptionValues& v) {
-                   InferenceOptions o;
-                   o.finalize_qat = pass_option_bool(v, "finalize_qat", o.finalize_qat);
-                   o.repvgg = pass_option_bool(v, "repvgg", o.repvgg);
-                   o.fold = pass_option_bool(v, "fold", o.fold);
-                   o.threshold = pass_option_bool(v, "threshold", o.threshold);
-                   selection(o, v);
-                   return fuse_for_inference(g, o).summary();
-                 }});
+  register_pass(make_pass("fold_batchnorm", "fuse",
+                          "folds a batch_norm into the conv2d / conv_transpose2d / linear before it: W·γ/σ, β + (b − μ)·γ/σ",
+                          selection_schema<FoldOptions>(),
+                          [](Graph& g, const FoldOptions& o, const PassCall& call) {
+    check_selection(g, o, call);
+    return fold_batchnorm(g, o).summary();
+  }));
+  register_pass(make_pass(
+      "repvgg", "fuse", "RepVGG re-parameterization (Ding et al. 2021): 3×3 + 1×1 + identity branches with BN → one 3×3 conv",
+      selection_schema<RepvggOptions>(),
+      [](Graph& g, const RepvggOptions& o, const PassCall& call) {
+    check_selection(g, o, call);
+    return reparameterize_repvgg(g, o).summary();
+  }));
+  register_pass(make_pass(
+      "bn_threshold", "fuse", "batch_norm + sign binarizer → threshold_sign (per-channel threshold and sign flip, FINN-style)",
+      selection_schema<ThresholdOptions>(),
+      [](Graph& g, const ThresholdOptions& o, const PassCall& call) {
+    check_selection(g, o, call);
+    return fold_bn_into_threshold(g, o).summary();
+  }));
+  register_pass(make_pass(
+      "qat_batchnorm", "fuse", "layer + BN → conv_bn_qat for QAT with the folded weight (Jacob et al. 2018); bn_fold joins the stack",
+      selection_schema<QatOptions>(),
+      [](Graph& g, const QatOptions& o, const PassCall& call) {
+    check_selection(g, o, call);
+    return prepare_qat_batchnorm(g, o).summary();
+  }));
+  static const OptionsSchema<NoOptions> none;
+  register_pass(make_pass("qat_batchnorm_finalize", "fuse", "conv_bn_qat → its base layer with the folded weight and bias", none,
+                          [](Graph& g, const NoOptions&, const PassCall&) { return finalize_qat_batchnorm(g).summary(); }));
+  register_pass(make_pass("fuse_for_inference", "fuse",
+                          "the inference pipeline: finalize QAT folding, RepVGG, BN folding, BN → threshold", inference_schema(),
+                          [](Graph& g, const InferenceOptions& o, const PassCall& call) {
+    check_selection(g, o, call);
+    return fuse_for_inference(g, o).summary();
+  }));
 }
 
 void register_all() {

@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/options.h"
 #include "graph/graph.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
@@ -160,6 +162,36 @@ Report remove_channels(GraphModule& module, const Plan& plan, bool fold_constant
 
 /// make_plan then remove_channels on the module.
 Report prune(GraphModule& module, const Config& config);
+
+/// One-shot pruning's options as the `prune` pass and `whittle prune` name them (the keys of
+/// options_schema(); the recipe's prune modifier extends them with its schedule). Defaults are
+/// the initializers.
+struct PruneOptions {
+  std::string criterion = "l1";         ///< l1 | l2 | bn_scale | fpgm | taylor | random
+  std::string group_reduction = "sum";  ///< how a group's member scores combine: sum | mean
+  double sparsity = 0.5;                ///< fraction of each group's channels removed (no target given), [0, 1)
+  std::optional<double> target_macs;    ///< keep this fraction of the unpruned model's MACs, (0, 1]
+  std::optional<double> target_params;  ///< keep this fraction of the parameters, (0, 1]
+  bool global = false;                  ///< one ranking over all groups
+  int64_t round_to = 1;                 ///< kept channels a multiple of this, ≥ 1
+  int64_t min_channels = 1;             ///< no group keeps fewer, ≥ 1
+  bool fold_constant_outputs = true;    ///< fold removed channels' constants into the next biases
+  std::vector<std::string> targets;     ///< layers whose output channels may go (graph/select.h)
+  std::vector<std::string> ignore;      ///< layers left alone
+};
+
+/// The keys of PruneOptions: names, descriptions, choices and ranges.
+const OptionsSchema<PruneOptions>& options_schema();
+
+/// The options of one call of the `prune` pass (or `whittle prune`): `settings` parsed with
+/// options_schema(), then checked together. Throws whittle::Error (usage) naming the key as
+/// `source` spells it: a bad value, more than one of sparsity, target_macs and target_params, or
+/// criterion taylor (which needs gradients from training: the recipe modifier).
+PruneOptions pass_options(const Settings& settings, const OptionSource& source);
+
+/// The Config of `options` (criterion, reduction, amounts, selection). Throws whittle::Error
+/// (usage) when both targets are given.
+Config make_config(const PruneOptions& options);
 
 /// Registers prune's pass ("prune") with the pass registry (idempotent).
 void register_all();

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/registration.h"
 #include "graph/pass_registry.h"
+#include "graph/select.h"
 #include "prune/prune.h"
 
 namespace whittle::prune {
@@ -181,6 +182,64 @@ Report remove_channels(GraphModule& module, const Plan& plan, bool fold_constant
   return r;
 }
 
+const OptionsSchema<PruneOptions>& options_schema() {
+  using O = PruneOptions;
+  static const auto schema =
+      OptionsSchema<O>()
+          .add("criterion", &O::criterion, "channel importance (docs/pruning.md; taylor: from training gradients, recipes only)",
+               {"l1", "l2", "bn_scale", "fpgm", "taylor", "random"})
+          .add("group_reduction", &O::group_reduction, "combine the members' scores of a group by their sum or mean",
+               {"sum", "mean"})
+          .add("sparsity", &O::sparsity, "fraction of each group's channels removed (without a target)")
+          .in_range(Range::half_open(0, 1))
+          .add("target_macs", &O::target_macs, "MACs kept, a fraction of the unpruned model's", {}, "none")
+          .in_range(Range{0, 1, true, false})
+          .add("target_params", &O::target_params, "parameters kept, a fraction", {}, "none")
+          .in_range(Range{0, 1, true, false})
+          .add("global", &O::global, "rank all groups' channels together (scores over their group's mean)")
+          .add("round_to", &O::round_to, "kept channels a multiple of this")
+          .in_range(Range::at_least(1))
+          .add("min_channels", &O::min_channels, "no group keeps fewer channels")
+          .in_range(Range::at_least(1))
+          .add("fold_constant_outputs", &O::fold_constant_outputs,
+               "fold removed channels' constant outputs (BN β through ReLU) into the next layer's bias")
+          .add("targets", &O::targets, "layers whose output channels may go: names, op kinds or re:<regex> (default: all)")
+          .add("ignore", &O::ignore, "layers to leave alone");
+  return schema;
+}
+
+PruneOptions pass_options(const Settings& settings, const OptionSource& source) {
+  const PruneOptions o = options_schema().parse(settings, source);
+  const int amounts = static_cast<int>(settings.contains("sparsity") + settings.contains("target_macs") +
+                                       settings.contains("target_params"));
+  if (amounts > 1)
+    throw Error(source.where + ": give one of " + source.key("sparsity") + ", " + source.key("target_macs") + " and " +
+                    source.key("target_params"),
+                ErrorKind::kUsage);
+  if (o.criterion == "taylor")
+    throw Error(source.about("criterion") + ": 'taylor' needs gradients from training; use the recipe modifier 'prune'",
+                ErrorKind::kUsage);
+  return o;
+}
+
+Config make_config(const PruneOptions& o) {
+  if (o.target_macs && o.target_params)
+    throw Error("give target_macs or target_params, not both", ErrorKind::kUsage);
+  Config c;
+  c.scoring.criterion = criterion_from_name(o.criterion);
+  c.scoring.mean_over_members = o.group_reduction == "mean";
+  c.sparsity = o.sparsity;
+  c.target_macs = o.target_macs.value_or(0);
+  c.target_params = o.target_params.value_or(0);
+  c.global = o.global;
+  c.round_to = o.round_to;
+  c.min_channels = o.min_channels;
+  c.fold_constant_outputs = o.fold_constant_outputs;
+  c.targets = o.targets;
+  c.ignore = o.ignore;
+  return c;
+}
+
 Report prune(GraphModule& module, const Config& config) {
   register_all();
   return remove_channels(module, make_plan(module->graph(), config), config.fold_constant_outputs);
@@ -207,30 +266,19 @@ std::string Report::summary() const {
 namespace {
 
 void register_passes() {
-  register_pass({"prune", "prune",
-                 "channel pruning: dependency groups, importance criteria, physical removal (docs/pruning.md)",
-                 {{"criterion", "string", "l1", "l1, l2, bn_scale, fpgm or random (taylor needs gradients: the recipe modifier)"},
-                  {"sparsity", "float", "0.5", "fraction of each group's channels removed"},
-                  {"target_macs", "float", "0 (none)", "keep this fraction of the MACs"},
-                  {"target_params", "float", "0 (none)", "keep this fraction of the parameters"},
-                  {"global", "bool", "false", "rank all channels together"},
-                  {"round_to", "int", "1", "kept channels a multiple of this"},
-                  {"min_channels", "int", "1", "no group keeps fewer"},
-                  {"targets", "list", "", "layers whose output channels may be pruned"},
-                  {"ignore", "list", "", "layers to leave alone"}},
-                 [](Graph& g, const PassOptionValues& v) {
-                   Config c;
-                   c.scoring.criterion = criterion_from_name(pass_option_string(v, "criterion", "l1"));
-                   c.sparsity = pass_option_float(v, "sparsity", c.sparsity);
-                   c.target_macs = pass_option_float(v, "target_macs", c.target_macs);
-                   c.target_params = pass_option_float(v, "target_params", c.target_params);
-                   c.global = pass_option_bool(v, "global", c.global);
-                   c.round_to = pass_option_int(v, "round_to", c.round_to);
-                   c.min_channels = pass_option_int(v, "min_channels", c.min_channels);
-                   c.targets = pass_option_list(v, "targets");
-                   c.ignore = pass_option_list(v, "ignore");
-                   return remove_channels(g, make_plan(g, c), c.fold_constant_outputs).summary();
-                 }});
+  register_pass(make_pass(
+      "prune", "prune", "channel pruning: dependency groups, importance criteria, physical removal (docs/pruning.md)",
+      options_schema(), [](Graph& g, const PruneOptions&, const PassCall& call) {
+        const OptionSource& src = call.source;
+        const Config c = make_config(pass_options(call.settings, src));
+        try {
+          require_matches(g, c.targets, src.key("targets"));
+          require_matches(g, c.ignore, src.key("ignore"));
+        } catch (const Error& e) {
+          throw Error(src.where + ": " + e.what(), ErrorKind::kUsage);
+        }
+        return remove_channels(g, make_plan(g, c), c.fold_constant_outputs).summary();
+      }));
 }
 
 }  // namespace

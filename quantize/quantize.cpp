@@ -94,47 +94,33 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// A method option as a pass option: its type as the pass registry spells it.
-PassOption pass_option_of(const KeySpec& k) {
-  std::string type = "string";
-  switch (k.type) {
-    case KeyType::kBool: type = "bool"; break;
-    case KeyType::kInt: type = "int"; break;
-    case KeyType::kFloat: type = "float"; break;
-    case KeyType::kFloatList:
-    case KeyType::kIntList:
-    case KeyType::kStringList: type = "list"; break;
-    default: break;
-  }
-  return {k.name, type, k.default_text, k.description};
-}
-
-// The value of method option `o` as the pass options give it as text.
-SettingValue pass_setting(const PassOptionValues& v, const PassOption& o) {
-  if (o.type == "bool") return pass_option_bool(v, o.name, false);
-  if (o.type == "int") return pass_option_int(v, o.name, 0);
-  if (o.type == "float") return pass_option_float(v, o.name, 0.0);
-  if (o.type == "list") return pass_option_list(v, o.name);
-  return pass_option_string(v, o.name, "");
+// The pass's own keys; the methods' keys go to Config::options.
+const OptionsSchema<Config>& pass_schema() {
+  static const auto schema =
+      OptionsSchema<Config>()
+          .add("method", &Config::method, "a quantizer method (whittle inspect --methods)")
+          .add("weight_bits", &Config::weight_bits, "weight bits the method supports", {}, "the method's default")
+          .in_range(Range::at_least(0))
+          .add("activation_bits", &Config::activation_bits, "activation bits the method supports", {}, "the method's default")
+          .in_range(Range::at_least(0))
+          .add("targets", &Config::targets, "layers to quantize (naming the first or last layer quantizes it)")
+          .add("ignore", &Config::ignore, "layers to leave in full precision");
+  return schema;
 }
 
 }  // namespace
 
 void register_passes() {
-  std::vector<PassOption> options{{"method", "string", "dorefa", "a quantizer method (whittle inspect --methods)"},
-                                  {"weight_bits", "int", "0 (the method's default)", "weight bits the method supports"},
-                                  {"activation_bits", "int", "0 (the method's default)", "activation bits the method supports"},
-                                  {"targets", "list", "", "layers to quantize (naming the first or last layer quantizes it)"},
-                                  {"ignore", "list", "", "layers to leave in full precision"}};
+  std::vector<KeySpec> options = pass_schema().keys();
   const size_t common = options.size();
   // The methods' own options (those registered so far), each once, for Config::options: named
   // with the methods that have it ("dorefa, twn: ..."), the default per method where they differ.
   std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> owners;  // methods, defaults
   for (const auto& name : quantizer_methods().names())
     for (const KeySpec& k : quantizer_methods().get(name).option_keys()) {
-      auto o = std::find_if(options.begin(), options.end(), [&](const PassOption& p) { return p.name == k.name; });
+      auto o = std::find_if(options.begin(), options.end(), [&](const KeySpec& p) { return p.name == k.name; });
       if (o == options.end()) {
-        options.push_back(pass_option_of(k));
+        options.push_back(k);
         owners.emplace_back();
         o = options.end() - 1;
       }
@@ -152,21 +138,22 @@ void register_passes() {
       dflt += (m ? ", " : "") + defaults[m] + " (" + methods[m] + ")";
     }
     options[i].description = who + ": " + options[i].description;
-    options[i].default_value = same ? defaults[0] : dflt;
+    options[i].default_text = same ? defaults[0] : dflt;
+    // The method checks the value (range, choices) when it is given one.
+    options[i].choices.clear();
+    options[i].range = Range::any();
   }
-  register_pass({"quantize", "quantize",
-                 "quantization-aware training: quantizers on weights (transform stack) and activations (act_quant)", options,
-                 [options, common](Graph& g, const PassOptionValues& v) {
-                   Config c;
-                   c.method = pass_option_string(v, "method", c.method);
-                   c.weight_bits = pass_option_int(v, "weight_bits", c.weight_bits);
-                   c.activation_bits = pass_option_int(v, "activation_bits", c.activation_bits);
-                   c.targets = pass_option_list(v, "targets");
-                   c.ignore = pass_option_list(v, "ignore");
-                   for (size_t i = common; i < options.size(); ++i)
-                     if (v.count(options[i].name)) c.options[options[i].name] = pass_setting(v, options[i]);
-                   return apply(g, c).summary();
-                 }});
+  PassInfo p{"quantize", "quantize",
+             "quantization-aware training: quantizers on weights (transform stack) and activations (act_quant)", options, {}};
+  p.run = [](Graph& g, const PassCall& call) {
+    Settings own;
+    Config c;
+    for (const auto& [key, value] : call.settings.values())
+      (pass_schema().has(key) ? own[key] : c.options[key]) = value;
+    pass_schema().parse_into(c, own, call.source);
+    return apply(g, c).summary();
+  };
+  register_pass(std::move(p));
 }
 
 void register_all() {

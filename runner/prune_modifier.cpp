@@ -35,18 +35,12 @@ class PruneModifier : public Modifier {
  public:
   PruneModifier(const ModifierSpec& spec, const PruneModifierOptions& o) : Modifier(spec), o_(o) {
     try {
-      config_.scoring.criterion = prune::criterion_from_name(o.criterion);
+      config_ = prune::make_config(o);
     } catch (const Error& e) {
-      fail(std::string("key 'criterion': ") + e.what());
+      fail(e.what());
     }
-    config_.scoring.mean_over_members = o.group_reduction == "mean";
-    config_.global = o.global;
-    config_.round_to = o.round_to;
-    config_.min_channels = o.min_channels;
     config_.targets = spec.targets;
     config_.ignore = spec.ignore;
-    config_.fold_constant_outputs = o.fold_constant_outputs;
-    if (o.target_macs && o.target_params) fail("give target_macs or target_params, not both");
     if (o.schedule == "one_shot") {
       steps_ = 1;
     } else {
@@ -260,29 +254,13 @@ const OptionsSchema<PruneModifierOptions>& prune_modifier_schema() {
   using O = PruneModifierOptions;
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
-          .add("criterion", &O::criterion, "channel importance (docs/pruning.md)",
-               {"l1", "l2", "bn_scale", "fpgm", "taylor", "random"})
-          .add("group_reduction", &O::group_reduction, "combine the members' scores of a group by their sum or mean",
-               {"sum", "mean"})
-          .add("sparsity", &O::sparsity, "final fraction of each group's channels removed (without a target)")
-          .in_range(Range::half_open(0, 1))
-          .add("target_macs", &O::target_macs, "final MACs kept, a fraction of the unpruned model's", {}, "none")
-          .in_range(Range{0, 1, true, false})
-          .add("target_params", &O::target_params, "final parameters kept, a fraction", {}, "none")
-          .in_range(Range{0, 1, true, false})
-          .add("global", &O::global, "rank all groups' channels together (scores over their group's mean)")
-          .add("round_to", &O::round_to, "kept channels a multiple of this")
-          .in_range(Range::at_least(1))
-          .add("min_channels", &O::min_channels, "no group keeps fewer channels")
-          .in_range(Range::at_least(1))
+          .include(prune::options_schema(), {"targets", "ignore"})
           .add("schedule", &O::schedule, "one_shot at start_epoch, iterative (equal steps) or agp (Zhu & Gupta 2017) "
                                          "until end_epoch", {"one_shot", "iterative", "agp"})
           .add("update_frequency", &O::update_frequency, "iterative/agp: epochs between pruning steps")
           .in_range(Range::above(0))
           .add("initial_sparsity", &O::initial_sparsity, "agp: the starting value s_i")
-          .in_range(Range::half_open(0, 1))
-          .add("fold_constant_outputs", &O::fold_constant_outputs,
-               "fold removed channels' constant outputs (BN β through ReLU) into the next layer's bias");
+          .in_range(Range::half_open(0, 1));
   return schema;
 }
 

@@ -11,20 +11,12 @@
 
 namespace whittle::runner {
 
-/// Settings of the `prune` modifier.
-struct PruneModifierOptions {
-  std::string criterion = "l1";        ///< l1 | l2 | bn_scale | fpgm | taylor | random
-  std::string group_reduction = "sum";  ///< how members' scores combine: sum | mean
-  double sparsity = 0.5;               ///< final fraction of each group's channels removed (no target given)
-  std::optional<double> target_macs;   ///< final MACs kept, a fraction of the unpruned model's
-  std::optional<double> target_params;  ///< final parameters kept, a fraction
-  bool global = false;                 ///< one ranking over all groups
-  int64_t round_to = 1;                ///< kept channels a multiple of this
-  int64_t min_channels = 1;            ///< no group keeps fewer
+/// Settings of the `prune` modifier: one-shot pruning's options (prune::PruneOptions, less its
+/// targets and ignore, which every modifier has) and the schedule that reaches them.
+struct PruneModifierOptions : prune::PruneOptions {
   std::string schedule = "one_shot";   ///< one_shot | iterative | agp
   double update_frequency = 1.0;       ///< iterative/agp: epochs between pruning steps
   double initial_sparsity = 0.0;       ///< agp: s_i of s_t = s_f + (s_i − s_f)(1 − (t − t0)/(nΔt))³
-  bool fold_constant_outputs = true;   ///< fold removed channels' constants into the next biases
 };
 
 /// The recipe keys of PruneModifierOptions.

@@ -4,7 +4,8 @@
 // quantize modifier, the optimizer (the learned step is trained, without weight decay), packed
 // checkpoints (reloaded bitwise), ONNX (an int8 QuantizeLinear/DequantizeLinear grid) and
 // TorchScript (bitwise equal), the recipe's outputs.export with the exporter's own option key, and
-// `whittle inspect`'s registry listings. No file outside this one knows either entry.
+// `whittle inspect`'s registry listings. A toy pass runs through the pass registry with typed
+// options. No file outside this one knows any of these entries.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -20,7 +21,9 @@
 #include "export/onnx.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
+#include "graph/pass_registry.h"
 #include "graph/zoo.h"
+#include "prune/prune.h"
 #include "quantize/method.h"
 #include "recipe_support.h"
 #include "runner/trainer.h"
@@ -122,9 +125,36 @@ class ToyTextExporter final : public Exporter {
   }
 };
 
+// ---- the toy pass: every targeted linear layer's weight times `factor`
+
+struct ToyScaleOptions {
+  double factor = 2.0;               ///< the weights' multiplier
+  std::vector<std::string> targets;  ///< linear layers to scale (default: all)
+};
+
+const OptionsSchema<ToyScaleOptions>& toy_scale_schema() {
+  static const auto s = OptionsSchema<ToyScaleOptions>()
+                            .add("factor", &ToyScaleOptions::factor, "multiplier of the weights")
+                            .in_range(Range::above(0))
+                            .add("targets", &ToyScaleOptions::targets, "linear layers to scale");
+  return s;
+}
+
 void register_toys() {
   register_toy_method();
   register_exporter(std::make_unique<ToyTextExporter>());
+  register_pass(make_pass("toy_scale", "extension_test", "test: linear weights times a factor", toy_scale_schema(),
+                          [](Graph& g, const ToyScaleOptions& o, const PassCall&) {
+                            int scaled = 0;
+                            for (const Node& n : g.nodes()) {
+                              if (n.op != "linear" ||
+                                  (!o.targets.empty() && std::find(o.targets.begin(), o.targets.end(), n.name) == o.targets.end()))
+                                continue;
+                              g.node(n.name).params.set("weight", n.params.at("weight") * o.factor);
+                              ++scaled;
+                            }
+                            return "scaled " + std::to_string(scaled) + " layers";
+                          }));
 }
 
 WHITTLE_REGISTER_MODULE("extension_test", &register_toys)
@@ -269,6 +299,76 @@ TEST(ExtensionPoints, RegistriesListEveryKind) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown exporter 'nope' (known exporters: "), std::string::npos) << e.what();
+  }
+}
+
+// A pass registered from this file runs through the registry: typed options with their defaults,
+// errors naming the key as the caller spells it (a recipe key or a command's flag).
+TEST(ExtensionPoints, ToyPassRunsThroughTheRegistry) {
+  const PassInfo& p = pass_info("toy_scale");
+  ASSERT_EQ(p.options.size(), 2u);
+  EXPECT_EQ(p.options[0].name, "factor");
+  EXPECT_EQ(p.options[0].default_text, "2");
+  Graph g = lenet5();
+  const at::Tensor fc1 = g.node("fc1").params.at("weight").clone(), fc2 = g.node("fc2").params.at("weight").clone();
+  EXPECT_EQ(run_pass("toy_scale", g), "scaled 3 layers");  // the default factor, every linear layer
+  EXPECT_TRUE(at::equal(g.node("fc1").params.at("weight"), fc1 * 2.0));
+  Settings s;
+  s["factor"] = 0.5;
+  s["targets"] = std::vector<std::string>{"fc2"};
+  EXPECT_EQ(run_pass("toy_scale", g, s), "scaled 1 layers");
+  EXPECT_TRUE(at::equal(g.node("fc2").params.at("weight"), fc2 * 2.0 * 0.5));
+  EXPECT_TRUE(at::equal(g.node("fc1").params.at("weight"), fc1 * 2.0));
+  auto message = [&](const Settings& bad, const OptionSource& source) {
+    try {
+      run_pass("toy_scale", g, PassCall{bad, source});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Settings zero;
+  zero["factor"] = 0.0;
+  EXPECT_EQ(message(zero, {"pass 'toy_scale'"}), "pass 'toy_scale', key 'factor': 0 is outside > 0");
+  EXPECT_EQ(message(zero, {"toy", KeyStyle::kFlag}), "toy: --factor: 0 is outside > 0");
+  Settings unknown;
+  unknown["scale"] = 1.0;
+  EXPECT_EQ(message(unknown, {"toy", KeyStyle::kFlag}), "toy: unknown option --scale");
+  EXPECT_TRUE(at::equal(g.node("fc1").params.at("weight"), fc1 * 2.0)) << "a refused call changes nothing";
+}
+
+// The shipped passes through the registry: `prune` gives what make_plan + remove_channels give,
+// and its checks across keys name the keys as the caller spells them.
+TEST(ExtensionPoints, PrunePassThroughTheRegistry) {
+  Graph by_registry = lenet5(), direct = lenet5();
+  Settings s;
+  s["target_macs"] = 0.5;
+  s["group_reduction"] = std::string("mean");
+  run_pass("prune", by_registry, s);
+  prune::Config c;
+  c.target_macs = 0.5;
+  c.scoring.mean_over_members = true;
+  prune::remove_channels(direct, prune::make_plan(direct, c));
+  for (const Node& n : direct.nodes())
+    for (const auto& [name, t] : n.params)
+      EXPECT_TRUE(at::equal(by_registry.node(n.name).params.at(name), t)) << n.name << "." << name;
+  Settings two = s;
+  two["sparsity"] = 0.3;
+  Graph g = lenet5();
+  try {
+    run_pass("prune", g, PassCall{two, {"prune", KeyStyle::kFlag}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "prune: give one of --sparsity, --target-macs and --target-params");
+  }
+  Settings taylor;
+  taylor["criterion"] = std::string("taylor");
+  try {
+    run_pass("prune", g, taylor);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "pass 'prune', key 'criterion': 'taylor' needs gradients from training; use the recipe modifier 'prune'");
   }
 }
 

@@ -17,21 +17,12 @@
 #include "export/verify.h"
 #include "tools/command.h"
 #include "tools/model_source.h"
+#include "tools/option_flags.h"
 
 namespace po = boost::program_options;
 
 namespace whittle::cli {
 
-namespace {
-
-// "opset" → "--opset", "static_batch" → "--static-batch": an exporter option as a flag.
-std::string flag_of(const std::string& key) {
-  std::string f = key;
-  std::replace(f.begin(), f.end(), '_', '-');
-  return f;
-}
-
-}  // namespace
 
 int run_export(const std::vector<std::string>& args) {
   std::string formats, extensions;
@@ -63,16 +54,8 @@ int run_export(const std::vector<std::string>& args) {
       "input-shape", po::value<std::string>(&shape_text), "input shape of a TorchScript file or zoo model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
   // Each exporter's options as flags (a flag two formats share is listed once).
-  std::map<std::string, KeySpec> option_flags;  // key → its spec
-  for (const auto& name : exporters().names())
-    for (const KeySpec& k : exporter(name).option_keys()) {
-      if (option_flags.count(k.name)) continue;
-      option_flags.emplace(k.name, k);
-      const std::string help = name + ": " + k.description + " (default " + k.default_text +
-                               (k.range.text().empty() ? "" : ", " + k.range.text()) + ")";
-      if (k.type == KeyType::kBool) opts.add_options()(flag_of(k.name).c_str(), help.c_str());
-      else opts.add_options()(flag_of(k.name).c_str(), po::value<std::string>(), help.c_str());
-    }
+  OptionFlags option_flags;
+  for (const auto& name : exporters().names()) option_flags.add(opts, exporter(name).option_keys(), name);
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
   if (vm.count("help")) {
     std::cout << opts << "\n";
@@ -98,34 +81,7 @@ int run_export(const std::vector<std::string>& args) {
   }
   const Exporter& ex = exporter(format);
   // The format's options from their flags, typed by the exporter's keys.
-  Settings options;
-  for (const auto& [key, spec] : option_flags) {
-    if (!vm.count(flag_of(key))) continue;
-    if (spec.type == KeyType::kBool) {
-      options[key] = true;
-      continue;
-    }
-    const std::string text = vm[flag_of(key)].as<std::string>();
-    if (spec.type == KeyType::kInt || spec.type == KeyType::kFloat) {
-      size_t used = 0;
-      double v = 0;
-      try {
-        v = std::stod(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != text.size() || text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || !std::isfinite(v))
-        throw Error("export: --" + flag_of(key) + " '" + text + "' is not a finite number", ErrorKind::kUsage);
-      try {
-        // An integer key takes integral values in the 64-bit range only (SettingValue checks).
-        options[key] = spec.type == KeyType::kInt ? SettingValue(SettingValue(v).as<int64_t>()) : SettingValue(v);
-      } catch (const Error& e) {
-        throw Error("export: --" + flag_of(key) + ": " + e.what(), ErrorKind::kUsage);
-      }
-    } else {
-      options[key] = text;
-    }
-  }
+  const Settings options = option_flags.settings(vm, "export");
   check_export_options(ex, options, "export");
   if (!check_data.empty() && (is_same_or_inside(check_data, out) || (path_exists(model) && is_same_or_inside(check_data, model))))
     throw Error("export: --check-data " + check_data + " must be another file than MODEL and --out", ErrorKind::kUsage);

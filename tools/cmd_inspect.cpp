@@ -88,9 +88,13 @@ int run_inspect(const std::vector<std::string>& args) {
     for (const auto& name : pass_names()) {
       const PassInfo& p = pass_info(name);
       std::cout << std::left << std::setw(24) << name << std::setw(10) << p.module << p.description << "\n";
-      for (const auto& o : p.options)
-        std::cout << "    " << std::setw(20) << o.name << " " << std::setw(8) << o.type << "default "
-                  << (o.default_value.empty() ? "(none)" : o.default_value) << ": " << o.description << "\n";
+      for (const KeySpec& o : p.options) {
+        std::cout << "    " << std::setw(20) << o.name << " " << std::setw(16) << key_type_name(o.type) << "default "
+                  << (o.default_text.empty() || o.default_text == "[]" ? "(none)" : o.default_text) << ": " << o.description;
+        if (!o.choices.empty()) std::cout << " (" << join(o.choices, ", ") << ")";
+        if (!o.range.text().empty()) std::cout << " (" << o.range.text() << ")";
+        std::cout << "\n";
+      }
     }
     return 0;
   }

@@ -378,7 +378,13 @@ expect(["prune", model, "--ignore", "nosuch", "--out", pruned], 2,
 expect(["prune", model, "--targets", "re:zzz", "--out", pruned], 2,
        "prune: --targets pattern 're:zzz' matches no node of the model", "prune --targets matching nothing", pruned)
 expect(["prune", model, "--target-macs", "0", "--out", pruned], 2,
-       "prune: --target-macs is the fraction kept, in (0, 1]; got 0", "prune --target-macs 0", pruned)
+       "prune: --target-macs: 0 is outside (0, 1]", "prune --target-macs 0", pruned)
+expect(["fuse", model, "--targets", "nosuch", "--out", pruned], 2,
+       "fuse: --targets pattern 'nosuch' matches no node of the model", "fuse --targets of no node", pruned)
+expect(["prune", model, "--criterion", "taylor", "--out", pruned], 2,
+       "prune: --criterion: 'taylor' needs gradients from training", "prune --criterion taylor", pruned)
+expect(["prune", model, "--round-to", "1.5", "--out", pruned], 2,
+       "prune: --round-to: ", "prune --round-to not an integer", pruned)
 expect(["prune", model, "--target-macs", "0.5", "--sparsity", "0.3", "--out", pruned], 2,
        "prune: give one of --sparsity, --target-macs and --target-params", "prune --target-macs with --sparsity", pruned)
 for cmd in (["fuse", model, "--out", pruned], ["prune", model, "--out", pruned], ["inspect", model]):

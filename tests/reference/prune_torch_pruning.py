@@ -62,7 +62,7 @@ for name in ["resnet20", "resnet56"]:
     ck = os.path.join(OUT, f"{name}_pruned.h5")
     t0 = time.perf_counter()
     r = subprocess.run([BIN, "prune", ts, "--input-shape", ",".join(map(str, shape)), "--criterion", "l1",
-                        "--sparsity", str(RATIO), "--group-mean", "--no-fold", "--out", ck],
+                        "--sparsity", str(RATIO), "--group-reduction", "mean", "--no-fold-constant-outputs", "--out", ck],
                        capture_output=True, text=True)
     whittle_seconds = time.perf_counter() - t0
     check(r.returncode == 0, f"{name}: whittle prune exits 0" + ("" if r.returncode == 0 else ": " + r.stderr[-800:]))
