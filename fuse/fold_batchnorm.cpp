@@ -56,7 +56,7 @@ Report fold_batchnorm(Graph& graph, const FoldOptions& options) {
     if (const at::Tensor* b = layer.params.find("bias"); b && b->defined()) p.bias = *b;
     p.bn = detail::bn_params(bn);
     p.layout = detail::layout_of(layer.op);
-    p.groups = attr_int_if_declared(layer, "groups", 1);
+    p.groups = channel_groups(layer);
     FoldedParams f = fold_conv_bn_params(p);
     const at::Tensor like_bias = p.bias.defined() ? p.bias : p.weight;
     layer.params.set("weight", detail::as_parameter(f.weight, p.weight));

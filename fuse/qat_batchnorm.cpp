@@ -29,7 +29,7 @@ ConvBnParams qat_params(const Node& n, const at::Tensor& weight) {
   if (const at::Tensor* b = find_defined(n.params, "bias")) p.bias = *b;
   p.bn = detail::bn_params(n, "bn_");
   p.layout = detail::layout_of(n.attr_str("base_op"));
-  p.groups = attr_int_if_declared(n, "groups", 1);
+  p.groups = channel_groups(n);
   return p;
 }
 
@@ -121,6 +121,13 @@ void register_qat() {
     for (const char* p : {"bn_weight", "bn_bias"}) c.push_back({p, false, ChannelRole::kOutput, 0, false});
     for (const char* b : {"bn_running_mean", "bn_running_var"}) c.push_back({b, true, ChannelRole::kOutput, 0, false});
     return c;
+  };
+  // The base layer's channel axis (a linear base: the last).
+  t.channel_axis = [](const Node& n, const Shape& shape) {
+    Node base;
+    base.name = n.name;
+    base.op = n.attr_str("base_op");
+    return whittle::channel_axis(base, shape);
   };
   t.forward = qat_forward;
   t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {

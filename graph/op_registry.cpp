@@ -150,16 +150,17 @@ ParamRole param_role(const Node& node, const std::string& param) {
 
 namespace {
 
-// Every output channel c bound to channel c of each input of the output's rank with the output's
-// channel count (an operand broadcast along channels, or of lower rank, binds nothing).
-ChannelMap same_channels(const std::vector<Shape>& in, const std::vector<Shape>& out) {
+// Every output channel c (on axis `axis`) bound to channel c of each input of the output's rank
+// with the output's channel count on that axis (an operand broadcast along channels, or of lower
+// rank, binds nothing).
+ChannelMap same_channels(const std::vector<Shape>& in, const std::vector<Shape>& out, int64_t axis) {
   ChannelMap map(out.size());
   for (size_t o = 0; o < out.size(); ++o) {
-    if (out[o].size() < 2) continue;
-    const int64_t c = out[o][1];
+    if (static_cast<int64_t>(out[o].size()) <= axis) continue;
+    const int64_t c = out[o][static_cast<size_t>(axis)];
     map[o].assign(static_cast<size_t>(c), {});
     for (size_t i = 0; i < in.size(); ++i) {
-      if (in[i].size() != out[o].size() || in[i][1] != c) continue;
+      if (in[i].size() != out[o].size() || in[i][static_cast<size_t>(axis)] != c) continue;
       for (int64_t k = 0; k < c; ++k) map[o][static_cast<size_t>(k)].push_back({static_cast<int>(i), k});
     }
   }
@@ -168,50 +169,98 @@ ChannelMap same_channels(const std::vector<Shape>& in, const std::vector<Shape>&
 
 int64_t wrapped(int64_t dim, size_t rank) { return dim < 0 ? dim + static_cast<int64_t>(rank) : dim; }
 
-}  // namespace
-
-std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>& in, const std::vector<Shape>& out) {
-  const OpTraits& t = op_traits(node.op);
-  if (t.channel_map) return t.channel_map(node, in, out);
-  switch (t.channel_flow) {
+// The default map of a channel_flow, with the inputs' channels on axis `a` (input 0's).
+std::optional<ChannelMap> flow_map(const Node& node, ChannelFlow flow, const std::vector<Shape>& in,
+                                   const std::vector<Shape>& out, int64_t a, std::vector<int64_t>& out_axes) {
+  out_axes.assign(out.size(), a);
+  switch (flow) {
     case ChannelFlow::kProducerConsumer:
     case ChannelFlow::kOpaque: return std::nullopt;
-    case ChannelFlow::kPassThrough: return same_channels({in.empty() ? Shape{} : in[0]}, out);
-    case ChannelFlow::kElementwise: return same_channels(in, out);
+    case ChannelFlow::kPassThrough: return same_channels({in.empty() ? Shape{} : in[0]}, out, a);
+    case ChannelFlow::kElementwise: return same_channels(in, out, a);
     case ChannelFlow::kConcat: {
-      if (in.empty() || wrapped(node.attr_int("dim"), in[0].size()) != 1) return same_channels(in, out);
+      if (in.empty() || wrapped(node.attr_int("dim"), in[0].size()) != a) return same_channels(in, out, a);
       ChannelMap map(1);
       for (size_t i = 0; i < in.size(); ++i)
-        for (int64_t k = 0; k < in[i][1]; ++k) map[0].push_back({{static_cast<int>(i), k}});
+        for (int64_t k = 0; k < in[i][static_cast<size_t>(a)]; ++k) map[0].push_back({{static_cast<int>(i), k}});
       return map;
     }
     case ChannelFlow::kSplit: {
-      if (in.empty() || wrapped(node.attr_int("dim"), in[0].size()) != 1) return same_channels(in, out);
+      if (in.empty() || wrapped(node.attr_int("dim"), in[0].size()) != a) return same_channels(in, out, a);
       ChannelMap map(out.size());
       int64_t offset = 0;
       for (size_t o = 0; o < out.size(); ++o) {
-        for (int64_t k = 0; k < out[o][1]; ++k) map[o].push_back({{0, offset + k}});
-        offset += out[o][1];
+        for (int64_t k = 0; k < out[o][static_cast<size_t>(a)]; ++k) map[o].push_back({{0, offset + k}});
+        offset += out[o][static_cast<size_t>(a)];
       }
       return map;
     }
     case ChannelFlow::kExpand: {
-      if (in.empty() || in[0].size() < 2) return std::nullopt;
-      if (wrapped(node.attr_int("start_dim"), in[0].size()) != 1) return same_channels(in, out);
-      const int64_t features = out[0][1], channels = in[0][1];
-      if (channels == 0 || features % channels != 0) return std::nullopt;
-      const int64_t per = features / channels;  // H·W (the flattened trailing dims)
+      if (in.empty() || static_cast<int64_t>(in[0].size()) <= a || out.empty()) return std::nullopt;
+      const int64_t start = wrapped(node.attr_int("start_dim"), in[0].size());
+      if (start > a) return same_channels(in, out, a);
+      if (static_cast<int64_t>(out[0].size()) <= start) return std::nullopt;
+      // The features of dims start.. lie on output dim `start`; channel c of axis a repeats every
+      // `inner` features (the product of the dims after a), C·inner at a time.
+      const int64_t channels = in[0][static_cast<size_t>(a)], features = out[0][static_cast<size_t>(start)];
+      int64_t inner = 1;
+      for (size_t d = static_cast<size_t>(a) + 1; d < in[0].size(); ++d) inner *= in[0][d];
+      if (channels == 0 || inner == 0 || features % (channels * inner) != 0) return std::nullopt;
       ChannelMap map(1);
-      for (int64_t f = 0; f < features; ++f) map[0].push_back({{0, f / per}});
+      for (int64_t f = 0; f < features; ++f) map[0].push_back({{0, (f / inner) % channels}});
+      out_axes.assign(out.size(), start);
       return map;
     }
   }
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>& in, const std::vector<Shape>& out,
+                                      ChannelAxes* axes) {
+  const OpTraits& t = op_traits(node.op);
+  std::vector<int64_t> in_axes = axes ? axes->inputs : std::vector<int64_t>{};
+  in_axes.resize(in.size(), 1);
+  std::vector<int64_t> out_axes;
+  std::optional<ChannelMap> map;
+  const bool all_dim1 = std::all_of(in_axes.begin(), in_axes.end(), [](int64_t a) { return a == 1; });
+  if (t.channel_map) {
+    // An op's own map speaks of dim 1; with channels elsewhere it is opaque.
+    if (all_dim1) map = t.channel_map(node, in, out);
+    out_axes.assign(out.size(), 1);
+  } else {
+    const int64_t a = in_axes.empty() ? 1 : in_axes[0];
+    // The inputs that share a map must carry their channels on one axis.
+    const bool one_axis = std::all_of(in_axes.begin(), in_axes.end(), [&](int64_t x) { return x == a; });
+    // A pass-through op whose tensors index channels (BN's statistics) indexes them on its own axis.
+    const bool own_axis = t.channel_flow == ChannelFlow::kPassThrough && t.channel_tensors && !in.empty() &&
+                          static_cast<int64_t>(in[0].size()) > a && channel_axis(node, in[0]) != a;
+    if ((one_axis || t.channel_flow == ChannelFlow::kPassThrough) && !own_axis)
+      map = flow_map(node, t.channel_flow, in, out, a, out_axes);
+    else out_axes.assign(out.size(), a);
+  }
+  if (axes) axes->outputs = out_axes;
+  return map;
+}
+
 std::vector<int64_t> channel_ties(const Node& node) {
   const OpTraits& t = op_traits(node.op);
   return t.channel_ties ? t.channel_ties(node) : std::vector<int64_t>{};
+}
+
+int64_t channel_axis(const Node& node, const Shape& shape) {
+  const OpTraits& t = op_traits(node.op);
+  const int64_t a = t.channel_axis ? t.channel_axis(node, shape) : 1;
+  if (a < 0 || a >= static_cast<int64_t>(shape.size()))
+    throw Error("node '" + node.name + "' (" + node.op + "): channel axis " + std::to_string(a) + " is not an axis of " +
+                shape_str(shape));
+  return a;
+}
+
+int64_t channel_groups(const Node& node) {
+  // An op that declares `groups` divides its channels so; one that has no such attribute does not.
+  return attr_spec(node, "groups") ? node.attr_int("groups") : 1;
 }
 
 void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep) {
@@ -230,7 +279,7 @@ void slice_channel_tensors(Node& node, ChannelRole side, const std::vector<int64
   if (keep.empty()) fail("at least one channel must stay");
   if (!node.params.contains("weight") && node.has_attr("weight_shape"))
     fail("its weight is packed (slice before the checkpoint is written)");
-  const int64_t groups = attr_int_if_declared(node, "groups", 1);
+  const int64_t groups = channel_groups(node);
   for (const ChannelTensor& c : channel_tensors(node)) {
     if (c.role != side && c.role != ChannelRole::kChannel) continue;
     if (side == ChannelRole::kChannel && c.role != ChannelRole::kChannel) continue;
@@ -432,10 +481,6 @@ void check_attributes(const Node& node) {
   }
   for (const AttrSpec* a : specs)
     if (a->required && !node.has_attr(a->name)) throw Error(where + ": missing attribute '" + a->name + "'");
-}
-
-int64_t attr_int_if_declared(const Node& node, const std::string& key, int64_t otherwise) {
-  return attr_spec(node, key) ? node.attr_int(key) : otherwise;
 }
 
 std::string transform_stack_problem(const Node& node) {

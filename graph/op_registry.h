@@ -16,13 +16,16 @@
 
 namespace whittle {
 
-/// How the channel dimension (dim 1) flows through an op; read by channel pruning.
+/// How the channel axis flows through an op; read by channel pruning. A value's channels lie on
+/// one axis (its channel axis: dim 1 of an NCHW map or an [N, C] batch, the last of an [N, T, D]
+/// sequence), set by the op that produced it (OpTraits::channel_axis) and carried through the ops
+/// that map channels (ChannelAxes).
 enum class ChannelFlow {
   kProducerConsumer,  ///< conv/linear: consumes input channels, produces its own output channels
   kPassThrough,       ///< BN, activations, pooling, dropout: output channel c is input channel c
   kElementwise,       ///< add/mul: all inputs and the output share one channel index (coupled)
-  kConcat,            ///< cat on dim 1: output channels are the inputs' at offsets
-  kSplit,             ///< split on dim 1: outputs take the input's channels at offsets
+  kConcat,            ///< cat on the channel axis: output channels are the inputs' at offsets
+  kSplit,             ///< split on the channel axis: outputs take the input's channels at offsets
   kExpand,            ///< flatten after a C×H×W map: each channel becomes H·W consecutive features
   kOpaque,            ///< reshape/permute/shuffle/softmax...: no default channel map (an op's own channel_map may still follow it)
 };
@@ -75,22 +78,35 @@ using ChannelTensorsFn = std::function<std::vector<ChannelTensor>(const Node& no
 /// different channels in different groups, a packed weight).
 using SliceChannelsFn = std::function<void(Node& node, ChannelRole side, const std::vector<int64_t>& keep)>;
 
+/// The axis of a tensor of shape `shape` (an input or output of `node`) that carries the channels
+/// the node consumes or produces: 1 for NCHW convolutions, the last for a linear layer
+/// ([N, *, features]). See OpTraits::channel_axis.
+using ChannelAxisFn = std::function<int64_t(const Node& node, const Shape& shape)>;
+
+/// The channel axis of each input and output value of a node, for channel_map(): `inputs` as the
+/// values' producers set them (empty: dim 1 each), `outputs` filled by channel_map().
+struct ChannelAxes {
+  std::vector<int64_t> inputs;
+  std::vector<int64_t> outputs;
+};
+
 /// One input channel position an output channel position is bound to (ChannelMap).
 struct ChannelSource {
   int input = 0;        ///< the node's input (argument position)
-  int64_t channel = 0;  ///< position on that input's dim 1 (features for rank 2)
+  int64_t channel = 0;  ///< position on that input's channel axis
 };
 
-/// How a node that computes no channels of its own relates its outputs' channel positions (dim 1)
-/// to its inputs': map[o][c] lists the input positions output o's channel c is bound to. Channel
+/// How a node that computes no channels of its own relates its outputs' channel positions (on
+/// their channel axes) to its inputs': map[o][c] lists the input positions output o's channel c is bound to. Channel
 /// pruning removes bound positions together: pass-through ops bind c to input c, elementwise ops to
 /// c of every input that has that channel (not a broadcast one), cat to its input at the offset,
 /// flatten a channel's H·W features to the channel, a reshape back to channels all of a channel's
 /// features to one another. An empty list: the position depends on no input channel.
 using ChannelMap = std::vector<std::vector<std::vector<ChannelSource>>>;
-/// The node's ChannelMap at the given input and output shapes; nullopt when the op mixes channels
-/// in a way pruning cannot follow (softmax over channels, a general reshape):
-/// the channels on both sides are then left alone.
+/// The node's ChannelMap at the given input and output shapes, with every value's channels on
+/// dim 1 (an op's own map is asked only then; with channels on another axis the op is opaque);
+/// nullopt when the op mixes channels in a way pruning cannot follow (softmax over channels, a
+/// general reshape): the channels on both sides are then left alone.
 using ChannelMapFn = std::function<std::optional<ChannelMap>(const Node& node, const std::vector<Shape>& inputs,
                                                              const std::vector<Shape>& outputs)>;
 /// For a producer whose output channels are bound to its input channels (a depthwise convolution,
@@ -129,6 +145,10 @@ struct OpTraits {
   ChannelMapFn channel_map;
   /// Producers: output channels bound to input channels (depthwise); empty: none.
   ChannelTiesFn channel_ties;
+  /// The axis of its input and output tensors that carries the channels it produces, reads, or
+  /// (a pass-through op with channel tensors, as batch_norm's statistics or a layer norm's γ)
+  /// indexes: linear the last, a layer norm over the last axis the last; empty: dim 1.
+  ChannelAxisFn channel_axis;
   /// y = W ⊛ x + b, affine in each output channel: a batch_norm reading its only output folds
   /// into its weight and bias (conv2d, conv_transpose2d, linear).
   bool folds_batchnorm = false;
@@ -210,15 +230,27 @@ const std::string& norm_scale_param(const Node& node);
 /// Slices the node to the channels `keep` on `side` through its op's slice hook (see
 /// SliceChannelsFn for the rules and errors); the caller re-runs shape inference.
 void slice_channels(Node& node, ChannelRole side, const std::vector<int64_t>& keep);
-/// The node's ChannelMap (see ChannelMapFn) at its input and output shapes: its op's channel_map,
-/// or the default of its channel_flow: pass-through (c ↔ input 0's c), elementwise (c ↔ c of
-/// every input whose aligned dim has the output's size), concat and split on dim 1 (offsets; on
-/// another dim, c ↔ c of every input/output), expand (flatten from dim 1: feature f ↔ channel
-/// f / (H·W); from a later dim: c ↔ c); nullopt for opaque ops and producers.
+/// The node's ChannelMap (see ChannelMapFn) at its input and output shapes, positions on each
+/// value's channel axis: its op's channel_map (when every axis is dim 1), or the default of its
+/// channel_flow: pass-through (c ↔ input 0's c; for an op with channel tensors only when its
+/// channel_axis is the input's channel axis), elementwise (c ↔ c of every input of the
+/// output's rank with its channel count), concat and split on the channel axis (offsets; on
+/// another dim, c ↔ c of every input/output), expand (flatten from dim s ≤ the channel axis a:
+/// feature f ↔ channel ⌊f / (size of the dims after a)⌋ mod C, the features on dim s; from a later
+/// dim: c ↔ c); nullopt for opaque ops and producers. `axes` (optional) gives the inputs' channel
+/// axes (empty: dim 1) and receives the outputs'.
 std::optional<ChannelMap> channel_map(const Node& node, const std::vector<Shape>& inputs,
-                                      const std::vector<Shape>& outputs);
+                                      const std::vector<Shape>& outputs, ChannelAxes* axes = nullptr);
 /// The producer's output→input channel ties (ChannelTiesFn); empty when it has none.
 std::vector<int64_t> channel_ties(const Node& node);
+/// The axis of `shape` (an input or output of `node`, a producer or an op with channel tensors)
+/// that carries its channels: its op's channel_axis, or dim 1. Throws whittle::Error naming the node when the axis is not one of
+/// the shape's.
+int64_t channel_axis(const Node& node, const Shape& shape);
+/// The groups a producer's channels are divided into (a grouped convolution's `groups`); 1 for an
+/// op whose nodes have no groups (a linear layer). Throws whittle::Error when its op is not
+/// registered.
+int64_t channel_groups(const Node& node);
 /// The generic slicer: index_select on every channel tensor of `side` (kChannel tensors on any
 /// side), mapping global channel indices to per-group ones where ChannelTensor::per_group (then
 /// every group must keep the same channels). Throws whittle::Error naming the node and tensor.
@@ -317,10 +349,6 @@ std::vector<const AttrSpec*> attr_specs(const Node& node);
 /// check; required ones present) and its weight transform stack (registered names, none twice).
 /// Throws whittle::Error (ErrorKind::kRuntime) naming the node and the attribute or transform.
 void check_attributes(const Node& node);
-/// For readers of an attribute that only some of the ops they handle declare: the node's value
-/// of `key` (or its default) when its op declares it, otherwise `otherwise` ("groups" of a
-/// linear layer is 1 because a linear layer has no groups, not by default).
-int64_t attr_int_if_declared(const Node& node, const std::string& key, int64_t otherwise);
 
 /// Cost of one node at the graph's declared shapes.
 struct NodeCost {

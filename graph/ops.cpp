@@ -244,6 +244,8 @@ void register_conv() {
   l.channel_tensors = fixed_channels({{"weight", false, ChannelRole::kOutput, 0, false},
                                       {"weight", false, ChannelRole::kInput, 1, false},
                                       {"bias", false, ChannelRole::kOutput, 0, false}});
+  // [N, *, in] → [N, *, out]: the features, consumed and produced, are the last axis.
+  l.channel_axis = [](const Node&, const Shape& shape) { return static_cast<int64_t>(shape.size()) - 1; };
   l.folds_batchnorm = true;
   l.torchscript_ops = {"aten::linear", "aten::addmm", "aten::matmul", "aten::mm"};
   l.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {

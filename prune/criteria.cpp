@@ -140,7 +140,7 @@ std::vector<double> score(const Graph& graph, const DependencyGroup& group, cons
   } else {
     for (const Member& m : group.members) {
       const Node& n = graph.node(m.node);
-      const int64_t groups = attr_int_if_declared(n, "groups", 1);
+      const int64_t groups = channel_groups(n);
       for (const auto& [name, axis] : m.tensors) {
         if (o.criterion == Criterion::kBnScale) {
           // |γ| of the normalization (the registry's norm_scale: a batch_norm's weight, or the

@@ -48,7 +48,10 @@ class Units {
   std::vector<std::string> reason_;
 };
 
-int64_t channel_count(const Shape& s) { return s.size() >= 2 ? s[1] : 0; }
+// The channels of a value of shape `s` on axis `axis` (0 when the shape has no such axis).
+int64_t channel_count(const Shape& s, int64_t axis) {
+  return axis >= 1 && axis < static_cast<int64_t>(s.size()) ? s[static_cast<size_t>(axis)] : 0;
+}
 
 // A side of a node whose positions carry units (before grouping).
 struct RawMember {
@@ -102,6 +105,7 @@ std::string DependencyGroup::to_string() const {
 std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
   Units units;
   std::map<std::string, std::vector<int64_t>> value_units;  // per value: the unit of each position
+  std::map<std::string, int64_t> value_axis;                 // per value: its channel axis
   std::vector<RawMember> raw;
 
   auto fresh_units = [&](int64_t n, const std::string& why) {
@@ -109,8 +113,10 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     for (auto& x : u) x = units.fresh(why);
     return u;
   };
-  for (const auto& in : graph.inputs())
-    value_units[in] = fresh_units(channel_count(graph.value(in).shape), "graph input '" + in + "'");
+  for (const auto& in : graph.inputs()) {
+    value_units[in] = fresh_units(channel_count(graph.value(in).shape, 1), "graph input '" + in + "'");
+    value_axis[in] = 1;
+  }
 
   for (const Node& n : graph.nodes()) {
     std::vector<Shape> in_shapes, out_shapes;
@@ -126,12 +132,22 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     const bool packed = !n.params.contains("weight") && n.has_attr("weight_shape");
 
     if (is_weighted_layer(n)) {
-      std::vector<int64_t>& in = units_of(n.inputs.at(0));
+      // The channels the layer reads, on its channel axis of its input: the input value's, when
+      // the value carries its channels on that axis; otherwise channels of their own, fixed.
+      const int64_t in_axis = channel_axis(n, in_shapes.at(0));
+      std::vector<int64_t> in = units_of(n.inputs.at(0));
+      if (value_axis.at(n.inputs[0]) != in_axis) {
+        const std::string why = where + " reads channels on axis " + std::to_string(in_axis) + " of '" + n.inputs[0] +
+                                "', whose channels are on axis " + std::to_string(value_axis.at(n.inputs[0]));
+        for (int64_t u : in) units.fix(u, why);
+        in = fresh_units(channel_count(in_shapes[0], in_axis), why);
+      }
       if (packed)
         for (int64_t u : in) units.fix(u, where + " has a packed weight");
       raw.push_back({n.name, n.op, ChannelRole::kInput, in, false});
       const std::vector<int64_t> ties = channel_ties(n);
-      const int64_t cout = channel_count(out_shapes.at(0));
+      const int64_t out_axis = channel_axis(n, out_shapes.at(0));
+      const int64_t cout = channel_count(out_shapes[0], out_axis);
       std::vector<int64_t> out;
       if (!ties.empty()) {
         if (static_cast<int64_t>(ties.size()) != cout) throw Error(where + ": channel ties do not match its outputs");
@@ -142,17 +158,25 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
       }
       raw.push_back({n.name, n.op, ChannelRole::kOutput, out, !ties.empty()});
       value_units[n.outputs[0]] = out;
-      for (size_t o = 1; o < n.outputs.size(); ++o)
-        value_units[n.outputs[o]] = fresh_units(channel_count(out_shapes[o]), where + " output " + std::to_string(o));
+      value_axis[n.outputs[0]] = out_axis;
+      for (size_t o = 1; o < n.outputs.size(); ++o) {
+        value_units[n.outputs[o]] = fresh_units(channel_count(out_shapes[o], 1), where + " output " + std::to_string(o));
+        value_axis[n.outputs[o]] = 1;
+      }
       continue;
     }
 
-    const std::optional<ChannelMap> map = channel_map(n, in_shapes, out_shapes);
+    ChannelAxes axes;
+    for (const auto& v : n.inputs) axes.inputs.push_back(value_axis.at(v));
+    const std::optional<ChannelMap> map = channel_map(n, in_shapes, out_shapes, &axes);
+    axes.outputs.resize(n.outputs.size(), 1);
+    for (size_t o = 0; o < n.outputs.size(); ++o) value_axis[n.outputs[o]] = axes.outputs[o];
     if (!map) {
       const std::string why = "through " + where + ", which pruning cannot follow";
       for (const auto& v : n.inputs)
         for (int64_t u : units_of(v)) units.fix(u, why);
-      for (size_t o = 0; o < n.outputs.size(); ++o) value_units[n.outputs[o]] = fresh_units(channel_count(out_shapes[o]), why);
+      for (size_t o = 0; o < n.outputs.size(); ++o)
+        value_units[n.outputs[o]] = fresh_units(channel_count(out_shapes[o], axes.outputs[o]), why);
       continue;
     }
     if (map->size() != n.outputs.size()) throw Error(where + ": its channel map lists " + std::to_string(map->size()) +
@@ -161,7 +185,7 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     for (size_t i = 0; i < n.inputs.size(); ++i) used[i].assign(units_of(n.inputs[i]).size(), false);
     for (size_t o = 0; o < n.outputs.size(); ++o) {
       const auto& positions = (*map)[o];
-      if (static_cast<int64_t>(positions.size()) != channel_count(out_shapes[o]))
+      if (static_cast<int64_t>(positions.size()) != channel_count(out_shapes[o], axes.outputs[o]))
         throw Error(where + ": its channel map has " + std::to_string(positions.size()) + " positions for output " +
                     shape_str(out_shapes[o]));
       std::vector<int64_t> out;
@@ -270,7 +294,7 @@ std::vector<DependencyGroup> dependency_groups(const Graph& graph) {
     std::string uneven;
     for (const auto& m : g.members) {
       if (m.tied || (m.role != ChannelRole::kOutput && m.role != ChannelRole::kInput)) continue;
-      const int64_t groups_attr = attr_int_if_declared(graph.node(m.node), "groups", 1);
+      const int64_t groups_attr = channel_groups(graph.node(m.node));
       if (groups_attr <= 1) continue;
       if (m.size % groups_attr != 0) {
         uneven = m.node + " has " + std::to_string(m.size) + " channels in " + std::to_string(groups_attr) + " groups";

@@ -74,13 +74,14 @@ void fold_constants(Graph& graph, const std::map<std::string, std::set<int64_t>>
     Node& n = graph.node(name);
     const at::Tensor x = env.at(n.inputs.at(0));
     if (x.dim() < 2) continue;
+    const int64_t in_axis = channel_axis(n, x.sizes().vec());  // the channels the consumer reads
     at::Tensor xc = at::zeros_like(x);
     bool varies = false;
     for (int64_t p : positions) {
-      at::Tensor ch = x.select(1, p);
+      at::Tensor ch = x.select(in_axis, p);
       const double lo = ch.min().item<double>(), hi = ch.max().item<double>();
       if (hi - lo > 1e-6 * (1 + std::max(std::abs(lo), std::abs(hi)))) varies = true;
-      xc.select(1, p).copy_(ch);
+      xc.select(in_axis, p).copy_(ch);
     }
     if (xc.abs().max().item<double>() == 0) continue;  // the removed channels carry zeros: nothing to fold
     if (varies) {
@@ -91,7 +92,8 @@ void fold_constants(Graph& graph, const std::map<std::string, std::set<int64_t>>
       report.not_folded.push_back(name + " (" + n.op + "): no bias to fold the removed channels' constant into");
       continue;
     }
-    const at::Tensor delta = run_node(n, xc) - run_node(n, at::zeros_like(x));
+    at::Tensor delta = run_node(n, xc) - run_node(n, at::zeros_like(x));
+    delta = delta.movedim(channel_axis(n, delta.sizes().vec()), 1);  // output channels on dim 1
     at::Tensor per = delta.dim() > 2 ? delta.flatten(2) : delta.unsqueeze(2);  // [1, Cout, positions]
     const at::Tensor first = per.select(2, 0).squeeze(0);
     const double spread = (per - per.select(2, 0).unsqueeze(2)).abs().max().item<double>();

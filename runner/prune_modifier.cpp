@@ -63,7 +63,7 @@ class PruneModifier : public Modifier {
       for (const Node& n : tc.model->graph().nodes())
         if (is_weighted_layer(n) && !n.outputs.empty()) {
           const Shape& s = tc.model->graph().value(n.outputs[0]).shape;
-          if (s.size() >= 2) original_[n.name] = s[1];
+          if (s.size() >= 2) original_[n.name] = s[static_cast<size_t>(channel_axis(n, s))];
         }
     }
     if (config_.scoring.criterion == prune::Criterion::kTaylor) taylor_.attach(tc.model);

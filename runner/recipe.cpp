@@ -54,14 +54,6 @@ std::string at_line(const std::string& origin, const YAML::Node& node) {
   return origin + ":" + std::to_string(m.line + 1);
 }
 
-KeySpec key(std::string name, KeyType type, std::string def, std::string desc, std::vector<std::string> choices = {}) {
-  return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, std::move(choices), {}};
-}
-
-KeySpec key(std::string name, KeyType type, std::string def, std::string desc, Range range) {
-  return KeySpec{std::move(name), type, std::move(def), std::move(desc), {}, {}, range};
-}
-
 // A string value (or list element) against the key's choices, if it has any.
 void check_choice(const YAML::Node& v, const KeySpec& spec, const std::string& origin, const std::string& path) {
   if (spec.choices.empty() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) != spec.choices.end()) return;
@@ -130,122 +122,261 @@ std::string names_of(const std::vector<KeySpec>& keys) {
   return s;
 }
 
+// ---- the sections' keys, bound to the fields of their structs (the initializers are the defaults)
+
+// `keys` with the printed default of `name` replaced by `text`: for a default computed from other
+// values ("required", "runs/<recipe name>"), which no initializer can show.
+std::vector<KeySpec> shown(std::vector<KeySpec> keys, const std::map<std::string, std::string>& text) {
+  for (KeySpec& k : keys)
+    if (auto it = text.find(k.name); it != text.end()) k.default_text = it->second;
+  return keys;
+}
+
+const OptionsSchema<ModelSpec>& model_schema() {
+  using M = ModelSpec;
+  static const auto schema = [] {
+    std::string zoo_list;
+    for (const std::string& m : zoo_models()) zoo_list += (zoo_list.empty() ? "" : ", ") + m;
+    return OptionsSchema<M>()
+        .add("name", &M::name, "zoo model: " + zoo_list)
+        .add("file", &M::file,
+             "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the "
+             "recipe's `name` and `weight_init`)")
+        .add("num_classes", &M::num_classes,
+             "classifier outputs of a zoo model; beside `file`, the outputs its model must have")
+        .in_range(Range::at_least(1))
+        .add("weight_init", &M::weight_init,
+             "how a zoo model's conv weights are drawn: torch (torch.nn's default, U(±1/√fan_in)) or kaiming_normal (He "
+             "et al. 2015, N(0, 2/fan_in), as the ResNet papers)",
+             weight_init_names())
+        .add("input_shape", &M::input_shape, "example input shape declared on the graph")
+        .in_range(Range::at_least(1));
+  }();
+  return schema;
+}
+
+const OptionsSchema<DataSpec>& data_schema() {
+  using D = DataSpec;
+  static const auto schema =
+      OptionsSchema<D>()
+          .add("train", &D::train,
+               "training set: MNIST IDX folder or file, CIFAR-10 binary folder, image folder, .tar.gz of image folders, "
+               "or .h5")
+          .add("test", &D::test, "evaluation set, same kinds")
+          .add("train_split", &D::train_split,
+               "split read from `train` when it holds several (MNIST: train/t10k, CIFAR: train/test)")
+          .add("test_split", &D::test_split, "split read from `test`")
+          .add("pack_to", &D::pack_to, "folder for packed HDF5 copies of image-folder datasets, made on first use")
+          .add("mean", &D::mean, "per-channel normalization mean, pixel values in [0, 1]", {}, "none")
+          .in_range(Range::closed(0, 1))
+          .add("std", &D::std, "per-channel normalization standard deviation", {}, "none")
+          .in_range(Range::above(0))
+          .add("random_crop_padding", &D::random_crop_padding,
+               "training augmentation: pad by N zero pixels, crop back at a random offset")
+          .in_range(Range::closed(0, 1024))
+          .add("horizontal_flip", &D::horizontal_flip, "training augmentation: random left-right flip")
+          .add("batch_size", &D::batch_size, "training batch size")
+          .in_range(Range::at_least(1))
+          .add("eval_batch_size", &D::eval_batch_size, "evaluation batch size")
+          .in_range(Range::at_least(1))
+          .add("num_workers", &D::num_workers, "loader threads")
+          .in_range(Range::closed(0, data::kMaxWorkers))
+          .add("prefetch", &D::prefetch, "batches prepared ahead of training")
+          .in_range(Range::closed(1, data::kMaxPrefetchBatches))
+          .add("drop_last", &D::drop_last, "drop the last incomplete training batch")
+          .add("train_limit", &D::train_limit,
+               "use only N training images: in rounds, the next image of each class in dataset order (every class, "
+               "even in a class-sorted folder)",
+               {}, "all")
+          .in_range(Range::at_least(0))
+          .add("test_limit", &D::test_limit, "use only N test images, chosen as train_limit chooses", {}, "all")
+          .in_range(Range::at_least(0));
+  return schema;
+}
+
+const OptionsSchema<OptimizerSpec>& optimizer_schema() {
+  using O = OptimizerSpec;
+  static const auto schema =
+      OptionsSchema<O>()
+          .add("name", &O::name, "sgd, adam or adamw", {"sgd", "adam", "adamw"})
+          .add("lr", &O::lr, "base learning rate")
+          .in_range(Range{0, 1e6, true, false})
+          .add("momentum", &O::momentum, "SGD momentum")
+          .in_range(Range::half_open(0, 1))
+          .add("nesterov", &O::nesterov, "SGD Nesterov momentum")
+          .add("weight_decay", &O::weight_decay, "L2 penalty (sgd, adam) or decoupled decay (adamw)")
+          .in_range(Range::closed(0, 1e3))
+          .add("norm_weight_decay", &O::norm_weight_decay,
+               "weight decay of normalization layers' γ and β (batch_norm weight and bias); 0 exempts them", {},
+               "= weight_decay")
+          .in_range(Range::closed(0, 1e3))
+          .add("bias_weight_decay", &O::bias_weight_decay, "weight decay of the other biases (conv, linear); 0 exempts them",
+               {}, "= weight_decay")
+          .in_range(Range::closed(0, 1e3))
+          .add("beta1", &O::beta1, "Adam β1")
+          .in_range(Range::half_open(0, 1))
+          .add("beta2", &O::beta2, "Adam β2")
+          .in_range(Range::half_open(0, 1))
+          .add("eps", &O::eps, "Adam ε")
+          .in_range(Range::above(0))
+          .add("fused", &O::fused, "sgd: ATen's fused SGD kernel, one pass a parameter (same rule, equal up to float rounding)");
+  return schema;
+}
+
+const OptionsSchema<ScheduleSpec>& schedule_schema() {
+  using S = ScheduleSpec;
+  static const auto schema =
+      OptionsSchema<S>()
+          .add("name", &S::name, "constant, step, multistep, cosine or one_cycle",
+               {"constant", "step", "multistep", "cosine", "one_cycle"})
+          .add("step_size", &S::step_size, "step: epochs between decays")
+          .in_range(Range::above(0))
+          .add("milestones", &S::milestones, "multistep: epochs where lr is multiplied by gamma")
+          .in_range(Range::at_least(0))
+          .add("gamma", &S::gamma, "step/multistep decay factor")
+          .in_range(Range::above(0))
+          .add("min_lr", &S::min_lr, "cosine: final learning rate (at most optimizer.lr)")
+          .in_range(Range::closed(0, 1e6))
+          .add("max_lr", &S::max_lr, "one_cycle: peak learning rate", {}, "= optimizer.lr")
+          .in_range(Range::closed(0, 1e6))
+          .add("pct_start", &S::pct_start, "one_cycle: fraction of the steps spent rising")
+          .in_range(Range{0, 1, true, true})
+          .add("warmup_epochs", &S::warmup_epochs, "linear warmup from 0 over this many epochs")
+          .in_range(Range::at_least(0));
+  return schema;
+}
+
+// training's own keys (its optimizer and lr_schedule sections have theirs).
+const OptionsSchema<TrainingSpec>& training_schema() {
+  using T = TrainingSpec;
+  static const auto schema =
+      OptionsSchema<T>()
+          .add("epochs", &T::epochs, "number of epochs")
+          .in_range(Range::closed(1, 1000000))
+          .add("label_smoothing", &T::label_smoothing, "cross-entropy label smoothing")
+          .in_range(Range::half_open(0, 1))
+          .add("grad_accumulation", &T::grad_accumulation, "optimizer step every N batches")
+          .in_range(Range::at_least(1))
+          .add("grad_clip_norm", &T::grad_clip_norm, "clip the global gradient L2 norm", {}, "off")
+          .in_range(Range::at_least(0))
+          .add("seed", &T::seed, "seed for initialization, shuffling and augmentation")
+          .in_range(Range::at_least(0))
+          .add("deterministic", &T::deterministic, "deterministic kernels; same seed, same run")
+          .add("device", &T::device, "cpu, cuda or cuda:N (the command line's --device overrides it)")
+          .add("amp", &T::amp, "CUDA autocast: none, bf16 or fp16 (with loss scaling)", {"none", "bf16", "fp16"})
+          .add("channels_last", &T::channels_last, "CUDA: NHWC memory format")
+          .add("cudnn_benchmark", &T::cudnn_benchmark, "CUDA: cuDNN autotuning (off in deterministic mode)")
+          .add("threads", &T::threads, "intra-op CPU threads", {}, "LibTorch default")
+          .in_range(Range::closed(0, 1024))
+          .add("log_every", &T::log_every, "batches between progress lines when output is not a terminal")
+          .in_range(Range::at_least(1))
+          .add("activation_checkpointing", &T::activation_checkpointing,
+               "node-name prefixes of segments (e.g. layer1 for a ResNet stage, layer2.0 for a block) whose activations "
+               "are recomputed in the backward pass instead of kept: less memory, one more forward of them "
+               "(docs/performance.md)");
+  return schema;
+}
+
+const OptionsSchema<DistributedSpec>& distributed_schema() {
+  using D = DistributedSpec;
+  static const auto schema =
+      OptionsSchema<D>()
+          .add("backend", &D::backend, "c10d backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl", {"auto", "gloo", "nccl"})
+          .add("timeout_seconds", &D::timeout_seconds, "a collective waiting longer fails the run (a rank hung or died)")
+          .in_range(Range::above(0))
+          .add("bucket_cap_mb", &D::bucket_cap_mb, "gradient all-reduce bucket size, MiB")
+          .in_range(Range::above(0))
+          .add("find_unused_parameters", &D::find_unused_parameters, "allow trainable parameters that get no gradient in a step")
+          .add("broadcast_buffers", &D::broadcast_buffers, "rank 0's buffers (BN running statistics) to every rank before each forward")
+          .add("sync_batchnorm", &D::sync_batchnorm,
+               "training batch norms normalize with the statistics of all ranks' batches (as torch.nn.SyncBatchNorm)")
+          .add("verify_every", &D::verify_every, "every N optimizer steps check that all ranks hold bitwise-equal parameters",
+               {}, "off")
+          .in_range(Range::at_least(0));
+  return schema;
+}
+
+// outputs' own keys (each exporter's options join them as <format>_<option>).
+const OptionsSchema<OutputsSpec>& outputs_schema() {
+  using O = OutputsSpec;
+  static const auto schema =
+      OptionsSchema<O>()
+          .add("dir", &O::dir, "run directory (the command line's --out overrides it)")
+          .add("checkpoint", &O::checkpoint, "checkpoint file name inside the run directory")
+          .add("save_every_epoch", &O::save_every_epoch, "write checkpoint and training state after every epoch")
+          .add("export", &O::export_formats,
+               "also write the final model in these formats beside the checkpoint (onnx: model.onnx, torchscript: "
+               "model.pt; docs/export.md)");
+  return schema;
+}
+
+// The keys every modifier entry has (its own settings follow them).
+const OptionsSchema<ModifierSpec>& modifier_schema() {
+  using M = ModifierSpec;
+  static const auto schema = OptionsSchema<M>()
+                                 .add("name", &M::name, "the modifier")
+                                 .add("start_epoch", &M::start_epoch, "epoch (fractional) at which it becomes active")
+                                 .in_range(Range::at_least(0))
+                                 .add("end_epoch", &M::end_epoch, "epoch at which it stops", {}, "to the end")
+                                 .in_range(Range::at_least(-1))
+                                 .add("targets", &M::targets, "node names, op kinds or re:<regex>")
+                                 .add("ignore", &M::ignore, "node names, op kinds or re:<regex> to leave alone");
+  return schema;
+}
+
+SettingValue setting_value(const YAML::Node& v, const KeySpec& spec);
+
+// Sets the fields of `out` from the keys of the validated section `n` that `schema` binds (a
+// sub-section or a key another reader owns is skipped; an empty value keeps the default).
+template <class T>
+void read_section(const YAML::Node& n, const OptionsSchema<T>& schema, T& out, const std::string& where) {
+  if (!n || !n.IsMap()) return;
+  Settings given;
+  for (const auto& kv : n) {
+    const std::string key = kv.first.as<std::string>();
+    if (!schema.has(key) || !kv.second || kv.second.IsNull()) continue;
+    const KeySpec& spec = *std::find_if(schema.keys().begin(), schema.keys().end(), [&](const KeySpec& k) { return k.name == key; });
+    given[key] = setting_value(kv.second, spec);
+  }
+  schema.parse_into(out, given, OptionSource{where});
+}
+
 std::vector<KeySpec> build_schema() {
   std::vector<KeySpec> s;
-  std::string zoo_list;
-  for (const std::string& m : zoo_models()) zoo_list += (zoo_list.empty() ? "" : ", ") + m;
-  s.push_back(section(
-      "model", "The network to train (required section).",
-      {key("name", KeyType::kString, "—", "zoo model: " + zoo_list),
-       key("file", KeyType::kString, "—", "instead of `name`: a TorchScript .pt file or a whittle checkpoint .h5 (`--set model.file=F` replaces the recipe's `name` and `weight_init`)"),
-       key("num_classes", KeyType::kInt, "10", "classifier outputs of a zoo model; beside `file`, the outputs its model must have", Range::at_least(1)),
-       key("weight_init", KeyType::kString, "torch", "how a zoo model's conv weights are drawn: torch (torch.nn's default, U(±1/√fan_in)) or kaiming_normal (He et al. 2015, N(0, 2/fan_in), as the ResNet papers)", weight_init_names()),
-       key("input_shape", KeyType::kIntList, "[1, C, H, W] of the data", "example input shape declared on the graph", Range::at_least(1))}));
-  s.push_back(section(
-      "data", "Datasets, preprocessing and loading (required section).",
-      {key("train", KeyType::kString, "required", "training set: MNIST IDX folder or file, CIFAR-10 binary folder, image folder, .tar.gz of image folders, or .h5"),
-       key("test", KeyType::kString, "required", "evaluation set, same kinds"),
-       key("train_split", KeyType::kString, "train", "split read from `train` when it holds several (MNIST: train/t10k, CIFAR: train/test)"),
-       key("test_split", KeyType::kString, "test", "split read from `test`"),
-       key("pack_to", KeyType::kString, "\"\"", "folder for packed HDF5 copies of image-folder datasets, made on first use"),
-       key("mean", KeyType::kFloatList, "[] (none)", "per-channel normalization mean, pixel values in [0, 1]", Range::closed(0, 1)),
-       key("std", KeyType::kFloatList, "[] (none)", "per-channel normalization standard deviation", Range::above(0)),
-       key("random_crop_padding", KeyType::kInt, "0", "training augmentation: pad by N zero pixels, crop back at a random offset", Range::closed(0, 1024)),
-       key("horizontal_flip", KeyType::kBool, "false", "training augmentation: random left-right flip"),
-       key("batch_size", KeyType::kInt, "128", "training batch size", Range::at_least(1)),
-       key("eval_batch_size", KeyType::kInt, "500", "evaluation batch size", Range::at_least(1)),
-       key("num_workers", KeyType::kInt, "2", "loader threads", Range::closed(0, data::kMaxWorkers)),
-       key("prefetch", KeyType::kInt, "4", "batches prepared ahead of training", Range::closed(1, data::kMaxPrefetchBatches)),
-       key("drop_last", KeyType::kBool, "true", "drop the last incomplete training batch"),
-       key("train_limit", KeyType::kInt, "0 (all)", "use only N training images: in rounds, the next image of each class in dataset order (every class, even in a class-sorted folder)", Range::at_least(0)),
-       key("test_limit", KeyType::kInt, "0 (all)", "use only N test images, chosen as train_limit chooses", Range::at_least(0))}));
-  s.push_back(section(
-      "training", "The optimization schedule (required section; `training: {}` takes every default).",
-      {key("epochs", KeyType::kInt, "1", "number of epochs", Range::closed(1, 1000000)),
-       section("optimizer", "Optimizer and its hyper-parameters.",
-               {key("name", KeyType::kString, "sgd", "sgd, adam or adamw", {"sgd", "adam", "adamw"}),
-                key("lr", KeyType::kFloat, "0.1", "base learning rate", Range{0, 1e6, true, false}),
-                key("momentum", KeyType::kFloat, "0.9", "SGD momentum", Range::half_open(0, 1)),
-                key("nesterov", KeyType::kBool, "false", "SGD Nesterov momentum"),
-                key("weight_decay", KeyType::kFloat, "0", "L2 penalty (sgd, adam) or decoupled decay (adamw)", Range::closed(0, 1e3)),
-                key("norm_weight_decay", KeyType::kFloat, "= weight_decay",
-                    "weight decay of normalization layers' γ and β (batch_norm weight and bias); 0 exempts them",
-                    Range::closed(0, 1e3)),
-                key("bias_weight_decay", KeyType::kFloat, "= weight_decay",
-                    "weight decay of the other biases (conv, linear); 0 exempts them", Range::closed(0, 1e3)),
-                key("beta1", KeyType::kFloat, "0.9", "Adam β1", Range::half_open(0, 1)),
-                key("beta2", KeyType::kFloat, "0.999", "Adam β2", Range::half_open(0, 1)),
-                key("eps", KeyType::kFloat, "1e-8", "Adam ε", Range::above(0)),
-                key("fused", KeyType::kBool, "false",
-                    "sgd: ATen's fused SGD kernel, one pass a parameter (same rule, equal up to float rounding)")}),
-       section("lr_schedule", "Learning-rate schedule, evaluated every step.",
-               {key("name", KeyType::kString, "constant", "constant, step, multistep, cosine or one_cycle",
-                    {"constant", "step", "multistep", "cosine", "one_cycle"}),
-                key("step_size", KeyType::kFloat, "30", "step: epochs between decays", Range::above(0)),
-                key("milestones", KeyType::kFloatList, "[]", "multistep: epochs where lr is multiplied by gamma", Range::at_least(0)),
-                key("gamma", KeyType::kFloat, "0.1", "step/multistep decay factor", Range::above(0)),
-                key("min_lr", KeyType::kFloat, "0", "cosine: final learning rate (at most optimizer.lr)", Range::closed(0, 1e6)),
-                key("max_lr", KeyType::kFloat, "0 (= optimizer.lr)", "one_cycle: peak learning rate", Range::closed(0, 1e6)),
-                key("pct_start", KeyType::kFloat, "0.3", "one_cycle: fraction of the steps spent rising", Range{0, 1, true, true}),
-                key("warmup_epochs", KeyType::kFloat, "0", "linear warmup from 0 over this many epochs", Range::at_least(0))}),
-       key("label_smoothing", KeyType::kFloat, "0", "cross-entropy label smoothing", Range::half_open(0, 1)),
-       key("grad_accumulation", KeyType::kInt, "1", "optimizer step every N batches", Range::at_least(1)),
-       key("grad_clip_norm", KeyType::kFloat, "0 (off)", "clip the global gradient L2 norm", Range::at_least(0)),
-       key("seed", KeyType::kInt, "0", "seed for initialization, shuffling and augmentation", Range::at_least(0)),
-       key("deterministic", KeyType::kBool, "false", "deterministic kernels; same seed, same run"),
-       key("device", KeyType::kString, "cpu", "cpu, cuda or cuda:N (the command line's --device overrides it)"),
-       key("amp", KeyType::kString, "none", "CUDA autocast: none, bf16 or fp16 (with loss scaling)", {"none", "bf16", "fp16"}),
-       key("channels_last", KeyType::kBool, "false", "CUDA: NHWC memory format"),
-       key("cudnn_benchmark", KeyType::kBool, "true", "CUDA: cuDNN autotuning (off in deterministic mode)"),
-       key("threads", KeyType::kInt, "0 (LibTorch default)", "intra-op CPU threads", Range::closed(0, 1024)),
-       key("log_every", KeyType::kInt, "50", "batches between progress lines when output is not a terminal", Range::at_least(1)),
-       key("activation_checkpointing", KeyType::kStringList, "[]",
-           "node-name prefixes of segments (e.g. layer1 for a ResNet stage, layer2.0 for a block) whose activations are "
-           "recomputed in the backward pass instead of kept: less memory, one more forward of them (docs/performance.md)")}));
+  s.push_back(section("model", "The network to train (required section).",
+                      shown(model_schema().keys(), {{"name", "—"}, {"file", "—"}, {"input_shape", "[1, C, H, W] of the data"}})));
+  s.push_back(section("data", "Datasets, preprocessing and loading (required section).",
+                      shown(data_schema().keys(), {{"train", "required"}, {"test", "required"}, {"pack_to", "none"}})));
+  std::vector<KeySpec> training = training_schema().keys();
+  training.insert(training.begin() + 1, {section("optimizer", "Optimizer and its hyper-parameters.", optimizer_schema().keys()),
+                                         section("lr_schedule", "Learning-rate schedule, evaluated every step.",
+                                                 schedule_schema().keys())});
+  s.push_back(section("training", "The optimization schedule (required section; `training: {}` takes every default).",
+                      std::move(training)));
   s.push_back(KeySpec{"modifiers", KeyType::kList, "[]",
                       "Compression modifiers, each a map with `name`, `start_epoch`, `end_epoch`, `targets`, "
                       "`ignore` and the modifier's own settings (see below).",
                       {}, {}, {}});
-  s.push_back(section(
-      "outputs", "Where results go.",
-      {key("dir", KeyType::kString, "runs/<recipe name>", "run directory (the command line's --out overrides it)"),
-       key("checkpoint", KeyType::kString, "model.h5", "checkpoint file name inside the run directory"),
-       key("save_every_epoch", KeyType::kBool, "true", "write checkpoint and training state after every epoch"),
-       key("export", KeyType::kStringList, "[]",
-           "also write the final model in these formats beside the checkpoint (onnx: model.onnx, torchscript: model.pt; "
-           "docs/export.md)",
-           exporters().names())}));
+  std::vector<KeySpec> outputs = shown(outputs_schema().keys(), {{"dir", "runs/<recipe name>"}});
+  for (KeySpec& k : outputs)
+    if (k.name == "export") k.choices = exporters().names();
   // Each exporter's options, as outputs.<format>_<option> (outputs.onnx_opset).
   for (const auto& format : exporters().names())
     for (KeySpec k : exporter(format).option_keys()) {
       k.name = format + "_" + k.name;
       k.description = format + " export: " + k.description;
-      s.back().children.push_back(std::move(k));
+      outputs.push_back(std::move(k));
     }
-  s.push_back(section(
-      "distributed",
-      "Data-parallel training when a launcher (torchrun, a SLURM script) sets WORLD_SIZE, RANK and "
-      "MASTER_ADDR/MASTER_PORT; ignored by a single process (docs/distributed.md).",
-      {key("backend", KeyType::kString, "auto", "c10d backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl",
-           {"auto", "gloo", "nccl"}),
-       key("timeout_seconds", KeyType::kFloat, "1800", "a collective waiting longer fails the run (a rank hung or died)",
-           Range::above(0)),
-       key("bucket_cap_mb", KeyType::kFloat, "25", "gradient all-reduce bucket size, MiB", Range::above(0)),
-       key("find_unused_parameters", KeyType::kBool, "false", "allow trainable parameters that get no gradient in a step"),
-       key("broadcast_buffers", KeyType::kBool, "true", "rank 0's buffers (BN running statistics) to every rank before each forward"),
-       key("sync_batchnorm", KeyType::kBool, "false",
-           "training batch norms normalize with the statistics of all ranks' batches (as torch.nn.SyncBatchNorm)"),
-       key("verify_every", KeyType::kInt, "0 (off)",
-           "every N optimizer steps check that all ranks hold bitwise-equal parameters", Range::at_least(0))}));
+  s.push_back(section("outputs", "Where results go.", std::move(outputs)));
+  s.push_back(section("distributed",
+                      "Data-parallel training when a launcher (torchrun, a SLURM script) sets WORLD_SIZE, RANK and "
+                      "MASTER_ADDR/MASTER_PORT; ignored by a single process (docs/distributed.md).",
+                      distributed_schema().keys()));
   return s;
 }
 
 std::vector<KeySpec> modifier_common_keys() {
-  return {key("name", KeyType::kString, "required", "the modifier"),
-          key("start_epoch", KeyType::kFloat, "0", "epoch (fractional) at which it becomes active", Range::at_least(0)),
-          key("end_epoch", KeyType::kFloat, "-1 (to the end)", "epoch at which it stops", Range::at_least(-1)),
-          key("targets", KeyType::kStringList, "the modifier's default", "node names, op kinds or re:<regex>"),
-          key("ignore", KeyType::kStringList, "[]", "node names, op kinds or re:<regex> to leave alone")};
+  return shown(modifier_schema().keys(), {{"name", "required"}, {"targets", "the modifier's default"}});
 }
 
 // ---- typed getters (after validation) ----
@@ -262,8 +393,6 @@ void get(const YAML::Node& parent, const char* name, T& out) {
                 (n.IsScalar() ? ": '" + n.Scalar() + "'" : std::string()));
   }
 }
-
-void get_path(const YAML::Node& parent, const char* name, std::string& out) { get(parent, name, out); }
 
 void set_override(YAML::Node root, const std::string& assignment, const std::string& origin,
                   std::vector<YAML::Node>& created) {
@@ -478,24 +607,7 @@ SettingValue setting_value(const YAML::Node& v, const KeySpec& spec) {
 }
 
 // Reads the validated `data:` section `d` into `out` (no checks of the files).
-void read_data_section(const YAML::Node& d, DataSpec& out) {
-  get_path(d, "train", out.train);
-  get_path(d, "test", out.test);
-  get(d, "train_split", out.train_split);
-  get(d, "test_split", out.test_split);
-  get_path(d, "pack_to", out.pack_to);
-  get(d, "mean", out.mean);
-  get(d, "std", out.std);
-  get(d, "random_crop_padding", out.random_crop_padding);
-  get(d, "horizontal_flip", out.horizontal_flip);
-  get(d, "batch_size", out.batch_size);
-  get(d, "eval_batch_size", out.eval_batch_size);
-  get(d, "num_workers", out.num_workers);
-  get(d, "prefetch", out.prefetch);
-  get(d, "drop_last", out.drop_last);
-  get(d, "train_limit", out.train_limit);
-  get(d, "test_limit", out.test_limit);
-}
+void read_data_section(const YAML::Node& d, DataSpec& out) { read_section(d, data_schema(), out, "data"); }
 
 YAML::Node load_yaml(const std::string& text, const std::string& origin) {
   std::vector<YAML::Node> docs;
@@ -549,11 +661,7 @@ void apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides
 // `model:`: a zoo name or a file (which must exist), classes, input shape.
 void read_model_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   const YAML::Node m = root["model"];
-  get(m, "name", r.model.name);
-  get_path(m, "file", r.model.file);
-  get(m, "num_classes", r.model.num_classes);
-  get(m, "weight_init", r.model.weight_init);
-  get(m, "input_shape", r.model.input_shape);
+  read_section(m, model_schema(), r.model, "model");
   if (!shape_within_limit(r.model.input_shape))
     usage_error(at_line(origin, m["input_shape"]) + ": 'model.input_shape' has more than 2^40 elements");
   if (r.model.name.empty() == r.model.file.empty())
@@ -602,63 +710,22 @@ void read_data_section_checked(const YAML::Node& root, const std::string& origin
 // `training:`: epochs, optimizer, schedule and the rest, with the checks across keys.
 void read_training_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   const YAML::Node t = root["training"];
-  get(t, "epochs", r.training.epochs);
+  read_section(t, training_schema(), r.training, "training");
   if (r.training.epochs < 1) usage_error(at_line(origin, t["epochs"]) + ": 'training.epochs' must be ≥ 1");
   if (const YAML::Node o = t["optimizer"]) {
     auto& op = r.training.optimizer;
-    get(o, "name", op.name);
-    get(o, "lr", op.lr);
-    get(o, "momentum", op.momentum);
-    get(o, "nesterov", op.nesterov);
-    get(o, "weight_decay", op.weight_decay);
-    if (o["norm_weight_decay"] && !o["norm_weight_decay"].IsNull()) {
-      double v = 0;
-      get(o, "norm_weight_decay", v);
-      op.norm_weight_decay = v;
-    }
-    if (o["bias_weight_decay"] && !o["bias_weight_decay"].IsNull()) {
-      double v = 0;
-      get(o, "bias_weight_decay", v);
-      op.bias_weight_decay = v;
-    }
-    get(o, "beta1", op.beta1);
-    get(o, "beta2", op.beta2);
-    get(o, "eps", op.eps);
-    get(o, "fused", op.fused);
+    read_section(o, optimizer_schema(), op, "training.optimizer");
     if (op.fused && op.name != "sgd")
       usage_error(at_line(origin, o["fused"]) + ": 'training.optimizer.fused' applies to sgd, not " + op.name);
     if (!(op.lr > 0)) usage_error(at_line(origin, o["lr"]) + ": 'training.optimizer.lr' must be > 0");
   }
   if (const YAML::Node s = t["lr_schedule"]) {
     auto& sc = r.training.lr_schedule;
-    get(s, "name", sc.name);
-    get(s, "step_size", sc.step_size);
-    get(s, "milestones", sc.milestones);
-    get(s, "gamma", sc.gamma);
-    get(s, "min_lr", sc.min_lr);
-    get(s, "max_lr", sc.max_lr);
-    get(s, "pct_start", sc.pct_start);
-    get(s, "warmup_epochs", sc.warmup_epochs);
+    read_section(s, schedule_schema(), sc, "training.lr_schedule");
     if (sc.name == "step" && !(sc.step_size > 0)) usage_error(at_line(origin, s) + ": 'training.lr_schedule.step_size' must be > 0");
     if (sc.min_lr > r.training.optimizer.lr)
       usage_error(at_line(origin, s["min_lr"] ? s["min_lr"] : s) + ": 'training.lr_schedule.min_lr' " + number_text(sc.min_lr) +
                   " is above training.optimizer.lr " + number_text(r.training.optimizer.lr));
-  }
-  get(t, "label_smoothing", r.training.label_smoothing);
-  get(t, "grad_accumulation", r.training.grad_accumulation);
-  get(t, "grad_clip_norm", r.training.grad_clip_norm);
-  get(t, "seed", r.training.seed);
-  get(t, "deterministic", r.training.deterministic);
-  get(t, "device", r.training.device);
-  get(t, "amp", r.training.amp);
-  get(t, "channels_last", r.training.channels_last);
-  get(t, "cudnn_benchmark", r.training.cudnn_benchmark);
-  get(t, "threads", r.training.threads);
-  get(t, "log_every", r.training.log_every);
-  if (const YAML::Node a = t["activation_checkpointing"]; a && !a.IsNull()) {
-    if (a.IsScalar()) r.training.activation_checkpointing = {a.as<std::string>()};
-    else
-      for (const auto& p : a) r.training.activation_checkpointing.push_back(p.as<std::string>());
   }
   if (r.training.grad_accumulation < 1) usage_error(at_line(origin, t["grad_accumulation"]) + ": 'training.grad_accumulation' must be ≥ 1");
   const std::string& dev = r.training.device;
@@ -668,16 +735,7 @@ void read_training_section(const YAML::Node& root, const std::string& origin, Re
 
 // `distributed:` (data-parallel runs).
 void read_distributed_section(const YAML::Node& root, Recipe& r) {
-  if (const YAML::Node d = root["distributed"]) {
-    auto& ds = r.distributed;
-    get(d, "backend", ds.backend);
-    get(d, "timeout_seconds", ds.timeout_seconds);
-    get(d, "bucket_cap_mb", ds.bucket_cap_mb);
-    get(d, "find_unused_parameters", ds.find_unused_parameters);
-    get(d, "broadcast_buffers", ds.broadcast_buffers);
-    get(d, "sync_batchnorm", ds.sync_batchnorm);
-    get(d, "verify_every", ds.verify_every);
-  }
+  read_section(root["distributed"], distributed_schema(), r.distributed, "distributed");
 }
 
 // `modifiers:`: each entry against the common keys and its modifier's own, its window inside
@@ -711,14 +769,7 @@ void read_modifiers_section(const YAML::Node& root, const std::string& origin, c
           ms.location.find("(--set)") == std::string::npos)
         ms.location += " (with --set)";
       const std::string entry = ms.location + ": modifier '" + name + "'";
-      get(e, "start_epoch", ms.start_epoch);
-      get(e, "end_epoch", ms.end_epoch);
-      for (const auto& [k, out] : {std::pair<const char*, std::vector<std::string>*>{"targets", &ms.targets}, {"ignore", &ms.ignore}}) {
-        const YAML::Node v = e[k];
-        if (!v) continue;
-        if (v.IsScalar()) out->push_back(v.Scalar());
-        else *out = v.as<std::vector<std::string>>();
-      }
+      read_section(e, modifier_schema(), ms, where);
       if (ms.end_epoch != -1.0 && ms.end_epoch <= ms.start_epoch)
         usage_error(entry + ": end_epoch " + number_text(ms.end_epoch) + " is not after start_epoch " +
                     number_text(ms.start_epoch) + " (end_epoch −1 runs to the end)");
@@ -746,14 +797,7 @@ void read_modifiers_section(const YAML::Node& root, const std::string& origin, c
 // off the names the run directory uses for itself.
 void read_outputs_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   if (const YAML::Node o = root["outputs"]) {
-    get_path(o, "dir", r.outputs.dir);
-    get(o, "checkpoint", r.outputs.checkpoint);
-    get(o, "save_every_epoch", r.outputs.save_every_epoch);
-    if (const YAML::Node e = o["export"]; e && !e.IsNull()) {
-      if (e.IsScalar()) r.outputs.export_formats = {e.as<std::string>()};
-      else
-        for (const auto& f : e) r.outputs.export_formats.push_back(f.as<std::string>());
-    }
+    read_section(o, outputs_schema(), r.outputs, "outputs");
     const auto& f = r.outputs.export_formats;
     for (size_t i = 0; i < f.size(); ++i)
       if (std::find(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(i), f[i]) != f.begin() + static_cast<std::ptrdiff_t>(i))

@@ -229,8 +229,9 @@ TEST_F(GraphTest, AttributesReadTheirDeclaredDefaults) {
   EXPECT_EQ(error_of([&] { conv.attr_int("group"); }), "node 'features.0' (conv2d): no attribute 'group' is declared for it");
   EXPECT_EQ(error_of([&] { g.node("features.3").attr_pair("stride"); }),
             "node 'features.3' (max_pool2d): missing attribute 'stride'");
-  // A linear layer has no groups: readers that handle both ask attr_int_if_declared.
-  EXPECT_EQ(attr_int_if_declared(g.node("classifier"), "groups", 1), 1);
+  // A linear layer has no groups: the channel model says so (channel_groups), not a default.
+  EXPECT_EQ(channel_groups(g.node("classifier")), 1);
+  EXPECT_EQ(channel_groups(conv), conv.attr_int("groups"));
   EXPECT_THROW(g.node("classifier").attr_int("groups"), Error);
   // The declaration as `whittle inspect --ops` lists it.
   EXPECT_EQ(attr_spec(conv, "stride")->summary(), "pair, default [1, 1], at least 1");

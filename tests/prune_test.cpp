@@ -573,5 +573,89 @@ TEST_F(PruneTest, OptionsOutOfRangeAreUsageErrors) {
   EXPECT_THROW(criterion_from_name("l3"), Error);
 }
 
+// A layer-norm-like affine over the last axis of [N, T, D]: y = x·γ + β with γ, β of size D, a
+// pass-through op whose channels are its input's (on the last axis here).
+void register_feature_affine() {
+  if (has_op("test_feature_affine")) return;
+  OpTraits t;
+  t.kind = "test_feature_affine";
+  t.description = "test: x·γ + β over the last axis";
+  t.channel_flow = ChannelFlow::kPassThrough;
+  t.required_params = {"weight", "bias"};
+  t.channel_axis = [](const Node&, const Shape& shape) { return static_cast<int64_t>(shape.size()) - 1; };
+  t.channel_tensors = [](const Node&) {
+    return std::vector<ChannelTensor>{{"weight", false, ChannelRole::kChannel, 0, false},
+                                      {"bias", false, ChannelRole::kChannel, 0, false}};
+  };
+  t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    return std::vector<at::Tensor>{in[0] * n.params.at("weight") + n.params.at("bias")};
+  };
+  t.infer_shapes = [](const Node&, const std::vector<Shape>& in) { return std::vector<Shape>{in[0]}; };
+  register_op(std::move(t));
+}
+
+Node linear(const std::string& name, const std::string& in, int64_t fin, int64_t fout) {
+  Node n = make(name, "linear", {in});
+  n.params.set("weight", at::randn({fout, fin}));
+  n.params.set("bias", at::randn({fout}));
+  return n;
+}
+
+// Linear → affine over D → ReLU → Linear on [N, T, D]: the group is fc1's 6 output features
+// (the last axis), not the 5 tokens of dim 1; pruning it removes the same features from the
+// affine's γ and β and from fc2's inputs, and the removed features' constant (relu(β)) folds into
+// fc2's bias, so the pruned model computes the masked one.
+TEST_F(PruneTest, ChannelsOnTheLastAxisOfASequence) {
+  register_feature_affine();
+  Graph g;
+  g.add_input("x", {2, 5, 8});
+  g.add_node(linear("fc1", "x", 8, 6));
+  Node affine = make("affine", "test_feature_affine", {"fc1"});
+  affine.params.set("weight", at::randn({6}));
+  affine.params.set("bias", at::rand({6}) + 0.5);  // positive: relu passes the removed features' β on
+  g.add_node(affine);
+  g.add_node(make("relu", "relu", {"affine"}));
+  g.add_node(linear("fc2", "relu", 6, 3));
+  g.set_outputs({"fc2"});
+  const auto groups = dependency_groups(g);
+  const DependencyGroup& d = group_of(groups, "fc1", ChannelRole::kOutput);
+  EXPECT_EQ(d.channels, 6) << d.to_string();
+  EXPECT_EQ(d.prunable(), 6) << d.to_string();
+  std::set<std::pair<std::string, ChannelRole>> members;
+  for (const auto& m : d.members) members.emplace(m.node, m.role);
+  const std::set<std::pair<std::string, ChannelRole>> expected{
+      {"fc1", ChannelRole::kOutput}, {"affine", ChannelRole::kChannel}, {"fc2", ChannelRole::kInput}};
+  EXPECT_EQ(members, expected) << d.to_string();
+  // The graph input's channels (dim 1) are not the features fc1 reads: fc1's inputs stay.
+  EXPECT_EQ(group_of(groups, "fc1", ChannelRole::kInput).prunable(), 0);
+
+  Graph pruned = g.clone();
+  const Report r = remove_channels(pruned, plan_removing(g, "fc1", {1, 4}));
+  EXPECT_EQ(pruned.node("fc1").params.at("weight").sizes().vec(), (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(pruned.node("affine").params.at("weight").size(0), 4);
+  EXPECT_EQ(pruned.node("affine").params.at("bias").size(0), 4);
+  EXPECT_EQ(pruned.node("fc2").params.at("weight").sizes().vec(), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(pruned.value("fc2").shape, (Shape{2, 5, 3}));
+  EXPECT_EQ(r.folded.size(), 1u) << r.summary();
+  const at::Tensor x = at::randn({2, 5, 8});
+  EXPECT_TRUE(test::all_close(run(pruned, x), run(masked(g, {{"fc1", {1, 4}}}), x), 1e-5, 1e-5)) << r.summary();
+
+  // A batch_norm there normalizes dim 1 (the 5 tokens), not fc1's features: its statistics are not
+  // on the features' axis, so fc1's outputs are left alone.
+  Graph b;
+  b.add_input("x", {2, 5, 8});
+  b.add_node(linear("fc1", "x", 8, 6));
+  Node bn = make("bn", "batch_norm", {"fc1"});
+  bn.params.set("weight", at::ones({5}));
+  bn.params.set("bias", at::zeros({5}));
+  bn.buffers.set("running_mean", at::zeros({5}));
+  bn.buffers.set("running_var", at::ones({5}));
+  b.add_node(bn);
+  b.add_node(linear("fc2", "bn", 6, 3));
+  b.set_outputs({"fc2"});
+  const auto b_groups = dependency_groups(b);
+  EXPECT_EQ(group_of(b_groups, "fc1", ChannelRole::kOutput).prunable(), 0) << group_of(b_groups, "fc1", ChannelRole::kOutput).to_string();
+}
+
 }  // namespace
 }  // namespace whittle::prune
