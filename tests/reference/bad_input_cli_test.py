@@ -427,6 +427,15 @@ expect(["run", BASE, *QUICK, "--out", odd_state, "--resume"], 1,
        "the training state " + os.path.join(odd_state, "train_state.pt") + " is a directory, not a file",
        "--resume with train_state.pt a folder")
 
+# Output that cannot be written (a full disk: /dev/full) is a failure, not a result: exit 1, said.
+if os.path.exists("/dev/full"):
+    for cmd in (["keys"], ["inspect", "lenet5"], ["inspect", "--passes"], ["eval", model, "--json"],
+                ["report", good, "--json"], ["bench", "lenet5", "--repeat", "1"], ["--version"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([BIN, *cmd], stdout=full, stderr=subprocess.PIPE, text=True, cwd=SRC)
+        check(r.returncode == 1 and "cannot write to standard output" in r.stderr and "frame #" not in r.stderr,
+              f"{' '.join(cmd)} > /dev/full: exit {r.returncode} (want 1), '{r.stderr.strip()[-120:]}'")
+
 # A folder holding a file of a run's name that no run left there is not replaced (--overwrite does).
 mine = os.path.join(OUT, "users_folder")
 os.makedirs(mine)

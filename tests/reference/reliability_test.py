@@ -31,10 +31,10 @@ os.makedirs(W)
 DOC = os.path.join(SRC, "docs", "reliability.md")
 
 
-def whittle(*args, env=None):
+def whittle(*args, env=None, stdout=subprocess.PIPE):
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=W, env=e)
+    return subprocess.run([BIN, *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=W, env=e)
 
 
 def write(name, data):
@@ -240,6 +240,7 @@ CASES = [
     ("mismatched shapes", "a LeNet-5 checkpoint (1×28×28) trained on 3×32×32 images", ["run", write("shape.yaml", open(os.path.join(W, "good.yaml")).read().replace("model: {name: lenet5}", "model: {file: good/model.h5}").replace(f"train: {MNIST}", "train: rgb.h5").replace(f"test: {MNIST}", "test: rgb.h5").replace(", test_split: t10k", "").replace("outputs: {dir: good}", "outputs: {dir: never}"))], 2),
     ("unwritable path", "--out below a regular file", ["run", "good.yaml", "--out", "not_a_dir/run"], 1),
     ("full disk", "every write to the run directory fails with ENOSPC", ["run", "good.yaml", "--out", "full_disk"], 1),
+    ("full standard output", "the JSON result written to /dev/full", ["eval", "good/model.h5", "--json"], 1),
 ]
 h5_dataset("rgb.h5", np.zeros((64, 3, 32, 32), np.uint8), np.zeros(64, np.int64))
 
@@ -247,7 +248,11 @@ rows = []
 for klass, what, args, code in CASES:
     env = {"LD_PRELOAD": SHIM, "WHITTLE_ENOSPC": "/full_disk/"} if klass == "full disk" else None
     before = sorted(os.listdir(W))
-    r = whittle(*args, env=env)
+    if klass == "full standard output":
+        with open("/dev/full", "w") as full:
+            r = whittle(*args, stdout=full)
+    else:
+        r = whittle(*args, env=env)
     err = r.stderr.strip()
     last = err.splitlines()[-1] if err else ""
     message = re.sub(r"^whittle( \w+)?: error: ", "", last)
