@@ -717,6 +717,12 @@ void read_training_section(const YAML::Node& root, const std::string& origin, Re
     read_section(o, optimizer_schema(), op, "training.optimizer");
     if (op.fused && op.name != "sgd")
       usage_error(at_line(origin, o["fused"]) + ": 'training.optimizer.fused' applies to sgd, not " + op.name);
+    // What LibTorch's SGD refuses when it is built, checked with the recipe (naming the keys).
+    if (op.nesterov && op.name != "sgd")
+      usage_error(at_line(origin, o["nesterov"]) + ": 'training.optimizer.nesterov' applies to sgd, not " + op.name);
+    if (op.nesterov && !(op.momentum > 0))
+      usage_error(at_line(origin, o["nesterov"]) + ": 'training.optimizer.nesterov' needs a momentum above 0 "
+                  "('training.optimizer.momentum' is " + number_text(op.momentum) + ")");
     if (!(op.lr > 0)) usage_error(at_line(origin, o["lr"]) + ": 'training.optimizer.lr' must be > 0");
   }
   if (const YAML::Node s = t["lr_schedule"]) {

@@ -83,6 +83,17 @@ TEST(RecipeRanges, OutOfRangeValuesNameTheKeyAndLine) {
   EXPECT_HAS(usage_error_of(in_file), "r.yaml:4: 'training.label_smoothing' is 1.5");
 }
 
+// Optimizer settings LibTorch would refuse when it builds the optimizer are recipe errors naming
+// the keys (issue 47, item 10).
+TEST(RecipeRanges, OptimizerSettingsLibTorchRefusesAreNamed) {
+  const std::string r = recipe_text(1);
+  EXPECT_HAS(usage_error_of(r, {"training.optimizer.nesterov=true", "training.optimizer.momentum=0"}),
+             "'training.optimizer.nesterov' needs a momentum above 0 ('training.optimizer.momentum' is 0)");
+  EXPECT_HAS(usage_error_of(r, {"training.optimizer.name=adam", "training.optimizer.nesterov=true"}),
+             "'training.optimizer.nesterov' applies to sgd, not adam");
+  EXPECT_HAS(usage_error_of(r, {"training.optimizer.nesterov=true"}), "no error");  // momentum 0.9
+}
+
 // Item 5: non-finite numbers are recipe errors wherever they appear.
 TEST(RecipeRanges, NonFiniteNumbersAreRejected) {
   const std::string r = recipe_text(1);
