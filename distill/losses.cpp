@@ -27,8 +27,11 @@ at::Tensor kd_loss(const at::Tensor& student_logits, const at::Tensor& teacher_l
   check_same_shape(student_logits, teacher_logits, "kd_loss logits", "");
   const at::Tensor log_p_s = at::log_softmax(student_logits.to(at::kFloat) / temperature, 1);
   const at::Tensor log_p_t = at::log_softmax(teacher_logits.detach().to(at::kFloat) / temperature, 1);
-  // KL(p_t ‖ p_s) = Σ_k p_t (log p_t − log p_s), summed over classes, averaged over samples.
-  const at::Tensor kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(1).mean();
+  // KL(p_t ‖ p_s) = Σ_k p_t (log p_t − log p_s), summed over classes, averaged over samples. A
+  // class the teacher gives probability 0 (a −inf logit) adds its limit 0, even where the student
+  // also has −inf (−inf − (−inf) would be NaN); no gradient flows through the teacher.
+  const at::Tensor p_t = log_p_t.exp();
+  const at::Tensor kl = at::where(p_t > 0, p_t * (log_p_t - log_p_s), at::zeros({}, p_t.options())).sum(1).mean();
   return kl * (temperature * temperature);
 }
 

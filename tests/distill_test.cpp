@@ -3,6 +3,9 @@
 // its loss terms in metrics.jsonl, its errors).
 
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
 #include <torch/optim/sgd.h>
 #include <torch/script.h>
 
@@ -47,6 +50,24 @@ TEST(KdLoss, HandWorkedValues) {
   const at::Tensor tt = t.clone().set_requires_grad(true);
   kd_loss(x, tt, 4).backward();
   EXPECT_FALSE(tt.grad().defined());
+}
+
+// A class with a −inf logit in both the student and the teacher adds its limit, 0: the loss and the
+// student's gradient are those of the other classes alone (issue 47, item 15).
+TEST(KdLoss, ClassesImpossibleForBothAddNothing) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const at::Tensor s = row({1, 2, 3, -inf}), t = row({3, 2, 1, -inf});
+  EXPECT_NEAR(kd_loss(s, t, 1).item<double>(), 1.150421, 1e-6);  // as HandWorkedValues' 3 classes
+  EXPECT_NEAR(kd_loss(s, t, 4).item<double>(), 1.31963, 1e-5);
+  const at::Tensor x = s.clone().set_requires_grad(true);
+  kd_loss(x, t, 4).backward();
+  const at::Tensor g = x.grad().squeeze(0);
+  EXPECT_TRUE(at::isfinite(g).all().item<bool>()) << g;
+  EXPECT_NEAR(g[0].item<double>(), -0.65981, 1e-5);
+  EXPECT_NEAR(g[2].item<double>(), 0.65981, 1e-5);
+  EXPECT_EQ(g[3].item<double>(), 0.0);
+  // A class the teacher allows but the student rules out is an infinite divergence, as it should be.
+  EXPECT_TRUE(std::isinf(kd_loss(row({1, -inf}), row({1, 1}), 1).item<double>()));
 }
 
 // The T² factor keeps the soft gradient's size about the same across temperatures.
