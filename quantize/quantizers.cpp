@@ -84,6 +84,10 @@ void set_fused_quantizers_cuda(bool on) { g_fused_cuda.store(on ? 1 : 0); }
 
 namespace {
 
+// The floor of max|tanh w| as a divisor: 1e-12, or float16's smallest normal number 2^-14, to which
+// 1e-12 would round to 0 (then an all-zero half weight divides 0 by 0).
+double max_floor(at::ScalarType dtype) { return dtype == at::kHalf ? 6.103515625e-05 : 1e-12; }
+
 void check_axis(const at::Tensor& w, int64_t axis, const char* who) {
   if (w.dim() < 1 || axis < 0 || axis >= w.dim())
     throw Error(std::string(who) + ": channel axis " + std::to_string(axis) + " out of range for a weight of shape " +
@@ -143,7 +147,7 @@ FusedDoReFaWeight fused_dorefa_weight(const at::Tensor& w_in, int64_t bits, Gran
   at::NoGradGuard no_grad;
   FusedDoReFaWeight f;
   f.t = at::tanh(w_in.detach());
-  f.m = fused::abs_max(f.t, g == Granularity::kPerChannel, axis).clamp_min(1e-12);
+  f.m = fused::abs_max(f.t, g == Granularity::kPerChannel, axis).clamp_min(max_floor(w_in.scalar_type()));
   f.values = fused::dorefa_weight_values(f.t, f.m, bits, axis);
   return f;
 }
@@ -184,7 +188,7 @@ struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
     const auto g = static_cast<Granularity>(ctx->saved_data["granularity"].toInt());
     const int64_t axis = ctx->saved_data["axis"].toInt();
     at::Tensor t = at::tanh(w);
-    at::Tensor m = along(abs_max(t, g, axis).clamp_min(1e-12), w.dim(), axis);
+    at::Tensor m = along(abs_max(t, g, axis).clamp_min(max_floor(w.scalar_type())), w.dim(), axis);
     return {grad[0] * (1 - t * t) / m, Variable(), Variable(), Variable()};
   }
 };
@@ -288,7 +292,7 @@ EncodedWeight dorefa_encode(const at::Tensor& w_in, int64_t bits, Granularity gr
   e.encoding = Encoding::kDoReFa;
   const double n = static_cast<double>((int64_t{1} << bits) - 1);
   at::Tensor t = at::tanh(w);
-  at::Tensor m = along(abs_max(t, granularity, axis).clamp_min(1e-12), w.dim(), axis);
+  at::Tensor m = along(abs_max(t, granularity, axis).clamp_min(max_floor(w.scalar_type())), w.dim(), axis);
   e.codes = at::round((t / (m * 2) + 0.5) * n).clamp(0.0, n);
   e.scale = at::ones({1}, w.options());
   return e;

@@ -156,6 +156,26 @@ TEST_P(QuantizerTest, TwnAllZero) {
   EXPECT_TRUE(g.isfinite().all().item<bool>());
 }
 
+// DoReFa weights in float16 and bfloat16 (issue 47, item 13): all-zero and tiny weights give finite
+// values and gradients at 2, 4 and 8 bits (the max's floor 1e-12 rounds to 0 in float16, which
+// divided 0 by 0), and ordinary weights the float32 grid within 8e-3 (two bfloat16 steps at 1).
+TEST_P(QuantizerTest, DoReFaWeightInHalfPrecisions) {
+  for (const at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(dtype).device(device());
+    for (const int64_t bits : {2, 4, 8}) {
+      for (const double v : {0.0, 1e-8}) {
+        auto [y, g] = forward_backward(at::full({3, 4}, v, o), [&](const at::Tensor& x) { return q::dorefa_weight(x, bits); });
+        EXPECT_TRUE(y.isfinite().all().item<bool>()) << dtype << " " << bits << " bits, weights " << v << ": " << y;
+        EXPECT_TRUE(g.isfinite().all().item<bool>()) << dtype << " " << bits << " bits, weights " << v << ": " << g;
+      }
+      const at::Tensor w = vec({-1.0f, -0.25f, 0.0f, 0.5f, 2.0f}, device());
+      const at::Tensor want = q::dorefa_weight(w, bits);
+      const at::Tensor got = q::dorefa_weight(w.to(dtype), bits).to(at::kFloat);
+      EXPECT_TRUE(all_close(got, want, 8e-3, 0)) << dtype << " " << bits << " bits: " << got << " vs " << want;
+    }
+  }
+}
+
 // Per channel (rows): row 0 as the per-tensor case, row 1 = [2, −2, 0.1, 0, 0, 0]: mean|W| = 0.683,
 // Δ = 0.478, α = 2.
 TEST_P(QuantizerTest, TwnPerChannel) {
