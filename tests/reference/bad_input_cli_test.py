@@ -280,6 +280,18 @@ r = run("run", BASE, *QUICK, "--out", fin, "--resume")
 check(r.returncode == 0 and "has finished (epoch 1 of 1, report.json): nothing to resume" in r.stderr + r.stdout,
       f"--resume of a finished run: nothing to do (exit {r.returncode})")
 check(snapshot(fin) == before, "--resume of a finished run: every file byte for byte as before")
+# --resume auto (a job wrapper that always passes it): resumes where a training state is, starts
+# where none is; any other value of --resume is refused.
+r = run("run", BASE, *QUICK, "--out", fin, "--resume", "auto")
+check(r.returncode == 0 and "nothing to resume" in r.stderr + r.stdout and snapshot(fin) == before,
+      f"--resume auto of a finished run: nothing to do, nothing written (exit {r.returncode})")
+fresh = os.path.join(OUT, "resume_auto_fresh")
+shutil.rmtree(fresh, ignore_errors=True)
+r = run("run", "--resume", "auto", BASE, *QUICK, "--out", fresh)
+check(r.returncode == 0 and os.path.isfile(os.path.join(fresh, "report.json")),
+      f"--resume auto where no run is: the run starts and finishes (exit {r.returncode})")
+expect(["run", BASE, *QUICK, "--out", fresh, "--resume=later"], 2, "--resume takes no value, or 'auto'", "--resume=later")
+expect(["run", BASE, *QUICK, "--out", fresh, "--resume", "auto", "--overwrite"], 2, "give one", "--resume auto with --overwrite")
 # A flipped tensor byte: LibTorch's reader does not check the zip CRCs, whittle does; nothing is
 # written (the checkpoint stays that of the last good epoch).
 state_path = os.path.join(fin, "train_state.pt")
