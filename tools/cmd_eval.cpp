@@ -45,8 +45,13 @@ int run_eval(const std::vector<std::string>& args) {
   }
   if (ckpt_path.empty()) throw Error("eval: missing CHECKPOINT (see whittle eval --help)", ErrorKind::kUsage);
   if (batch_size < 1) throw Error("eval: --batch-size must be ≥ 1", ErrorKind::kUsage);
-  if (is_regular_file(ckpt_path) && !is_hdf5_file(ckpt_path))
-    throw Error("eval: " + ckpt_path + " is not a whittle checkpoint (an HDF5 .h5 file); eval takes a checkpoint",
+  // Worded as the other commands word a model file that is not one (runner/model_loader.cpp).
+  if (!path_exists(ckpt_path)) throw Error("model file " + ckpt_path + " does not exist", ErrorKind::kUsage);
+  if (!is_regular_file(ckpt_path) || file_size(ckpt_path) == 0)
+    throw Error("model file " + ckpt_path + " is " + describe_path(ckpt_path) + ", not a whittle checkpoint (.h5)",
+                ErrorKind::kUsage);
+  if (!is_hdf5_file(ckpt_path))
+    throw Error("model file " + ckpt_path + " is not a whittle checkpoint (an HDF5 .h5 file); eval takes a checkpoint",
                 ErrorKind::kUsage);
   const bool use_deploy = vm.count("deploy") != 0;
   if (use_deploy && device.rfind("cpu", 0) != 0)

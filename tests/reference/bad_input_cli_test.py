@@ -201,6 +201,13 @@ expect(["inspect", OUT], 2, OUT + " is a directory, not a whittle checkpoint", "
 expect(["eval", os.path.join(OUT, "empty_model.h5")], 2, "does not exist", "eval of a missing model")
 open(os.path.join(OUT, "empty_model.pt"), "wb").close()
 expect(["inspect", os.path.join(OUT, "empty_model.pt")], 2, "is an empty file", "inspect of an empty file")
+# eval words an empty file or a directory as the other commands do (issue 47, item 18).
+open(os.path.join(OUT, "empty_ckpt.h5"), "wb").close()
+for cmd in ("eval", "inspect"):
+    expect([cmd, os.path.join(OUT, "empty_ckpt.h5")], 2,
+           "model file " + os.path.join(OUT, "empty_ckpt.h5") + " is an empty file, not a whittle checkpoint (.h5)",
+           f"{cmd} of an empty .h5 file")
+expect(["eval", OUT], 2, "model file " + OUT + " is a directory, not a whittle checkpoint", "eval of a directory")
 
 # More bad input: each refused before anything is written.
 scalar = os.path.join(OUT, "scalar.yaml")
