@@ -370,6 +370,18 @@ TEST(ExtensionPoints, PrunePassThroughTheRegistry) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "pass 'prune', key 'criterion': 'taylor' needs gradients from training; use the recipe modifier 'prune'");
   }
+  // A prune that would remove nothing is refused with each group's reason (issue 47, item 6).
+  Settings nothing;
+  nothing["round_to"] = int64_t{1000};
+  try {
+    run_pass("prune", g, nothing);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_STREQ(e.what(), "pass 'prune': nothing would be removed: group 0: fixed: graph input 'input'; group 5 (fc3): fixed: "
+                           "graph output 'fc3'; 4 group(s) keep every channel with these amounts (key 'round_to' 1000, "
+                           "key 'min_channels' 1)");
+  }
 }
 
 }  // namespace

@@ -398,6 +398,9 @@ expect(["prune", model, "--targets", "re:zzz", "--out", pruned], 2,
        "prune: --targets pattern 're:zzz' matches no node of the model", "prune --targets matching nothing", pruned)
 expect(["prune", model, "--target-macs", "0", "--out", pruned], 2,
        "prune: --target-macs: 0 is outside (0, 1]", "prune --target-macs 0", pruned)
+expect(["prune", model, "--round-to", "1000", "--out", pruned], 2,
+       ["prune: nothing would be removed: ", "keep every channel with these amounts (--round-to 1000"],
+       "prune that removes nothing", pruned)
 expect(["fuse", model, "--targets", "nosuch", "--out", pruned], 2,
        "fuse: --targets pattern 'nosuch' matches no node of the model", "fuse --targets of no node", pruned)
 expect(["prune", model, "--criterion", "taylor", "--out", pruned], 2,
