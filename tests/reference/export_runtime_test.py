@@ -6,10 +6,12 @@ Bounds (issue 15, docs/export.md): ONNX max |difference| ≤ 1e-5 of the largest
 worst: 1.6e-6 with 2 threads on AVX2, 1.9e-6 with OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default, so
 a margin of 5× for other thread counts and instruction sets); TorchScript bitwise equal (the same
 ATen calls in the same process configuration, whatever it is). TorchScript gives whittle's top-1
-exactly. ONNX Runtime gives it within ONNX_TOP1 (0.1 points): its logits differ from whittle's by
-~1e-6, which moves no argmax of a float model, but a quantized activation that lies that close to a
-rounding boundary of its grid rounds one level apart (measured: 5 of 10,000 digits of a W4A4 model
-trained with OMP_NUM_THREADS=1; none with two threads). The LeNet-5 checkpoints (each recipe trained for 1 epoch here: the export, not the
+exactly. ONNX Runtime gives it within ONNX_TOP1 (0.25 points, 5 of the 2,000 test digits): its
+logits differ from whittle's by ~1e-6, which moves no argmax of a float model, but a quantized
+activation that lies that close to a rounding boundary of its grid rounds one level apart
+(measured: 1 digit of 2,000, 0.05 points, for a W4A4 model trained with OMP_NUM_THREADS=1; none
+with two threads; the margin of 5× is for other thread counts and instruction sets, whose
+trainings put other activations near a boundary). The LeNet-5 checkpoints (each recipe trained for 1 epoch here: the export, not the
 accuracy, is under test; also W4A4 fine-tuning of a traced PyTorch LeNet-5) must also give `whittle eval`'s top-1 on the 2,000 test digits in both
 runtimes, and their ONNX files must carry the quantized forms: QuantizeLinear/DequantizeLinear on
 the DoReFa W4A4 weights (int8, zero point int8, axis 0) and activations (uint8), on the W8A8
@@ -31,7 +33,7 @@ from export_check import check as run_check  # noqa: E402
 from export_check import run_onnx, run_torchscript  # noqa: E402
 from mnist_idx import load_split  # noqa: E402
 
-ONNX_TOP1 = 0.001  # ONNX Runtime's top-1 against whittle's: quantized activations on a rounding boundary (above)
+ONNX_TOP1 = 0.0025  # ONNX Runtime's top-1 against whittle's: 5 digits of 2,000 (measured worst 1; see above)
 
 PARTS = ("zoo", "imported", "recipes")
 if len(sys.argv) != 2 or sys.argv[1] not in PARTS:
@@ -100,7 +102,7 @@ def check_recipe_checkpoint(name, ckpt, images, labels):
     if os.path.exists(onnx_path):
         got = top1(lambda x: run_onnx(onnx_path, [x])[0], images, labels)
         h.check(abs(got - expected) <= ONNX_TOP1,
-                f"{name}: onnxruntime top-1 {100 * got:.2f}% = whittle eval's {100 * expected:.2f}% (± {100 * ONNX_TOP1:.1f})")
+                f"{name}: onnxruntime top-1 {100 * got:.2f}% = whittle eval's {100 * expected:.2f}% (± {100 * ONNX_TOP1:.2f})")
     if os.path.exists(ts_path):
         got = top1(lambda x: run_torchscript(ts_path, [x])[0], images, labels)
         h.check(got == expected, f"{name}: torch.jit.load top-1 {100 * got:.2f}% = whittle eval's {100 * expected:.2f}%")
@@ -153,7 +155,7 @@ def check_recipes():
             if all(os.path.exists(p) for p in paths):
                 got = top1(lambda x: run_onnx(paths[0], [x])[0], images, labels)
                 h.check(abs(got - report["test_top1"]) <= ONNX_TOP1,
-                        f"{recipe}: the run's model.onnx gives the run's top-1 {100 * got:.2f}% (± {100 * ONNX_TOP1:.1f})")
+                        f"{recipe}: the run's model.onnx gives the run's top-1 {100 * got:.2f}% (± {100 * ONNX_TOP1:.2f})")
     # A model imported from TorchScript (PyTorch's twin of the zoo LeNet-5, traced here), fine-tuned
     # with the W4A4 recipe, exports the same way.
     import torch
