@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,6 +141,77 @@ void sync_path(const std::string& path) noexcept {
   ::close(fd);
 }
 
+
+class FileSink::Buf : public std::streambuf {
+ public:
+  explicit Buf(FileSink& sink) : sink_(sink) {}
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    return static_cast<std::streamsize>(sink_.write(s, static_cast<size_t>(n)));
+  }
+  int_type overflow(int_type c) override {
+    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+    const char ch = traits_type::to_char_type(c);
+    sink_.write(&ch, 1);
+    return c;
+  }
+
+ private:
+  FileSink& sink_;
+};
+
+FileSink::FileSink(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot create: " + errno_text());
+}
+
+FileSink::~FileSink() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+size_t FileSink::write(const void* data, size_t n) noexcept {
+  const char* p = static_cast<const char*>(data);
+  size_t left = n;
+  while (error_ == 0 && left > 0 && fd_ >= 0) {
+    const ssize_t w = ::write(fd_, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      error_ = errno;
+    } else if (w == 0) {
+      error_ = ENOSPC;
+    } else {
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+  }
+  return n;
+}
+
+std::ostream& FileSink::stream() {
+  if (!stream_) {
+    buf_ = std::make_unique<Buf>(*this);
+    stream_ = std::make_unique<std::ostream>(buf_.get());
+  }
+  return *stream_;
+}
+
+void FileSink::close() {
+  if (stream_) stream_->flush();
+  if (fd_ >= 0) {
+    if (error_ == 0 && ::fsync(fd_) != 0 && errno != EINVAL && errno != EROFS) error_ = errno;
+    if (::close(fd_) != 0 && error_ == 0) error_ = errno;
+    fd_ = -1;
+  }
+  if (error_ != 0) throw Error(path_ + ": " + std::strerror(error_));
+}
+
+bool nearly_full(const std::string& path, uint64_t bytes) {
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) != 0) return false;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < bytes;
+}
+
 namespace {
 // "dir/name" → "dir/.name.tmp-<pid>-<n>": hidden, and recognisable by remove_stale_temporaries.
 std::string temporary_path(const std::string& path, uint64_t n) {
@@ -194,25 +266,29 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
     if (!is_regular_file(tmp)) throw Error("cannot write " + path + ": nothing was written");
     sync_path(tmp);
     rename_path(tmp, path);
-  } catch (const Error& e) {
-    remove_file(tmp);
-    const std::string msg = e.what();
-    if (msg.find(path) != std::string::npos) throw;
-    throw Error("cannot write " + path + ": " + msg, e.kind());
   } catch (const std::exception& e) {
+    // Told before the temporary goes: with it removed the file system has room again.
+    std::string msg = e.what();
+    if (msg.rfind(tmp + ": ", 0) == 0) msg = msg.substr(tmp.size() + 2);  // the temporary's name says nothing
+    const bool full = msg.find(std::strerror(ENOSPC)) == std::string::npos && nearly_full(parent.empty() ? "." : parent);
     remove_file(tmp);
-    throw Error("cannot write " + path + ": " + e.what());
+    if (full) msg += " (no space left on device: the file system holding " + (parent.empty() ? std::string(".") : parent) + " is full)";
+    const auto* error = dynamic_cast<const Error*>(&e);
+    const ErrorKind kind = error ? error->kind() : ErrorKind::kRuntime;
+    if (msg.find(path) != std::string::npos) {
+      if (error && !full) throw;  // already names the file; keeps its type
+      throw Error(msg, kind);
+    }
+    throw Error("cannot write " + path + ": " + msg, kind);
   }
   sync_path(parent_directory(path));
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
   write_atomic(path, [&](const std::string& tmp) {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error("cannot write " + path + ": " + errno_text());
-    f.write(content.data(), static_cast<std::streamsize>(content.size()));
-    f.flush();
-    if (!f) throw Error("cannot write " + path + ": write failed (disk full?)");
+    FileSink f(tmp);
+    f.write(content.data(), content.size());
+    f.close();
   });
 }
 

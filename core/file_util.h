@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,37 @@ std::string read_file(const std::string& path);
 /// file (or a symlink to one) — a directory, a device node such as /dev/null, a FIFO, a socket —
 /// is refused before anything is written.
 void write_atomic(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
+/// A file written through a sink that never fails mid-stream: `write` records the first error of
+/// write(2) (ENOSPC, EDQUOT, EIO, ...), stops writing and still reports the whole length as written,
+/// so that a serializer that cannot handle a short write (LibTorch's zip writer throws from its
+/// destructor, which terminates the process) finishes normally; `close` then throws whittle::Error
+/// naming the path and the error ("No space left on device"). Creates or truncates `path` (mode 0644).
+/// Use it inside write_atomic's callback, with the temporary's path.
+class FileSink {
+ public:
+  /// Throws whittle::Error naming `path` when it cannot be created.
+  explicit FileSink(const std::string& path);
+  ~FileSink();
+  FileSink(const FileSink&) = delete;
+  FileSink& operator=(const FileSink&) = delete;
+  /// Appends `n` bytes; returns `n` even after an error (see the class comment). Never throws.
+  size_t write(const void* data, size_t n) noexcept;
+  /// A std::ostream over `write`, for serializers that take a stream.
+  std::ostream& stream();
+  /// Closes the file; throws whittle::Error "PATH: <strerror>" when any write or the close failed.
+  void close();
+
+ private:
+  class Buf;
+  std::string path_;
+  int fd_ = -1;
+  int error_ = 0;
+  std::unique_ptr<Buf> buf_;
+  std::unique_ptr<std::ostream> stream_;
+};
+/// True when the file system holding `path` has less than `bytes` free for unprivileged writers
+/// (statvfs(3)); false when that cannot be told.
+bool nearly_full(const std::string& path, uint64_t bytes = 64 * 1024);
 /// Removes the temporaries that write_atomic left in `dir` when its process was killed before the
 /// rename (`.<name>.tmp-<pid>-<n>` whose process no longer runs); the files they would have
 /// replaced are whole. Returns how many were removed; never throws.

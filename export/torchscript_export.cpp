@@ -225,9 +225,14 @@ void export_torchscript(const Graph& graph, const std::string& path, const Torch
   torch::jit::Module m = to_torchscript_module(graph, options);
   write_atomic(path, [&](const std::string& tmp) {
     try {
-      m.save(tmp);
+      // Through a FileSink: LibTorch's own file writer aborts the process on a full disk.
+      FileSink sink(tmp);
+      m.save(sink.stream());
+      sink.close();
     } catch (const std::exception& ex) {
-      throw Error(path + ": cannot write the TorchScript file (" + message_of(ex) + ")");
+      std::string msg = message_of(ex);
+      if (msg.rfind(tmp + ": ", 0) == 0) msg = msg.substr(tmp.size() + 2);
+      throw Error(path + ": cannot write the TorchScript file (" + msg + ")");
     }
     // What was written must load back (torch.jit.load reads the same archive) before it replaces `path`.
     try {

@@ -118,16 +118,31 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
     a.write("cpu_rng", gen.get_state());
   }
   try {
-    write_atomic(path, [&](const std::string& tmp) { a.save_to(tmp); });
+    write_atomic(path, [&](const std::string& tmp) {
+      // Through a FileSink: LibTorch's own file writer aborts the process on a full disk.
+      FileSink sink(tmp);
+      a.save_to([&](const void* data, size_t n) { return sink.write(data, n); });
+      sink.close();
+    });
   } catch (const std::exception& e) {
-    throw Error("cannot write training state " + path + ": " + message_of(e));
+    std::string msg = message_of(e);
+    const std::string prefix = "cannot write " + path + ": ";
+    if (msg.rfind(prefix, 0) == 0) msg = msg.substr(prefix.size());
+    throw Error("cannot write training state " + path + ": " + msg);
   }
 }
 
 SavedTrainState SavedTrainState::read(const std::string& path, const std::string& recipe_text) {
   SavedTrainState s;
   s.path_ = path;
-  if (!path_exists(path)) throw Error("--resume: no training state at " + path + " (nothing to resume)");
+  if (!path_exists(path)) {
+    const std::string dir = parent_directory(path);
+    if (path_exists(join_path(dir, "metrics.jsonl")))
+      throw Error("--resume: no training state at " + path + ": the run in " + dir +
+                  " stopped before it saved one (its first epoch's files are there, but a run resumes from a "
+                  "training state only); start it again with --overwrite, or always pass --resume auto");
+    throw Error("--resume: no training state at " + path + " (nothing to resume)");
+  }
   if (!is_regular_file(path))
     throw Error("--resume: the training state " + path + " is " + describe_path(path) + ", not a file");
   check_zip_records(path);

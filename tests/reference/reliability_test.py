@@ -266,6 +266,51 @@ for klass, what, args, code in CASES:
     rows.append(f"| {klass} | {what} | `whittle {' '.join(args)}` | {r.returncode} | {message} |")
 check(open(os.path.join(W, "good", "model.h5"), "rb").read() == GOOD, "the good checkpoint is untouched")
 
+
+
+def real_full_disk():
+    """A real full file system (a small tmpfs, mounted when this runs as root, as CI does): the
+    second epoch's checkpoint cannot be written. Exit 1 naming the lack of space, no backtrace, no
+    temporary left, and the first epoch's training state kept and resumable; exports to the full
+    file system likewise."""
+    if os.geteuid() != 0:
+        print("skip the real full disk: mounting a tmpfs needs root")
+        return
+    mnt = os.path.join(W, "tmpfs")
+    os.makedirs(mnt)
+    model = len(GOOD)
+    state = os.path.getsize(os.path.join(W, "good", "train_state.pt"))
+    # Room for the first epoch's files and half a checkpoint more: the second epoch's checkpoint
+    # fills it.
+    size_kb = (model + state + model // 2) // 1024
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", mnt], capture_output=True, text=True)
+    if not check(m.returncode == 0, f"a {size_kb} kB tmpfs is mounted at {mnt} ({m.stderr.strip()})"):
+        return
+    try:
+        run = os.path.join(mnt, "run")
+
+        def refused(r, what):
+            err = r.stderr.strip()
+            clean = r.returncode == 1 and re.search("no space left", err, re.I) is not None and \
+                "frame #" not in err and "terminate called" not in err and "Exception raised" not in err
+            check(clean, f"real full disk: {what}: exit {r.returncode} (want 1), says no space left: {err[-300:]}")
+            stray = [n for d, _, names in os.walk(mnt) for n in names if ".tmp-" in n]
+            check(not stray, f"real full disk: {what}: no temporary file left ({stray})")
+
+        refused(whittle("run", "good.yaml", "--set", "training.epochs=3", "--out", run), "whittle run, epoch 2's checkpoint")
+        check(os.path.exists(os.path.join(run, "train_state.pt")), "real full disk: epoch 1's training state is kept")
+        r = whittle("run", "good.yaml", "--set", "training.epochs=3", "--out", run, "--resume")
+        check("resuming" in r.stdout and "epoch 2" in r.stdout, f"real full disk: --resume goes on from epoch 1's state ({r.stdout[-200:]})")
+        refused(r, "whittle run --resume, again at epoch 2's checkpoint")
+        for ext in ("pt", "onnx"):
+            refused(whittle("export", "good/model.h5", "--out", os.path.join(mnt, "m." + ext)), f"whittle export to .{ext}")
+        refused(whittle("fuse", "good/model.h5", "--out", os.path.join(mnt, "f.h5")), "whittle fuse")
+    finally:
+        subprocess.run(["umount", mnt], check=False)
+
+
+real_full_disk()
+
 table = "\n".join(["| class | input | command | exit | message |", "|---|---|---|---:|---|"] + rows)
 if PRINT:
     print(table)
