@@ -394,6 +394,42 @@ void get(const YAML::Node& parent, const char* name, T& out) {
   }
 }
 
+// How many places of the tree under `root` hold `target`: a YAML alias (`std: *m`) holds its
+// anchor's node (`mean: &m [0.5]`) once more. Each node's children are visited once.
+int holders(const YAML::Node& root, const YAML::Node& target) {
+  int count = 0;
+  std::vector<YAML::Node> seen;
+  std::function<void(const YAML::Node&)> visit = [&](const YAML::Node& n) {
+    if (n.is(target)) ++count;
+    for (const auto& s : seen)
+      if (s.is(n)) return;
+    seen.push_back(n);
+    if (n.IsMap())
+      for (auto it = n.begin(); it != n.end(); ++it) visit(it->second);
+    else if (n.IsSequence())
+      for (auto it = n.begin(); it != n.end(); ++it) visit(*it);
+  };
+  visit(root);
+  return count;
+}
+
+// Makes entry `key` of map `parent` (or entry `index` of a sequence) hold `fresh` instead of the
+// node it shares with an alias. Assigning to that node (`parent[key] = v`) would change every alias
+// of it; the container is rebuilt instead, in its order, its other aliased entries copied (a
+// rebuilt container's entries share their data with the nodes they were built from).
+void rebind(const YAML::Node& root, YAML::Node parent, const std::string& key, size_t index, const YAML::Node& fresh) {
+  YAML::Node rebuilt(parent.IsMap() ? YAML::NodeType::Map : YAML::NodeType::Sequence);
+  auto own = [&](const YAML::Node& n) { return holders(root, n) > 1 ? YAML::Clone(n) : n; };
+  size_t i = 0;
+  for (auto it = parent.begin(); it != parent.end(); ++it, ++i) {
+    if (parent.IsMap())
+      rebuilt[it->first] = it->first.IsScalar() && it->first.Scalar() == key ? fresh : own(it->second);
+    else
+      rebuilt.push_back(i == index ? fresh : own(*it));
+  }
+  parent = rebuilt;
+}
+
 void set_override(YAML::Node root, const std::string& assignment, const std::string& origin,
                   std::vector<YAML::Node>& created) {
   const size_t eq = assignment.find('=');
@@ -442,13 +478,25 @@ void set_override(YAML::Node root, const std::string& assignment, const std::str
                     (idx == node.size() ? " (a whole new entry can be appended: --set " + entry + "={name: ...})"
                                         : " (the next entry to append is " + std::to_string(node.size()) + ")"));
       }
-      if (idx == node.size()) node.push_back(value);
-      else if (last) node[idx] = value;
-      else walk(node[idx], i + 1);
+      if (idx == node.size()) {
+        node.push_back(value);
+      } else if (holders(root, node[idx]) > 1) {  // an alias's node: this path gets its own
+        rebind(root, node, "", idx, last ? value : YAML::Clone(node[idx]));
+        if (!last) walk(node[idx], i + 1);
+      } else if (last) {
+        node[idx] = value;
+      } else {
+        walk(node[idx], i + 1);
+      }
       return;
     }
     if (!node.IsMap() && !node.IsNull())
       usage_error("--set '" + assignment + "': '" + parts[i - 1] + "' in " + origin + " is a value, not a section");
+    if (node.IsMap() && node[k] && holders(root, node[k]) > 1) {  // an alias's node: this path gets its own
+      rebind(root, node, k, 0, last ? value : YAML::Clone(node[k]));
+      if (!last) walk(node[k], i + 1);
+      return;
+    }
     if (last) {
       node[k] = value;
       return;

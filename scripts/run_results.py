@@ -191,7 +191,7 @@ def write_html(build, path):
     dirs = summary_dirs()
     if not dirs:
         sys.exit(f"run_results.py: no finished run summaries in {SUMMARIES}")
-    whittle(build, "report", *dirs, "--html", path, "--title",
+    whittle(build, "report", *dirs, "--html", path, "--overwrite", "--title",
             "whittle: ResNet-20 on CIFAR-10 in a CPU budget (whittle and micronet 1.12.0)")
     print(f"wrote {path}")
 

@@ -121,6 +121,54 @@ TEST_F(RecipeTest, OverridesReachEveryLevel) {
   EXPECT_NE(error_of(base_recipe(), {"training"}).find("expected path.to.key=value"), std::string::npos);
 }
 
+// `--set` changes the path it names, not every YAML alias of that node: with `mean: &m [0.5]` and
+// `std: *m`, setting the mean left std at the new mean (and saved `mean: &1 [...] / std: *1`).
+TEST_F(RecipeTest, OverrideOfAnAliasedNodeChangesThatPathOnly) {
+  const std::string aliased = "model: {name: lenet5}\n"
+                              "data:\n"
+                              "  train: " + mnist() + "\n"
+                              "  test: " + mnist() + "\n"
+                              "  mean: &m [0.5]\n"
+                              "  std: *m\n"
+                              "training:\n"
+                              "  epochs: &e 3\n"
+                              "  optimizer: {name: sgd, lr: &lr 0.05, momentum: 0.9}\n"
+                              "  lr_schedule: {name: one_cycle, max_lr: *lr}\n"
+                              "modifiers:\n"
+                              "  - &q {name: test_noop, weight_bits: 4}\n"
+                              "  - *q\n";
+  Recipe plain = parse_recipe(aliased, "r.yaml", ".");
+  EXPECT_EQ(plain.data.std, std::vector<double>{0.5});
+  EXPECT_DOUBLE_EQ(plain.training.lr_schedule.max_lr, 0.05);
+  Recipe r = parse_recipe(aliased, "r.yaml", ".",
+                          {"data.mean=[0.1307]", "training.optimizer.lr=0.1", "modifiers.1.weight_bits=2"});
+  EXPECT_EQ(r.data.mean, std::vector<double>{0.1307});
+  EXPECT_EQ(r.data.std, std::vector<double>{0.5});
+  EXPECT_DOUBLE_EQ(r.training.optimizer.lr, 0.1);
+  EXPECT_DOUBLE_EQ(r.training.lr_schedule.max_lr, 0.05);
+  ASSERT_EQ(r.modifiers.size(), 2u);
+  EXPECT_EQ(r.modifiers[0].settings["weight_bits"].as<int>(), 4);
+  EXPECT_EQ(r.modifiers[1].settings["weight_bits"].as<int>(), 2);
+  // The saved text says the same: no alias ties the set path to the others.
+  Recipe again = parse_recipe(r.text, "again.yaml", ".");
+  EXPECT_EQ(again.data.mean, std::vector<double>{0.1307});
+  EXPECT_EQ(again.data.std, std::vector<double>{0.5});
+  EXPECT_DOUBLE_EQ(again.training.lr_schedule.max_lr, 0.05);
+  EXPECT_EQ(again.modifiers[0].settings["weight_bits"].as<int>(), 4);
+  // Setting the other alias, and a whole aliased entry, likewise.
+  Recipe s = parse_recipe(aliased, "r.yaml", ".", {"data.std=[0.3081]", "modifiers.0={name: test_noop, weight_bits: 8}"});
+  EXPECT_EQ(s.data.mean, std::vector<double>{0.5});
+  EXPECT_EQ(s.data.std, std::vector<double>{0.3081});
+  EXPECT_EQ(s.modifiers[0].settings["weight_bits"].as<int>(), 8);
+  EXPECT_EQ(s.modifiers[1].settings["weight_bits"].as<int>(), 4);
+  // An entry inside an aliased list.
+  Recipe t = parse_recipe(aliased, "r.yaml", ".", {"data.mean.0=0.25"});
+  EXPECT_EQ(t.data.mean, std::vector<double>{0.25});
+  EXPECT_EQ(t.data.std, std::vector<double>{0.5});
+  // Aliases no --set touches keep working.
+  EXPECT_EQ(t.training.epochs, 3);
+}
+
 // `--set model.file=...` replaces the recipe's zoo `model.name` (fine-tuning from a checkpoint)
 // and the reverse; setting both on the command line is an error.
 TEST_F(RecipeTest, ModelFileOverrideReplacesZooName) {

@@ -34,7 +34,7 @@ int run_export(const std::vector<std::string>& args) {
     extensions += (extensions.empty() ? "" : "; ") + name + ": " + exts;
   }
   po::options_description opts(
-      "usage: whittle export MODEL --out FILE [--format " + formats + "] [format options]\n"
+      "usage: whittle export MODEL --out FILE [--overwrite] [--format " + formats + "] [format options]\n"
       "                      [--verify] [--check-data FILE.h5] [--input-shape N,C,H,W]\n\n"
       "Writes MODEL (a whittle checkpoint, a TorchScript file or a zoo model name) in an export format\n"
       "(whittle inspect --exporters), in deploy form: eval mode, QAT batch norms folded, quantized weights\n"
@@ -48,6 +48,7 @@ int run_export(const std::vector<std::string>& args) {
       "  whittle export resnet20 --format torchscript --out resnet20.pt --verify\n\noptions");
   std::string model, out, format, shape_text, check_data;
   opts.add_options()("help,h", "this text")("out", po::value<std::string>(&out), "file to write")(
+      "overwrite", "replace an existing --out (and --check-data) file")(
       "format", po::value<std::string>(&format), (formats + " (default: from the --out extension)").c_str())(
       "verify", "check the written file (see above) and print what was found")(
       "check-data", po::value<std::string>(&check_data), "also write random inputs and whittle's outputs for them (HDF5)")(
@@ -86,8 +87,8 @@ int run_export(const std::vector<std::string>& args) {
   if (!check_data.empty() && (is_same_or_inside(check_data, out) || (path_exists(model) && is_same_or_inside(check_data, model))))
     throw Error("export: --check-data " + check_data + " must be another file than MODEL and --out", ErrorKind::kUsage);
 
-  check_writable_file("export", out, "--out");
-  if (!check_data.empty()) check_writable_file("export", check_data, "--check-data");
+  check_writable_file("export", out, "--out", vm.count("overwrite") > 0);
+  if (!check_data.empty()) check_writable_file("export", check_data, "--check-data", vm.count("overwrite") > 0);
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");

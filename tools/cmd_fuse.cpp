@@ -23,7 +23,7 @@ namespace whittle::cli {
 
 int run_fuse(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle fuse MODEL --out FILE [--no-repvgg] [--no-fold] [--no-threshold] [--targets A,B] [--verify]\n\n"
+      "usage: whittle fuse MODEL --out FILE [--overwrite] [--no-repvgg] [--no-fold] [--no-threshold] [--targets A,B] [--verify]\n\n"
       "Folds batch norms into the layers before them, merges RepVGG blocks into single 3x3 convs,\n"
       "turns BN + sign binarizer pairs into per-channel thresholds and folds QAT-trained layers, using\n"
       "running statistics only, then writes a checkpoint that computes the same outputs (docs/fusion.md).\n"
@@ -33,6 +33,7 @@ int run_fuse(const std::vector<std::string>& args) {
       "example:\n  whittle fuse runs/mnist/lenet5_bnn/model.h5 --out runs/mnist/lenet5_bnn/deploy.h5 --verify\n\noptions");
   std::string model, out, shape_text;
   opts.add_options()("help,h", "this text")("out", po::value<std::string>(&out), "checkpoint to write (required)")(
+      "overwrite", "replace an existing --out file")(
       "verify", "run the model before and after on a random batch of 4 and print the largest difference")(
       "input-shape", po::value<std::string>(&shape_text), "example input shape of a TorchScript model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
@@ -48,7 +49,7 @@ int run_fuse(const std::vector<std::string>& args) {
   if (out.empty()) throw Error("fuse: missing --out FILE (see whittle fuse --help)", ErrorKind::kUsage);
   if (path_exists(model) && is_same_or_inside(out, model))
     throw Error("fuse: --out " + out + " is the input model " + model + "; write the fused model elsewhere", ErrorKind::kUsage);
-  check_writable_file("fuse", out, "--out");
+  check_writable_file("fuse", out, "--out", vm.count("overwrite") > 0);
   const PassCall call{flags.settings(vm, "fuse"), OptionSource{"fuse", KeyStyle::kFlag}};
 
   std::optional<Shape> shape;

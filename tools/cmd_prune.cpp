@@ -25,7 +25,7 @@ namespace whittle::cli {
 
 int run_prune(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle prune MODEL --out FILE [--criterion l1] [--sparsity S | --target-macs F | --target-params F]\n"
+      "usage: whittle prune MODEL --out FILE [--overwrite] [--criterion l1] [--sparsity S | --target-macs F | --target-params F]\n"
       "                     [--group-reduction mean] [--global] [--round-to N] [--min-channels N]\n"
       "                     [--targets A,B] [--ignore A,B] [--no-fold-constant-outputs] [--groups]\n\n"
       "Removes the least important output channels of the model's layers, with every tensor coupled to\n"
@@ -37,6 +37,7 @@ int run_prune(const std::vector<std::string>& args) {
       "example:\n  whittle prune runs/mnist/lenet5/model.h5 --criterion l1 --target-macs 0.5 --out pruned.h5\n\noptions");
   std::string model, out, shape_text;
   opts.add_options()("help,h", "this text")("out", po::value<std::string>(&out), "checkpoint to write")(
+      "overwrite", "replace an existing --out file")(
       "groups", "print the dependency groups and stop")(
       "input-shape", po::value<std::string>(&shape_text), "example input shape of a TorchScript model (N,C,H,W)")(
       "num-classes", po::value<int64_t>()->default_value(10), "classes of a zoo model");
@@ -53,7 +54,7 @@ int run_prune(const std::vector<std::string>& args) {
   if (!out.empty() && path_exists(model) && is_same_or_inside(out, model))
     throw Error("prune: --out " + out + " is the input model " + model + "; write the pruned model elsewhere",
                 ErrorKind::kUsage);
-  if (!out.empty()) check_writable_file("prune", out, "--out");
+  if (!out.empty()) check_writable_file("prune", out, "--out", vm.count("overwrite") > 0);
   const PassCall call{flags.settings(vm, "prune"), OptionSource{"prune", KeyStyle::kFlag}};
   // The options checked before the model is read (the pass checks them again, with the model).
   prune::pass_options(call.settings, call.source);

@@ -24,29 +24,30 @@ namespace {
 
 /// Refuses an --html target before any work: it must be writable (check_writable_file), and not an
 /// existing file of a given run directory (report.json, the checkpoint, metrics.jsonl, or any
-/// other), which the page would replace; only an earlier page there (.html, .htm) may be replaced.
-void check_html_target(const std::string& html, const std::vector<std::string>& dirs) {
+/// other), which the page would replace, even with --overwrite; only an earlier page there (.html,
+/// .htm) may be replaced, and any existing file only with --overwrite.
+void check_html_target(const std::string& html, const std::vector<std::string>& dirs, bool overwrite) {
   namespace fs = std::filesystem;
-  check_writable_file("report", html, "--html");
   std::error_code ec;
   const fs::path target(html);
-  if (!fs::exists(target, ec)) return;
   std::string ext = target.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (ext == ".html" || ext == ".htm") return;
-  const fs::path where = fs::absolute(target, ec).parent_path();
-  for (const auto& dir : dirs)
-    if (fs::equivalent(where, fs::path(dir), ec))
-      throw Error("report: --html " + html + " would replace a file of the run in " + dir +
-                      " (give a .html name, or a file outside the run directory)",
-                  ErrorKind::kUsage);
+  if (fs::exists(target, ec) && ext != ".html" && ext != ".htm") {
+    const fs::path where = fs::absolute(target, ec).parent_path();
+    for (const auto& dir : dirs)
+      if (fs::equivalent(where, fs::path(dir), ec))
+        throw Error("report: --html " + html + " would replace a file of the run in " + dir +
+                        " (give a .html name, or a file outside the run directory)",
+                    ErrorKind::kUsage);
+  }
+  check_writable_file("report", html, "--html", overwrite);
 }
 
 }  // namespace
 
 int run_report(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle report RUN_DIR... [--html FILE] [--title TEXT] [--json]\n\n"
+      "usage: whittle report RUN_DIR... [--html FILE [--overwrite]] [--title TEXT] [--json]\n\n"
       "Compares finished runs (directories `whittle run` wrote: report.json, metrics.jsonl, recipe.yaml):\n"
       "a table of method, epochs, test top-1/top-5, checkpoint bytes, parameters, MACs and training time.\n"
       "--html writes one self-contained page (inline SVG, no script, no network): test top-1 per epoch of\n"
@@ -55,6 +56,7 @@ int run_report(const std::vector<std::string>& args) {
       "example:\n  whittle report runs/cifar10/resnet20_budget runs/cifar10/resnet20_budget_* --html report.html\n\noptions");
   std::string html, title = "whittle runs";
   opts.add_options()("help,h", "this text")("html", po::value<std::string>(&html), "write the HTML page to FILE")(
+      "overwrite", "replace an existing --html file")(
       "title", po::value<std::string>(&title), "the page's title")("json", "print the runs as JSON instead of the table")(
       "dirs", po::value<std::vector<std::string>>(), "run directories");
   po::positional_options_description pos;
@@ -70,7 +72,7 @@ int run_report(const std::vector<std::string>& args) {
   if (vm.count("html") && html.empty()) throw Error("report: --html is empty (give a file name)", ErrorKind::kUsage);
   if (!html.empty() && is_directory(html)) throw Error("report: --html " + html + " is a directory", ErrorKind::kUsage);
   const auto& dirs = vm["dirs"].as<std::vector<std::string>>();
-  if (!html.empty()) check_html_target(html, dirs);
+  if (!html.empty()) check_html_target(html, dirs, vm.count("overwrite") > 0);
   std::vector<RunSummary> runs;
   for (size_t i = 0; i < dirs.size(); ++i)
     for (size_t j = 0; j < i; ++j)

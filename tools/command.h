@@ -33,8 +33,9 @@ boost::program_options::variables_map parse_command_line(
 /// or socket, in an existing folder it may write into. Called before
 /// any work, so that a long computation does not end on an output it cannot write. Throws
 /// whittle::Error: a usage error (exit 2) for a directory or a missing folder, a runtime error for
-/// a folder without write permission.
-void check_writable_file(const std::string& command, const std::string& path, const std::string& what);
+/// a folder without write permission. An existing regular file is refused (a usage error naming it)
+/// unless `overwrite` (the command's --overwrite) is set.
+void check_writable_file(const std::string& command, const std::string& path, const std::string& what, bool overwrite);
 
 /// All subcommands, in the order `whittle --help` lists them.
 const std::vector<Command>& commands();

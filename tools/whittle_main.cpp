@@ -37,11 +37,15 @@ boost::program_options::variables_map parse_command_line(
   return vm;
 }
 
-void check_writable_file(const std::string& command, const std::string& path, const std::string& what) {
+void check_writable_file(const std::string& command, const std::string& path, const std::string& what, bool overwrite) {
   if (is_directory(path) || (!path.empty() && path.back() == '/'))
     throw Error(command + ": " + what + " " + path + " is a directory", ErrorKind::kUsage);
   if (path_exists(path) && !is_regular_file(path))
     throw Error(command + ": " + what + " " + path + " is " + describe_path(path) + ", not a file to replace",
+                ErrorKind::kUsage);
+  if (path_exists(path) && !overwrite)
+    throw Error(command + ": " + what + " " + path + " exists (" + describe_path(path) +
+                    "); give --overwrite to replace it",
                 ErrorKind::kUsage);
   const std::string dir = parent_directory(path);
   const std::string d = dir.empty() ? "." : dir;

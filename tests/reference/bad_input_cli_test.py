@@ -323,6 +323,25 @@ check(open(rep_json, "rb").read() == rep_before and r.stdout == "", "report --ht
 expect(["report", good, "--html", os.path.join(good, "model.h5")], 2, "would replace a file of the run",
        "report --html onto the checkpoint")
 check(open(os.path.join(good, "model.h5"), "rb").read() == ckpt, "report --html onto the checkpoint: untouched")
+
+# An existing destination is replaced only with --overwrite (issue: `data pack --to ckpt.h5` replaced
+# a trained checkpoint; export, fuse, prune and report --html replaced any file).
+keep = os.path.join(OUT, "keep")
+os.makedirs(keep, exist_ok=True)
+for cmd, dest in [(["data", "pack", "data/mnist10k", "--split", "t10k", "--to"], "ckpt.h5"),
+                  (["export", model, "--out"], "m.onnx"),
+                  (["export", model, "--out"], "m.pt"),
+                  (["fuse", model, "--out"], "fused.h5"),
+                  (["prune", model, "--sparsity", "0.25", "--out"], "pruned.h5"),
+                  (["report", good, "--html"], "page.html")]:
+    target = os.path.join(keep, dest)
+    open(target, "wb").write(ckpt)
+    what = f"{cmd[0]} {cmd[1] if cmd[0] == 'data' else ''} onto an existing {dest}".replace("  ", " ")
+    expect(cmd + [target], 2, [target + " exists (a file of " + str(len(ckpt)) + " bytes); give --overwrite to replace it"],
+           what)
+    check(open(target, "rb").read() == ckpt, what + ": untouched")
+    r = run(*cmd, target, "--overwrite")
+    check(r.returncode == 0 and open(target, "rb").read() != ckpt, what + " with --overwrite: replaced (exit %d %s)" % (r.returncode, r.stderr.strip()[-200:]))
 r = expect(["report", good, "--html", os.path.join(OUT, "no_dir", "r.html")], 2, os.path.join(OUT, "no_dir") + " is missing (not a folder to write into)",
            "report --html into a missing folder")
 check(r.stdout == "", "report --html into a missing folder: refused before the table is printed")

@@ -22,6 +22,7 @@ The three parts run as three CTest tests, in parallel: `export_runtime_test.py z
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -118,7 +119,8 @@ def quantized_activation(summary):
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
+    shutil.rmtree(OUT, ignore_errors=True)  # nothing of an earlier run may stand in for this one's files
+    os.makedirs(OUT)
     if PART == "zoo":
         for name in ZOO:
             export_and_check(name, name)

@@ -12,6 +12,7 @@ note) when torch_pruning is not installed.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +32,8 @@ except ImportError:
     sys.exit(0)
 
 OUT = out_dir("prune_torch_pruning")
-os.makedirs(OUT, exist_ok=True)
+shutil.rmtree(OUT, ignore_errors=True)  # nothing of an earlier run may stand in for this one's files
+os.makedirs(OUT)
 RATIO = 0.5
 
 
