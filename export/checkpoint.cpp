@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -263,6 +264,7 @@ struct Reader {
     uint32_t crc = 0;
   };
   std::map<std::pair<std::string, std::string>, Stored> index;
+  mutable std::set<std::pair<std::string, std::string>> used;  // the entries read_tensor returned
   std::string data;
 
   void read_tensors(hid_t file) {
@@ -300,7 +302,9 @@ struct Reader {
         st.crc = static_cast<uint32_t>(json_uint64(e.at("crc32"), where + ": crc32", std::numeric_limits<uint32_t>::max()));
         if (st.offset > data.size() || st.nbytes > data.size() - st.offset)
           fail("tensor '" + node + "." + name + "' lies outside the tensor data (file damaged)");
-        index[{node, name}] = std::move(st);
+        // One entry a tensor: with two, which one was meant cannot be told.
+        if (!index.emplace(std::make_pair(node, name), std::move(st)).second)
+          fail("the tensor index has two entries for tensor '" + node + "." + name + "' (file damaged)");
       }
     } catch (const nlohmann::json::exception& ex) {
       fail(std::string("malformed tensor index (") + ex.what() + ")");
@@ -315,6 +319,7 @@ struct Reader {
     const std::string where = "tensor '" + node + "." + name + "'";
     auto it = index.find({node, name});
     if (it == index.end()) fail("missing " + where);
+    used.insert(it->first);
     const Stored& st = it->second;
     const std::string want_role = role == TensorRole::kParam ? "param" : "buffer";
     if (st.role != want_role) fail(where + ": stored as the wrong role (expected " + want_role + ")");
@@ -454,6 +459,11 @@ Checkpoint load_checkpoint(const std::string& path) {
   TensorSource source = [&](const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
                             at::ScalarType dtype) { return r.read_tensor(node, role, name, shape, dtype); };
   ck.graph = graph_from_json(structure, source, path);
+  // Every stored tensor belongs to the graph: one it does not read was not written for it.
+  for (const auto& [key, st] : r.index)
+    if (!r.used.count(key))
+      r.fail("the tensor index has an entry for tensor '" + key.first + "." + key.second +
+             "', which the graph does not have (file damaged)");
   return ck;
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/options.h"
+#include "core/shape_limits.h"
 #include "graph/op_registry.h"
 
 namespace whittle {
@@ -313,6 +314,8 @@ void Graph::reindex() {
 
 const ValueInfo& Graph::add_input(const std::string& name, Shape shape) {
   if (values_.count(name) || index_.count(name)) throw Error("graph input '" + name + "': name already used");
+  if (!elements_within_limit(shape))
+    throw Error("graph input '" + name + "': shape " + shape_str(shape) + " has " + shape_limit_problem(shape));
   ValueInfo v;
   v.name = name;
   v.shape = std::move(shape);
@@ -348,13 +351,20 @@ std::vector<Shape> Graph::run_shape_inference(const Node& node_in) const {
       throw Error("node '" + node.name + "' (" + node.op + "): input value '" + v + "' is not defined before it");
     in.push_back(it->second.shape);
   }
+  std::vector<Shape> out;
   try {
-    return traits.infer_shapes(node, in);
+    out = traits.infer_shapes(node, in);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     throw Error("node '" + node.name + "' (" + node.op + "): shape inference failed: " + e.what());
   }
+  // Inputs within the limit can still give outputs beyond it (upsample, a huge transposed stride).
+  for (const Shape& s : out)
+    if (!elements_within_limit(s))
+      throw Error("node '" + node.name + "' (" + node.op + "): output shape " + shape_str(s) + " has " +
+                  shape_limit_problem(s));
+  return out;
 }
 
 std::vector<std::string> Graph::add_value_records(const Node& node, int num_outputs,

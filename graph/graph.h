@@ -177,7 +177,8 @@ class Graph {
 
   // ---- building ----
   /// Declares a graph input value with its example shape (batch dimension included).
-  /// Throws whittle::Error if the name is taken.
+  /// Throws whittle::Error if the name is taken, or the shape has a negative dimension or more than
+  /// kMaxShapeElements (2^40) elements.
   const ValueInfo& add_input(const std::string& name, Shape shape);
   /// Appends a node after all existing ones, infers its output shapes through the op registry, and
   /// returns the name of its first output. `num_outputs` > 1 names outputs "name:i".

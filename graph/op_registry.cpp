@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/shape_limits.h"
 
 namespace whittle {
 
@@ -509,8 +510,12 @@ void register_mask_transform() {
 std::optional<Node> with_placeholder_weight(const Node& node) {
   if (node.params.contains("weight") || node.weight_transforms.empty() || !node.has_attr("weight_shape"))
     return std::nullopt;
+  const std::vector<int64_t> shape = node.attr_ints("weight_shape");
+  if (!elements_within_limit(shape))
+    throw Error("node '" + node.name + "' (" + node.op + "): weight_shape " + shape_str(shape) + " has " +
+                shape_limit_problem(shape));
   Node copy = node;
-  copy.params.set("weight", at::empty(node.attr_ints("weight_shape"), at::TensorOptions().device(at::kMeta)));
+  copy.params.set("weight", at::empty(shape, at::TensorOptions().device(at::kMeta)));
   return copy;
 }
 
@@ -535,7 +540,8 @@ NodeCost graph_cost(const Graph& graph) {
   for (const auto& n : graph.nodes()) {
     NodeCost c = node_cost(graph, n);
     total.params += c.params;
-    total.macs += c.macs;
+    if (__builtin_add_overflow(total.macs, c.macs, &total.macs))
+      throw Error("the model's multiply-accumulate count does not fit 64 bits (shapes too large)");
   }
   return total;
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/shape_limits.h"
 #include "graph/functional.h"
 #include "graph/op_registry.h"
 
@@ -21,6 +22,12 @@ namespace {
 
 [[noreturn]] void fail(const Node& n, const std::string& msg) {
   throw Error("node '" + n.name + "' (" + n.op + "): " + msg);
+}
+
+// A MAC count that fits int64, or an error naming the node.
+int64_t macs_or_throw(const Node& n, std::optional<int64_t> macs) {
+  if (!macs) fail(n, "its multiply-accumulate count does not fit 64 bits (shapes too large)");
+  return *macs;
 }
 
 // Declarations shared by several ops.
@@ -190,7 +197,7 @@ void register_conv() {
   };
   t.macs = [](const Node& n, const std::vector<Shape>&, const std::vector<Shape>& out) {
     const auto w = n.params.at("weight").sizes();
-    return out[0][0] * out[0][1] * out[0][2] * out[0][3] * w[1] * w[2] * w[3];
+    return macs_or_throw(n, checked_product({out[0][0], out[0][1], out[0][2], out[0][3], w[1], w[2], w[3]}));
   };
   detail::register_builtin(std::move(t));
 
@@ -231,7 +238,7 @@ void register_conv() {
   };
   ct.macs = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>&) {
     const auto w = n.params.at("weight").sizes();
-    return in[0][0] * in[0][1] * in[0][2] * in[0][3] * w[1] * w[2] * w[3];
+    return macs_or_throw(n, checked_product({in[0][0], in[0][1], in[0][2], in[0][3], w[1], w[2], w[3]}));
   };
   detail::register_builtin(std::move(ct));
 
@@ -262,9 +269,9 @@ void register_conv() {
   };
   l.macs = [](const Node& n, const std::vector<Shape>& in, const std::vector<Shape>&) {
     const auto w = n.params.at("weight").sizes();
-    int64_t rows = 1;
-    for (size_t i = 0; i + 1 < in[0].size(); ++i) rows *= in[0][i];
-    return rows * w[0] * w[1];
+    std::optional<int64_t> rows = 1;
+    for (size_t i = 0; rows && i + 1 < in[0].size(); ++i) rows = checked_product({*rows, in[0][i]});
+    return macs_or_throw(n, rows ? checked_product({*rows, w[0], w[1]}) : std::nullopt);
   };
   detail::register_builtin(std::move(l));
 }

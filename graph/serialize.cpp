@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/json_number.h"
+#include "core/shape_limits.h"
 
 namespace whittle {
 
@@ -175,6 +176,8 @@ Graph graph_from_json(const std::string& json_text, const TensorSource& source, 
                                                where + " tensor '" + tname + "': shape");
           for (int64_t d : shape)
             if (d < 0) throw Error(where + " tensor '" + tname + "': negative dimension in " + shape_str(shape));
+          if (!elements_within_limit(shape))
+            throw Error(where + " tensor '" + tname + "': shape " + shape_str(shape) + " has more than 2^40 elements");
           const at::ScalarType dtype = dtype_from_name(need(jt, "dtype", where + " tensor '" + tname + "'").get<std::string>());
           at::Tensor t = source ? source(n.name, role, tname, shape, dtype) : at::zeros(shape, at::TensorOptions().dtype(dtype));
           if (!t.defined() || t.sizes().vec() != shape || t.scalar_type() != dtype)

@@ -33,24 +33,38 @@ struct Scored {
 Scored score_all(const Graph& graph, const Config& c) {
   Scored s;
   s.groups = dependency_groups(graph);
-  const std::vector<std::string> selected_list = select_nodes(graph, c.targets, c.ignore);
-  const std::set<std::string> selected(selected_list.begin(), selected_list.end());
+  // A group is pruned when one of its producers is a target (the others are coupled to it: their
+  // channels go together) and none is ignored.
+  const std::vector<std::string> target_list = select_nodes(graph, c.targets, {});
+  const std::set<std::string> targets(target_list.begin(), target_list.end());
+  std::set<std::string> ignored;
+  if (!c.ignore.empty())
+    for (const auto& name : select_nodes(graph, c.ignore, {})) ignored.insert(name);
   for (const auto& g : s.groups) {
     const std::vector<std::string> producers = g.producers();
     std::string why;
     if (g.prunable() == 0) why = "fixed: " + g.fixed_reason;
     else if (producers.empty()) why = "no layer produces these channels";
     else if (g.channels <= c.min_channels) why = "already at min_channels " + std::to_string(c.min_channels);
+    else if (std::none_of(producers.begin(), producers.end(), [&](const std::string& p) { return targets.count(p) > 0; }))
+      why = producers.size() == 1 ? "layer '" + producers[0] + "' is not among the targets"
+                                  : "none of its layers is among the targets";
     else
       for (const auto& p : producers)
-        if (!selected.count(p)) {
-          why = "layer '" + p + "' is not among the targets";
+        if (ignored.count(p)) {
+          why = "layer '" + p + "' is ignored";
           break;
         }
+    std::vector<double> scores = why.empty() ? score(graph, g, c.scoring) : std::vector<double>(static_cast<size_t>(g.channels), 0.0);
+    // Network slimming ranks by a normalization's γ: a group without one has no ranking (every score
+    // infinite), and removing its channels would pick them arbitrarily.
+    if (why.empty() && c.scoring.criterion == Criterion::kBnScale &&
+        std::all_of(scores.begin(), scores.end(), [](double v) { return std::isinf(v); }))
+      why = "no normalization (batch_norm γ) to rank its channels by (criterion bn_scale)";
     s.targeted.push_back(why.empty());
     if (!why.empty())
       s.skipped.push_back("group " + std::to_string(g.id) + (producers.empty() ? "" : " (" + join(producers) + ")") + ": " + why);
-    s.scores.push_back(why.empty() ? score(graph, g, c.scoring) : std::vector<double>(static_cast<size_t>(g.channels), 0.0));
+    s.scores.push_back(std::move(scores));
   }
   return s;
 }
@@ -178,6 +192,17 @@ int64_t Plan::removed() const {
   int64_t n = 0;
   for (const auto& r : remove) n += static_cast<int64_t>(r.size());
   return n;
+}
+
+std::string why_nothing_removed(const Plan& plan, const Config& c, const OptionSource& src) {
+  std::string why;
+  for (const auto& s : plan.skipped) why += (why.empty() ? "" : "; ") + s;
+  const size_t left = plan.groups.size() - plan.skipped.size();
+  if (left > 0)
+    why += (why.empty() ? "" : "; ") + std::to_string(left) + " group(s) keep every channel with these amounts (" +
+           src.key("round_to") + " " + std::to_string(c.round_to) + ", " + src.key("min_channels") + " " +
+           std::to_string(c.min_channels) + ")";
+  return why.empty() ? "the model has no prunable group" : why;
 }
 
 Plan make_plan(const Graph& graph, const Config& c) {

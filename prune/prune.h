@@ -132,6 +132,12 @@ struct Plan {
 /// or a target no plan reaches (naming the closest reached).
 Plan make_plan(const Graph& graph, const Config& config);
 
+/// Why `plan` (made with `config`) removes no channel, for the error that refuses it: each skipped
+/// group's reason, then how many groups keep every channel at these amounts (round_to and
+/// min_channels named as `source` spells them). "the model has no prunable group" when there is
+/// nothing else to say.
+std::string why_nothing_removed(const Plan& plan, const Config& config, const OptionSource& source);
+
 /// What a removal did.
 struct Report {
   std::vector<std::string> pruned;   ///< "group 2 (conv1): 8 → 6 channels"

@@ -281,17 +281,8 @@ void register_passes() {
         }
         const Plan plan = make_plan(g, c);
         // A prune that removes nothing is refused, as a quantize that quantizes nothing is.
-        if (plan.removed() == 0) {
-          std::string why;
-          for (const auto& s : plan.skipped) why += (why.empty() ? "" : "; ") + s;
-          const size_t left = plan.groups.size() - plan.skipped.size();
-          if (left > 0)
-            why += (why.empty() ? "" : "; ") + std::to_string(left) + " group(s) keep every channel with these amounts (" +
-                   src.key("round_to") + " " + std::to_string(c.round_to) + ", " + src.key("min_channels") + " " +
-                   std::to_string(c.min_channels) + ")";
-          throw Error(src.where + ": nothing would be removed: " + (why.empty() ? "the model has no prunable group" : why),
-                      ErrorKind::kUsage);
-        }
+        if (plan.removed() == 0)
+          throw Error(src.where + ": nothing would be removed: " + why_nothing_removed(plan, c, src), ErrorKind::kUsage);
         return remove_channels(g, plan, c.fold_constant_outputs).summary();
       }));
 }

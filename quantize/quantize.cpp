@@ -206,19 +206,16 @@ Config resolve(const Config& config) {
   return method.resolve(config);
 }
 
-Report apply(Graph& graph, const Config& config_in) {
+Report select_layers(const Graph& graph, const Config& config_in) {
   register_all();
   const Config c = resolve(config_in);
-  const QuantizerMethod& method = quantizer_method(c.method);
   Report report;
-
-  // 1. Collect the layers to quantize, in graph order.
   std::vector<std::string> layers;
   for (const auto& n : graph.nodes())
     if (is_weighted_layer(n)) layers.push_back(n.name);  // the registry says which ops are layers
   if (layers.empty()) return report;
   const std::set<std::string> named(c.targets.begin(), c.targets.end());
-  std::vector<std::string> chosen;
+  std::vector<std::string>& chosen = report.quantized;
   for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
     const Node& n = graph.node(name);
     if (!is_weighted_layer(n)) continue;
@@ -232,6 +229,17 @@ Report apply(Graph& graph, const Config& config_in) {
     }
     chosen.push_back(name);
   }
+  return report;
+}
+
+Report apply(Graph& graph, const Config& config_in) {
+  register_all();
+  const Config c = resolve(config_in);
+  const QuantizerMethod& method = quantizer_method(c.method);
+  // 1. The layers to quantize, in graph order.
+  Report report = select_layers(graph, c);
+  const std::vector<std::string> chosen = std::move(report.quantized);
+  report.quantized.clear();
   const std::string weight_quantizer = method.weight_quantizer(c);
   const std::optional<ActivationPlan> acts = method.activations(c);
   const bool quant_acts = acts.has_value();

@@ -84,6 +84,11 @@ struct Report {
 /// allowed values.
 Config resolve(const Config& config);
 
+/// The layers `config` would quantize in `graph` (`quantized`, in graph order) and those it selects
+/// but leaves alone with the reason (`skipped`), without changing the graph: what apply() does
+/// first. Throws like apply() for an invalid config.
+Report select_layers(const Graph& graph, const Config& config);
+
 /// Quantizes the layers of `graph` as described at the top of this file, then validates it.
 /// Throws whittle::Error for an invalid config (see resolve) or an unknown target name.
 Report apply(Graph& graph, const Config& config);

@@ -95,6 +95,13 @@ class Modifier {
   /// epoch's line of metrics.jsonl; then starts the next epoch's sums. None by default.
   virtual void epoch_metrics(std::map<std::string, double>& /*metrics*/) {}
 
+  /// The layers this entry rewrites in `graph` (the model as loaded, before any modifier ran), which
+  /// no other entry of the same modifier kind may also claim: checked before the first epoch, so
+  /// that two `quantize` entries on one layer are refused naming both, not at the second one's
+  /// epoch. Throws whittle::Error (usage) naming the entry when it would rewrite no layer. Default:
+  /// none (the modifier claims nothing).
+  virtual std::vector<std::string> claimed_layers(const Graph& /*graph*/) const { return {}; }
+
   /// The modifier's own state as JSON text (what it has done so far: applied, frozen, pruned
   /// fraction...), saved with the training state; "" (the default) when it has none.
   virtual std::string state() const { return ""; }

@@ -69,6 +69,25 @@ class PruneModifier : public Modifier {
     if (config_.scoring.criterion == prune::Criterion::kTaylor) taylor_.attach(tc.model);
   }
 
+  // Not a claim (a prune and a quantize entry may share layers): the check, before training, that the
+  // entry's last step would remove something from the model as loaded, with each group's reason
+  // when not (a run whose prune removed nothing was labelled "pruned L1 (sparsity 0.5)").
+  std::vector<std::string> claimed_layers(const Graph& graph) const override {
+    prune::Config c = config_;
+    // Which groups can shrink does not depend on the scores; taylor's need training.
+    if (c.scoring.criterion == prune::Criterion::kTaylor) c.scoring.criterion = prune::Criterion::kL1;
+    if (!o_.target_macs && !o_.target_params) c.sparsity = o_.sparsity;
+    prune::Plan plan;
+    try {
+      plan = prune::make_plan(graph, c);
+    } catch (const Error& e) {
+      fail(e.what());
+    }
+    if (plan.removed() == 0)
+      fail("would remove nothing: " + prune::why_nothing_removed(plan, c, OptionSource{spec().location, KeyStyle::kRecipe}));
+    return {};
+  }
+
   void on_step_begin(TrainContext& tc) override {
     if (done_ >= steps_) return;
     const double due = spec().start_epoch + static_cast<double>(done_) * o_.update_frequency;

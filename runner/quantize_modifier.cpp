@@ -68,6 +68,11 @@ class QuantizeModifier : public Modifier {
   void on_step_end(TrainContext& tc) override {
     if (applied_) quantize::after_step(tc.model->graph(), config_);
   }
+  std::vector<std::string> claimed_layers(const Graph& graph) const override {
+    const quantize::Report r = quantize::select_layers(graph, config_);
+    if (r.quantized.empty()) refuse_nothing_quantized(r);
+    return r.quantized;
+  }
 
   std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
   void load_state(const std::string& text) override {
@@ -81,17 +86,20 @@ class QuantizeModifier : public Modifier {
  private:
   void attach(TrainContext& tc) {
     quantize::Report r = quantize::apply(tc.model, config_);
-    if (r.quantized.empty())
-      throw Error(spec().location + ": modifier 'quantize' quantized no layer: " +
-                      (r.skipped.empty() ? std::string("its targets select no conv or linear layer")
-                                         : "every selected layer was skipped (" + r.skipped.front() +
-                                               (r.skipped.size() > 1 ? ", ..." : "") + ")"),
-                  ErrorKind::kUsage);
+    if (r.quantized.empty()) refuse_nothing_quantized(r);
     applied_ = true;
     tc.parameters_changed = true;
     *tc.log << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
     for (const auto& [key, value] : config_.options.values()) *tc.log << ", " << key << " " << value.text();
     *tc.log << "): " << r.summary() << std::flush;
+  }
+
+  [[noreturn]] void refuse_nothing_quantized(const quantize::Report& r) const {
+    throw Error(spec().location + ": modifier 'quantize' quantizes no layer: " +
+                    (r.skipped.empty() ? std::string("its targets select no conv or linear layer")
+                                       : "every selected layer is skipped (" + r.skipped.front() +
+                                             (r.skipped.size() > 1 ? ", ..." : "") + ")"),
+                ErrorKind::kUsage);
   }
 
   quantize::Config config_;

@@ -144,6 +144,35 @@ ModelSource model_source(const Recipe& r, const data::Dataset& train) {
   return s;
 }
 
+}  // namespace
+
+std::optional<NonFiniteGradient> find_non_finite_gradient(const std::vector<GraphModule>& modules) {
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> grads;
+  for (const GraphModule& m : modules)
+    for (const auto& p : m->named_parameters())
+      if (p.value().grad().defined()) grads.emplace_back(p.key(), p.value().grad());
+  if (grads.empty()) return std::nullopt;
+  // A NaN or an infinity anywhere makes the sum non-finite (summed in double: finite gradients do
+  // not overflow it).
+  at::Tensor total = at::zeros({}, grads.front().second.options().dtype(at::kDouble));
+  for (const auto& g : grads) total.add_(g.second.sum(at::kDouble));
+  if (std::isfinite(total.item<double>())) return std::nullopt;
+  for (const auto& [name, g] : grads) {
+    const int64_t bad = (~at::isfinite(g)).sum().item<int64_t>();
+    if (bad > 0) return NonFiniteGradient{name, bad};
+  }
+  return std::nullopt;  // finite values whose sum overflowed double: none is NaN or infinite
+}
+
+void require_finite_gradients(const std::vector<GraphModule>& modules) {
+  if (const auto bad = find_non_finite_gradient(modules))
+    throw Error("training step: the gradient of " + bad->parameter + " holds " + std::to_string(bad->count) +
+                " NaN or infinite value" + (bad->count == 1 ? "" : "s"));
+}
+
+namespace {
+
 // Scales the gradients so that their global L2 norm is at most `max_norm`.
 void clip_gradient_norm(const std::vector<at::Tensor>& params, double max_norm) {
   std::vector<at::Tensor> grads;
@@ -693,6 +722,27 @@ void Trainer::check_modifier_targets() const {
       throw Error(m.location + ": modifier '" + m.name + "': " + e.what(), ErrorKind::kUsage);
     }
   }
+  // A layer belongs to one entry of each modifier kind (two quantize entries on one layer: the
+  // second would find it quantized already).
+  std::map<std::pair<std::string, std::string>, const Modifier*> owner;  // (kind, layer) → entry
+  for (const auto& m : modifiers_) {
+    std::vector<std::string> shared;
+    const Modifier* first = nullptr;
+    for (const std::string& layer : m->claimed_layers(g)) {
+      auto [it, fresh] = owner.emplace(std::make_pair(m->spec().name, layer), m.get());
+      if (fresh) continue;
+      if (!first) first = it->second;
+      if (it->second == first) shared.push_back(layer);
+    }
+    if (!first) continue;
+    std::string list;
+    for (size_t i = 0; i < shared.size() && i < 6; ++i) list += (i ? ", " : "") + shared[i];
+    if (shared.size() > 6) list += ", ... (" + std::to_string(shared.size()) + " layers)";
+    throw Error(m->spec().location + ": modifier '" + m->spec().name + "' selects " + list + ", which " +
+                    first->spec().location + " already " + m->spec().name + "s: give the entries disjoint "
+                    "targets (or ignore) so that each layer has one",
+                ErrorKind::kUsage);
+  }
 }
 
 std::vector<GraphModule> Trainer::parameter_modules() {
@@ -789,22 +839,34 @@ void Trainer::step(const data::Batch& batch) {
     any_not_finite = flags[0] > 0;
     stop_agreed_ = flags[1] > 0;
   }
+  // Where a stopped step was, and what is kept, for the messages below.
+  auto where = [&] {
+    return " at step " + std::to_string(state_.step + 1) + " (epoch " + std::to_string(state_.epoch + 1) + ", batch " +
+           std::to_string(index + 1) + " of " + std::to_string(batches) + "); " +
+           (state_.epoch == 0 ? "nothing was saved (no epoch finished)"
+                              : "the checkpoint and training state in " + result_.run_dir + " are from the end of epoch " +
+                                    std::to_string(state_.epoch));
+  };
   if (any_not_finite) {
-    const std::string kept =
-        state_.epoch == 0 ? "nothing was saved (no epoch finished)"
-                          : "the checkpoint and training state in " + result_.run_dir + " are from the end of epoch " +
-                                std::to_string(state_.epoch);
     if (group_) group_->mark_failed_together();
     const std::string which = !group_ ? "" : std::isfinite(loss_value) ? " on another rank" : " on rank " + std::to_string(group_->rank());
     throw Error("training stopped: the loss is " + std::string(std::isfinite(loss_value) ? "not finite" : std::isnan(loss_value) ? "NaN" : "infinite") + which +
-                " at step " + std::to_string(state_.step + 1) + " (epoch " + std::to_string(state_.epoch + 1) +
-                ", batch " + std::to_string(index + 1) + " of " + std::to_string(batches) + "); " + kept +
-                ". A learning rate too high for the model (training.optimizer.lr) is the usual cause");
+                where() + ". A learning rate too high for the model (training.optimizer.lr) is the usual cause");
   }
   at::Tensor scaled = scaler_.scale_loss(loss / static_cast<double>(t.grad_accumulation));
   if (ddp_) ddp_->backward(scaled);  // gradients averaged over the ranks
   else scaled.backward();
   if (step_now) {
+    // A finite loss can still give a non-finite gradient (an overflow inside the backward pass); the
+    // step would write NaN into the weights. With fp16 loss scaling such a step is skipped instead.
+    if (!scaler_.enabled())
+      if (const auto bad = find_non_finite_gradient(parameter_modules())) {
+        if (group_) group_->mark_failed_together();  // the averaged gradients: every rank sees it
+        throw Error("training stopped: the gradient of " + bad->parameter + " holds " + std::to_string(bad->count) +
+                    " NaN or infinite value" + (bad->count == 1 ? "" : "s") + " (the loss is finite)" + where() +
+                    ". A learning rate too high for the model (training.optimizer.lr) or a layer whose gradient "
+                    "overflows is the cause; training.grad_clip_norm does not help (it scales a NaN)");
+      }
     const std::vector<at::Tensor> params = optimized_parameters();
     if (scaler_.unscale_and_check(params)) {
       if (t.grad_clip_norm > 0) clip_gradient_norm(params, t.grad_clip_norm);

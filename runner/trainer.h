@@ -21,6 +21,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,22 @@ EvalMetrics evaluate(GraphModule& model, data::DataLoader& loader, const at::Dev
 /// such as deploy::Model's.
 EvalMetrics evaluate(const std::function<at::Tensor(const at::Tensor&)>& forward, data::DataLoader& loader,
                      const at::Device& device, ProcessGroup* group = nullptr);
+
+/// The first parameter of `module` (in named_parameters() order, dotted names such as
+/// "layer1.0.conv1.weight") whose gradient holds a NaN or an infinity, with how many such values.
+struct NonFiniteGradient {
+  std::string parameter;
+  int64_t count = 0;
+};
+/// Looks for a non-finite gradient among the parameters of `modules` (undefined gradients are
+/// skipped); nullopt when every gradient is finite. One sum over all gradients (one device
+/// synchronization) when they are; a search by parameter only when not.
+std::optional<NonFiniteGradient> find_non_finite_gradient(const std::vector<GraphModule>& modules);
+/// For a user's own training loop, after backward(): throws whittle::Error naming the first
+/// parameter with a non-finite gradient ("training step: the gradient of conv1.weight holds 12 NaN
+/// or infinite values"), as `whittle run` stops on one. A step with such a gradient would write
+/// NaN into the weights.
+void require_finite_gradients(const std::vector<GraphModule>& modules);
 
 /// One run of a recipe, step by step. The constructor does everything before the first batch, in
 /// this order (which fixes the use of LibTorch's global generator, so that a run is reproducible):
@@ -176,7 +193,7 @@ class Trainer {
   std::vector<std::string> run_files() const;  // what a run writes in its directory
   void check_previous_run() const;             // a run already there needs --resume or --overwrite
   void check_modifier_windows() const;         // every window opens at a step of the run
-  void check_modifier_targets() const;         // every pattern matches a node of the model
+  void check_modifier_targets() const;         // every pattern matches a node; no layer claimed twice
   Settings export_options(const std::string& format) const;  // outputs.<format>_<option> values
   void check_export_forms() const;             // outputs.export: a dry run of each export
   void check_input_shapes() const;             // both data sets' images fit the model's input

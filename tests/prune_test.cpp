@@ -314,6 +314,60 @@ TEST_F(PruneTest, GroupedConvolutionKeepsEqualCountsPerGroup) {
   EXPECT_EQ(pruned.node("grouped").attr_int("groups"), 2);
 }
 
+// Targets name layers; a group is pruned when one of its producers is a target and none is ignored.
+// Naming one convolution of a residual pair used to prune nothing (every member had to be named).
+TEST_F(PruneTest, ATargetPrunesItsWholeGroupAndAnIgnoredMemberKeepsIt) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("a", "x", 3, 8));
+  g.add_node(conv("b", "a", 8, 8));
+  g.add_node(make("sum", "add", {"a", "b"}, {}));
+  g.add_node(conv("c", "sum", 8, 8));
+  g.add_node(conv("out", "c", 8, 2));
+  g.set_outputs({"out"});
+  Config cfg;
+  cfg.sparsity = 0.5;
+  cfg.targets = {"b"};
+  Graph pruned = g.clone();
+  const Plan p = make_plan(pruned, cfg);
+  EXPECT_EQ(p.removed(), 4);  // the residual group {a, b}: 4 of its 8 channels
+  remove_channels(pruned, p);
+  EXPECT_EQ(pruned.node("a").params.at("weight").size(0), 4);
+  EXPECT_EQ(pruned.node("b").params.at("weight").size(0), 4);
+  EXPECT_EQ(pruned.node("c").params.at("weight").size(0), 8);  // not a target
+  // Ignoring a member keeps the group whole, saying why; the other targets are still pruned.
+  cfg.targets = {};
+  cfg.ignore = {"a"};
+  const Plan q = make_plan(g, cfg);
+  EXPECT_EQ(q.removed(), 4);  // c's 8 → 4 only
+  const std::string skipped = ::testing::PrintToString(q.skipped);
+  EXPECT_NE(skipped.find("(a, b): layer 'a' is ignored"), std::string::npos) << skipped;
+  // A group none of whose producers is a target says so.
+  cfg.ignore = {};
+  cfg.targets = {"c"};
+  const Plan r = make_plan(g, cfg);
+  EXPECT_EQ(r.removed(), 4);
+  EXPECT_NE(::testing::PrintToString(r.skipped).find("(a, b): none of its layers is among the targets"), std::string::npos)
+      << ::testing::PrintToString(r.skipped);
+}
+
+// Network slimming (bn_scale) on a model without batch norms: no group has a γ to rank by, so none
+// is pruned (it used to remove channels picked by ties of infinite scores), each saying why.
+TEST_F(PruneTest, BnScaleWithoutBatchNormPrunesNothingAndSaysWhy) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("a", "x", 3, 8));
+  g.add_node(conv("out", "a", 8, 2));
+  g.set_outputs({"out"});
+  Config cfg;
+  cfg.sparsity = 0.5;
+  cfg.scoring.criterion = Criterion::kBnScale;
+  const Plan p = make_plan(g, cfg);
+  EXPECT_EQ(p.removed(), 0);
+  EXPECT_NE(::testing::PrintToString(p.skipped).find("(a): no normalization (batch_norm γ) to rank its channels by"),
+            std::string::npos) << ::testing::PrintToString(p.skipped);
+}
+
 // a: conv 3→8 → channel_shuffle(2) → grouped: conv 8→8, 2 groups → out. The shuffle's output k·2 + i
 // is a's channel i·4 + k, so a's channels {k, 4 + k} are one group channel k (the shuffle stays a
 // shuffle); after it they are positions {2k, 2k + 1}, inside grouped's group k / 2.

@@ -130,5 +130,57 @@ modifiers:
   }
 }
 
+// Two quantize entries on the same layers are refused before the first epoch, naming both entries
+// and the layers (they used to pass validation, train an epoch, then fail blaming "first or last
+// layer", and fail so on every --resume). Entries with disjoint targets run.
+TEST_F(QuantizeRecipe, TwoEntriesOnOneLayerAreRefusedBeforeTraining) {
+  const std::string out = join_path(binary_dir(), "testdata/quantize/recipe_two_entries");
+  remove_tree(out);
+  const std::string text = R"(model: {name: lenet5}
+data: {train: data/mnist10k, test: data/mnist10k, test_split: t10k, train_limit: 64, test_limit: 64, batch_size: 32}
+training: {epochs: 2, threads: 1}
+modifiers:
+  - name: quantize
+    method: dorefa
+    weight_bits: 2
+    activation_bits: 2
+  - name: quantize
+    method: dorefa
+    weight_bits: 4
+    start_epoch: 1
+)";
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  const std::string msg = usage_error_message([&] { runner::run_recipe(runner::parse_recipe(text, "two.yaml", source_dir()), opt); });
+  EXPECT_NE(msg.find("modifiers.1: modifier 'quantize' selects conv2, fc1, fc2, which two.yaml:5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("already quantizes"), std::string::npos) << msg;
+  EXPECT_FALSE(path_exists(join_path(out, "model.h5"))) << "trained before refusing: " << log.str();
+  EXPECT_FALSE(path_exists(join_path(out, "metrics.jsonl")));
+
+  // The second entry on the first layer only (named, so quantized): no layer is shared.
+  const std::string start = "    start_epoch: 1\n";
+  std::string disjoint = text;
+  disjoint.replace(disjoint.find(start), start.size(), "    targets: [conv1]\n");
+  disjoint.replace(disjoint.find("epochs: 2"), 9, "epochs: 1");
+  remove_tree(out);
+  runner::RunResult res = runner::run_recipe(runner::parse_recipe(disjoint, "two.yaml", source_dir()), opt);
+  EXPECT_EQ(res.epochs_done, 1);
+  Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
+  EXPECT_EQ(ck.graph.node("conv1").attr_int("weight_bits"), 4);
+  EXPECT_EQ(ck.graph.node("conv2").attr_int("weight_bits"), 2);
+
+  // An entry whose every layer is skipped is refused before training too, not at its epoch.
+  std::string none = text;
+  none.replace(none.find(start), start.size(), "    start_epoch: 1\n    targets: [relu1]\n");
+  remove_tree(out);
+  const std::string none_msg =
+      usage_error_message([&] { runner::run_recipe(runner::parse_recipe(none, "none.yaml", source_dir()), opt); });
+  EXPECT_NE(none_msg.find("modifiers.1: modifier 'quantize' quantizes no layer: its targets select no conv or linear layer"),
+            std::string::npos) << none_msg;
+  EXPECT_FALSE(path_exists(join_path(out, "model.h5"))) << none_msg;
+}
+
 }  // namespace
 }  // namespace whittle::test

@@ -115,9 +115,33 @@ def huge(f, index):
     entry(index, "fc3", "weight")["nbytes"] = 1 << 40
 
 
+def duplicated_entry(f, index):
+    """fc3.bias indexed twice, the second entry at the first 40 bytes of conv1's weight."""
+    twin = dict(entry(index, "fc3", "bias"))
+    twin["offset"] = entry(index, "conv1", "weight")["offset"]
+    data = bytes(f["tensors/data"][twin["offset"]:twin["offset"] + twin["nbytes"]])
+    twin["crc32"] = zlib.crc32(data)
+    index.append(twin)
+
+
+def stray_entry(f, index):
+    ghost = dict(entry(index, "fc3", "bias"))
+    ghost["node"] = "fc9"
+    index.append(ghost)
+
+
 def wrong_shape(graph):
     node = next(n for n in graph["nodes"] if n["name"] == "conv1")
     node["params"][0]["shape"] = [6, 1, 3, 3]
+
+
+def huge_input(graph):
+    graph["inputs"][0]["shape"] = [1, 1, 2**40, 2**40]
+
+
+def wrapping_input(graph):
+    """H = W = 2^61 + 28: LeNet-5's flatten used to wrap to exactly 400 features."""
+    graph["inputs"][0]["shape"] = [1, 1, 2**61 + 28, 2**61 + 28]
 
 
 def unknown_op(graph):
@@ -218,8 +242,12 @@ CASES = [
     ("wrong magic", "an HDF5 file that is not a checkpoint", ["inspect", "digits.h5"], 1),
     ("wrong dtype", "index says int32 for a float32 weight", ["inspect", edited("dtype.h5", edit_index(wrong_dtype))], 1),
     ("wrong shape", "graph says [6, 1, 3, 3] for conv1's [6, 1, 5, 5] weight", ["inspect", edited("shape.h5", edit_graph(wrong_shape))], 1),
+    ("inconsistent index", "fc3.bias indexed twice, the second at other bytes (CRC-32 right)", ["inspect", edited("twice.h5", edit_index(duplicated_entry))], 1),
+    ("inconsistent index", "an index entry for a node 'fc9' the graph does not have", ["eval", edited("stray.h5", edit_index(stray_entry))], 1),
     ("huge declared size", "index declares a 1 TiB tensor", ["inspect", edited("huge.h5", edit_index(huge))], 1),
     ("NaN/Inf weights", "conv1's weight all NaN, CRC-32 updated", ["eval", edited("nan.h5", edit_index(nan_weights))], 1),
+    ("huge declared size", "graph input declared [1, 1, 2^40, 2^40]", ["inspect", edited("huge_input.h5", edit_graph(huge_input))], 1),
+    ("huge declared size", "graph input H = W = 2^61 + 28 (wraps to LeNet-5's 400 features)", ["prune", edited("wrap_input.h5", edit_graph(wrapping_input)), "--target-macs", "0.5", "--out", "never.h5"], 1),
     ("unknown op", "graph names op 'conv9d'", ["inspect", edited("op.h5", edit_graph(unknown_op))], 1),
     ("attribute out of range", "conv1's stride [0, 1]", ["inspect", edited("stride.h5", edit_graph(zero_stride))], 1),
     ("attribute out of range", "conv1 gets an undeclared attribute 'strides'", ["inspect", edited("strides.h5", edit_graph(misspelt_attribute))], 1),
@@ -241,6 +269,9 @@ CASES = [
     ("unwritable path", "--out below a regular file", ["run", "good.yaml", "--out", "not_a_dir/run"], 1),
     ("full disk", "every write to the run directory fails with ENOSPC", ["run", "good.yaml", "--out", "full_disk"], 1),
     ("full standard output", "the JSON result written to /dev/full", ["eval", "good/model.h5", "--json"], 1),
+    ("existing output", "data pack onto a trained checkpoint (no --overwrite)", ["data", "pack", "digits", "--to", "good/model.h5"], 2),
+    ("conflicting recipe", "two quantize entries on the same layers", ["run", write("two_quantize.yaml", open(os.path.join(W, "good.yaml")).read().replace("outputs: {dir: good}", "outputs: {dir: never}") + "modifiers:\n  - {name: quantize, method: dorefa, weight_bits: 2}\n  - {name: quantize, method: dorefa, weight_bits: 4, start_epoch: 0.5}\n")], 2),
+    ("conflicting recipe", "nesterov: true with momentum 0", ["run", "good.yaml", "--set", "training.optimizer.nesterov=true", "--set", "training.optimizer.momentum=0", "--out", "never"], 2),
 ]
 h5_dataset("rgb.h5", np.zeros((64, 3, 32, 32), np.uint8), np.zeros(64, np.int64))
 
