@@ -69,6 +69,31 @@ Scored score_all(const Graph& graph, const Config& c) {
   return s;
 }
 
+// For a group whose channels are several layers' outputs side by side (a concatenation), the index
+// of the layer producing each channel (0, 1, ... in order of first appearance); empty when a
+// channel has no producer or more than one (a residual add: every member carries all of them), or
+// when one layer produces them all.
+std::vector<int64_t> channel_owners(const DependencyGroup& g) {
+  const size_t channels = static_cast<size_t>(g.channels);
+  std::vector<int64_t> owner(channels, -1);
+  std::vector<std::string> layers;
+  for (const Member& m : g.members) {
+    if (m.role != ChannelRole::kOutput) continue;
+    int64_t index = -1;
+    for (size_t k = 0; k < channels; ++k) {
+      if (m.positions[k].empty()) continue;
+      if (owner[k] >= 0) return {};  // two producers of one channel
+      if (index < 0) {
+        index = static_cast<int64_t>(layers.size());
+        layers.push_back(m.node);
+      }
+      owner[k] = index;
+    }
+  }
+  if (layers.size() < 2 || std::find(owner.begin(), owner.end(), -1) != owner.end()) return {};
+  return owner;
+}
+
 // The `n_remove` lowest-scored free channels of group `g`, adjusted so that the kept count is at
 // least min_channels and a multiple of lcm(round_to, segments), with equal counts per segment.
 std::vector<int64_t> choose(const DependencyGroup& g, const std::vector<double>& sc, int64_t n_remove, const Config& c) {
@@ -100,8 +125,49 @@ std::vector<int64_t> choose(const DependencyGroup& g, const std::vector<double>&
       if (!g.fixed[static_cast<size_t>(k)]) free.push_back(k);
     int64_t drop = std::min<int64_t>(channels - kept, static_cast<int64_t>(free.size()));
     while (drop > 0 && (channels - drop) % unit != 0) --drop;
-    std::stable_sort(free.begin(), free.end(), [&](int64_t a, int64_t b) { return sc[static_cast<size_t>(a)] < sc[static_cast<size_t>(b)]; });
-    out.assign(free.begin(), free.begin() + drop);
+    auto lowest_first = [&](int64_t a, int64_t b) { return sc[static_cast<size_t>(a)] < sc[static_cast<size_t>(b)]; };
+    const std::vector<int64_t> owner = c.rank_per_layer ? channel_owners(g) : std::vector<int64_t>{};
+    if (owner.empty()) {
+      std::stable_sort(free.begin(), free.end(), lowest_first);
+      out.assign(free.begin(), free.begin() + drop);
+    } else {
+      // A concatenation: each layer gives its share of `drop` (largest remainders first), its
+      // lowest-scored free channels.
+      const int64_t layers = *std::max_element(owner.begin(), owner.end()) + 1;
+      std::vector<std::vector<int64_t>> free_of(static_cast<size_t>(layers));
+      std::vector<int64_t> size_of(static_cast<size_t>(layers), 0);
+      for (int64_t k = 0; k < channels; ++k) ++size_of[static_cast<size_t>(owner[static_cast<size_t>(k)])];
+      for (int64_t k : free) free_of[static_cast<size_t>(owner[static_cast<size_t>(k)])].push_back(k);
+      std::vector<int64_t> share(static_cast<size_t>(layers));
+      std::vector<std::pair<double, int64_t>> remainder;
+      int64_t given = 0;
+      for (int64_t l = 0; l < layers; ++l) {
+        const double exact = static_cast<double>(drop) * static_cast<double>(size_of[static_cast<size_t>(l)]) /
+                             static_cast<double>(channels);
+        share[static_cast<size_t>(l)] = std::min<int64_t>(static_cast<int64_t>(std::floor(exact + 1e-9)),
+                                                          static_cast<int64_t>(free_of[static_cast<size_t>(l)].size()));
+        given += share[static_cast<size_t>(l)];
+        remainder.emplace_back(exact - static_cast<double>(share[static_cast<size_t>(l)]), l);
+      }
+      std::stable_sort(remainder.begin(), remainder.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (bool more = true; given < drop && more;) {  // what rounding left, where it fits
+        more = false;
+        for (const auto& [r, l] : remainder) {
+          if (given >= drop) break;
+          if (share[static_cast<size_t>(l)] < static_cast<int64_t>(free_of[static_cast<size_t>(l)].size())) {
+            ++share[static_cast<size_t>(l)];
+            ++given;
+            more = true;
+          }
+        }
+      }
+      for (int64_t l = 0; l < layers; ++l) {
+        std::vector<int64_t>& f = free_of[static_cast<size_t>(l)];
+        std::stable_sort(f.begin(), f.end(), lowest_first);
+        out.insert(out.end(), f.begin(), f.begin() + share[static_cast<size_t>(l)]);
+      }
+      std::sort(out.begin(), out.end());
+    }
   }
   // Every member keeps min_channels of the channels it carries (a group can span several layers'
   // outputs, as a DenseNet block's concatenation does): the member's highest-scored removed

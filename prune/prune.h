@@ -109,6 +109,12 @@ struct Config {
   std::vector<std::string> ignore;
   /// Fold removed channels' constant outputs into the next layers' biases where exact.
   bool fold_constant_outputs = true;
+  /// A group whose channels are several layers' outputs side by side (a concatenation: each channel
+  /// produced by one layer) removes from each layer its share of the group's count, ranked within
+  /// that layer, so that every concatenated branch keeps the same fraction (as Torch-Pruning ranks
+  /// per layer). false: one ranking over the whole group, which can take a branch down to
+  /// min_channels (inception_v3's Mixed_6e.branch1x1 went from 192 channels to 1 at sparsity 0.3).
+  bool rank_per_layer = true;
   /// Per layer (producer node name), its output channels before any pruning: a group whose first
   /// producer is listed keeps C₀ − ⌊sparsity·C₀⌋ channels of its original C₀ (so that steps of a
   /// schedule reach the final count without rounding drift). Unlisted groups use their current size.
@@ -182,6 +188,7 @@ struct PruneOptions {
   int64_t round_to = 1;                 ///< kept channels a multiple of this, ≥ 1
   int64_t min_channels = 1;             ///< no group keeps fewer, ≥ 1
   bool fold_constant_outputs = true;    ///< fold removed channels' constants into the next biases
+  std::string concat_ranking = "per_layer";  ///< per_layer | whole_group (Config::rank_per_layer)
   std::vector<std::string> targets;     ///< layers whose output channels may go (graph/select.h)
   std::vector<std::string> ignore;      ///< layers left alone
 };

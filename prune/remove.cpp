@@ -205,6 +205,10 @@ const OptionsSchema<PruneOptions>& options_schema() {
           .in_range(Range::at_least(1))
           .add("fold_constant_outputs", &O::fold_constant_outputs,
                "fold removed channels' constant outputs (BN β through ReLU) into the next layer's bias")
+          .add("concat_ranking", &O::concat_ranking,
+               "a concatenation's group: each layer loses its share, ranked within it (per_layer), or one ranking "
+               "over the group (whole_group)",
+               {"per_layer", "whole_group"})
           .add("targets", &O::targets, "layers whose output channels may go: names, op kinds or re:<regex> (default: all)")
           .add("ignore", &O::ignore, "layers to leave alone");
   return schema;
@@ -237,6 +241,7 @@ Config make_config(const PruneOptions& o) {
   c.round_to = o.round_to;
   c.min_channels = o.min_channels;
   c.fold_constant_outputs = o.fold_constant_outputs;
+  c.rank_per_layer = o.concat_ranking == "per_layer";
   c.targets = o.targets;
   c.ignore = o.ignore;
   return c;

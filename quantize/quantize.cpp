@@ -209,6 +209,8 @@ Config resolve(const Config& config) {
 Report select_layers(const Graph& graph, const Config& config_in) {
   register_all();
   const Config c = resolve(config_in);
+  const QuantizerMethod& method = quantizer_method(c.method);
+  const bool has_weight = !method.weight_quantizer(c).empty();
   Report report;
   std::vector<std::string> layers;
   for (const auto& n : graph.nodes())
@@ -226,6 +228,18 @@ Report select_layers(const Graph& graph, const Config& config_in) {
     if (std::string why = quantizer_stack_problem(n); !why.empty()) {
       report.skipped.push_back(name + ": " + why);
       continue;
+    }
+    // Per-channel scales index the weight's output-channel axis. A grouped transposed convolution's
+    // weight [C_in, C_out/groups, kh, kw] holds C_out/groups there, so one scale would serve an
+    // output channel of every group: not one scale per output channel.
+    if (has_weight && channel_groups(n) > 1 && weight_output_axis(n).value_or(0) != 0) {
+      Node probe = n;
+      method.attach_weight(probe, c);
+      if (probe.has_attr("granularity") && node_granularity(probe) == Granularity::kPerChannel) {
+        report.skipped.push_back(name + ": a grouped transposed convolution (groups " + std::to_string(channel_groups(n)) +
+                                 ") cannot have one scale per output channel; quantize it with granularity per_tensor");
+        continue;
+      }
     }
     chosen.push_back(name);
   }

@@ -12,6 +12,7 @@
 #include "core/file_util.h"
 #include "core/json_number.h"
 #include "distill/distill.h"
+#include "export/checkpoint.h"
 #include "runner/model_loader.h"
 #include "runner/modifier.h"
 
@@ -57,6 +58,7 @@ class DistillModifier : public Modifier {
     } catch (const Error& e) {
       fail("key 'teacher': " + std::string(e.what()));
     }
+    if (tc.recipe && !o_.accept_other_normalization) check_teacher_normalization(tc.recipe->data);
     const Graph& tg = teacher_->graph();
     const Shape& s_in = student.value(student.inputs().at(0)).shape;
     const Shape& t_in = tg.value(tg.inputs().at(0)).shape;
@@ -83,6 +85,30 @@ class DistillModifier : public Modifier {
       }
     }
     teacher_->to(tc.device);
+  }
+
+  // A teacher fed inputs normalized otherwise than it was trained on gives soft targets for other
+  // images (a student reached 77.7 % instead of 96.7 %). A checkpoint records its recipe; a
+  // TorchScript file, or a checkpoint written without one, cannot be checked.
+  void check_teacher_normalization(const DataSpec& student) const {
+    if (!is_hdf5_file(o_.teacher)) return;
+    const std::string recipe = load_checkpoint(o_.teacher).recipe;
+    if (recipe.empty()) return;
+    const DataSpec teacher = parse_recipe_data(recipe, o_.teacher + " (its recipe)");
+    auto normalization = [](const DataSpec& d) {
+      if (d.mean.empty()) return std::string("no normalization");
+      auto list = [](const std::vector<double>& v) {
+        std::string s = "[";
+        for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + SettingValue(v[i]).text();
+        return s + "]";
+      };
+      return "mean " + list(d.mean) + ", std " + list(d.std);
+    };
+    if (teacher.mean != student.mean || teacher.std != student.std)
+      fail("the teacher " + o_.teacher + " was trained on inputs with " + normalization(teacher) +
+           "; this run gives it inputs with " + normalization(student) +
+           ": its soft targets would be for other inputs; give data.mean and data.std as the teacher's recipe does, or "
+           "set accept_other_normalization: true to use it anyway");
   }
 
   std::vector<at::Tensor> parameters() override {
@@ -201,7 +227,9 @@ const OptionsSchema<DistillModifierOptions>& distill_modifier_schema() {
           .in_range(Range::at_least(0))
           .add("hint_weight", &DistillModifierOptions::hint_weight, "hint: weight of the adapter-to-teacher MSE, per pair")
           .in_range(Range::at_least(0))
-          .add("pairs", &DistillModifierOptions::pairs, "attention, hint: feature pairs \"student_value:teacher_value\"");
+          .add("pairs", &DistillModifierOptions::pairs, "attention, hint: feature pairs \"student_value:teacher_value\"")
+          .add("accept_other_normalization", &DistillModifierOptions::accept_other_normalization,
+               "take a teacher checkpoint whose recipe normalized its inputs with another data.mean or data.std");
   return schema;
 }
 

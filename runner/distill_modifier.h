@@ -18,6 +18,9 @@ struct DistillModifierOptions {
   double beta = 2.0;                         ///< attention: β of β/2·‖Q̂_s − Q̂_t‖₂ per pair
   double hint_weight = 1.0;                  ///< hint: weight of the MSE between adapter(student) and teacher, per pair
   std::vector<std::string> pairs;            ///< attention, hint: "student_value:teacher_value" feature pairs
+  /// A teacher checkpoint records its recipe: one trained on inputs normalized otherwise (data.mean,
+  /// data.std) is refused unless this is set (its soft targets would be for other inputs).
+  bool accept_other_normalization = false;
 };
 
 /// The recipe keys of DistillModifierOptions.

@@ -50,16 +50,22 @@ void check_zip_records(const std::string& path) {
   } closer{a};
   archive_read_support_format_zip_seekable(a);
   auto damaged = [&](const std::string& what) {
+    // libarchive's own words, unless they are about the locale (a damaged record name that is not
+    // UTF-8: "Pathname cannot be converted from UTF-8 to current locale").
     const char* m = archive_error_string(a);
-    return Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + what +
-                 (m ? std::string(": ") + m : std::string()));
+    const std::string why = m == nullptr ? "" : std::string(m).find("locale") != std::string::npos
+                                                    ? ": a record name is damaged (not UTF-8)"
+                                                    : ": " + std::string(m);
+    return Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + what + why);
   };
   if (archive_read_open_filename(a, path.c_str(), 1 << 16) != ARCHIVE_OK) throw damaged("not a zip archive");
   archive_entry* e = nullptr;
   std::vector<char> buffer(1 << 16);
   int rc;
   while ((rc = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
-    const std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "?";
+    std::string name = archive_entry_pathname(e) ? archive_entry_pathname(e) : "?";
+    for (char& ch : name)  // a damaged name prints as what it is, not as control bytes
+      if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
     la_ssize_t got;
     while ((got = archive_read_data(a, buffer.data(), buffer.size())) > 0) {
     }
@@ -150,7 +156,12 @@ SavedTrainState SavedTrainState::read(const std::string& path, const std::string
   try {
     a.load_from(path);
   } catch (const std::exception& e) {
-    throw Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + message_of(e));
+    // The first line of LibTorch's words only: after it come excerpts of the archive's TorchScript
+    // code, which say nothing to the user.
+    std::string why = message_of(e);
+    why = why.substr(0, why.find('\n'));
+    if (why.size() > 200) why = why.substr(0, 200) + "...";
+    throw Error("--resume: " + path + " is not a readable training state (truncated or damaged): " + why);
   }
   auto read_tensor = [&](const char* k) {
     at::Tensor t;

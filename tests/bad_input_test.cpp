@@ -324,9 +324,12 @@ TEST(TrainerChecks, ImagesOfAnotherShapeAreRefused) {
 // A modifier (tests only) whose loss turns NaN at a given step.
 struct PoisonOptions {
   int64_t at_step = 1;
+  std::string gradient;  ///< a parameter whose gradient turns NaN (the loss staying finite) instead
 };
 const OptionsSchema<PoisonOptions>& poison_schema() {
-  static const auto s = OptionsSchema<PoisonOptions>().add("at_step", &PoisonOptions::at_step, "step whose loss is NaN");
+  static const auto s = OptionsSchema<PoisonOptions>()
+                            .add("at_step", &PoisonOptions::at_step, "step whose loss is NaN")
+                            .add("gradient", &PoisonOptions::gradient, "parameter whose gradient is NaN instead");
   return s;
 }
 class PoisonLoss : public Modifier {
@@ -334,7 +337,12 @@ class PoisonLoss : public Modifier {
   PoisonLoss(const ModifierSpec& spec, PoisonOptions o) : Modifier(spec), o_(o) {}
   at::Tensor on_loss(TrainContext& tc, const at::Tensor& loss, const at::Tensor&, const at::Tensor&,
                      const at::Tensor&) override {
-    return tc.step + 1 == o_.at_step ? loss * std::numeric_limits<double>::quiet_NaN() : loss;
+    if (tc.step + 1 != o_.at_step) return loss;
+    if (o_.gradient.empty()) return loss * std::numeric_limits<double>::quiet_NaN();
+    // 0·sqrt(p − p) is 0, but its gradient is 0·∞ = NaN.
+    for (const auto& p : tc.model->named_parameters())
+      if (p.key() == o_.gradient) return loss + at::sqrt(p.value() - p.value().detach()).sum() * 0.0;
+    throw Error("no parameter " + o_.gradient);
   }
 
  private:
@@ -369,6 +377,50 @@ TEST(TrainerChecks, NonFiniteLossStopsKeepingTheLastCheckpoint) {
   }
   EXPECT_EQ(read_file(join_path(dir, "model.h5")), ckpt);
   EXPECT_EQ(read_file(join_path(dir, "train_state.pt")), state);
+}
+
+// Issue 47 item 16: a finite loss whose gradient is not finite stops the run too, naming the first
+// parameter with such a gradient, before the optimizer step writes NaN into the weights; the files
+// of the last finished epoch stay as they were. require_finite_gradients does the same for a user's
+// own loop.
+TEST(TrainerChecks, NonFiniteGradientStopsNamingTheParameter) {
+  ModifierInfo info;
+  info.name = "test_poison_gradient";
+  info.description = "NaN gradient at a step (tests)";
+  info.settings = poison_schema().keys();
+  info.create = [](const ModifierSpec& s) { return std::make_unique<PoisonLoss>(s, poison_schema().parse(s.settings, s.location)); };
+  register_modifier(info);
+  const std::string dir = fresh_dir("nan_gradient");
+  const Recipe r = parse_recipe(
+      recipe_text(2, "modifiers:\n  - {name: test_poison_gradient, at_step: 11, gradient: fc2.weight}\n"), "r.yaml", source_dir());
+  std::ostringstream log;
+  Trainer tr(r, quiet(dir, log));
+  ASSERT_TRUE(tr.train_epoch());
+  tr.end_epoch();
+  const std::string ckpt = read_file(join_path(dir, "model.h5"));
+  try {
+    tr.train_epoch();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRuntime);
+    EXPECT_HAS(e.what(), "the gradient of fc2.weight holds 10080 NaN or infinite values (the loss is finite) at step 11 "
+                         "(epoch 2, batch 3 of 8)");
+    EXPECT_HAS(e.what(), "are from the end of epoch 1");
+  }
+  EXPECT_EQ(read_file(join_path(dir, "model.h5")), ckpt);
+
+  GraphModule m(build_model("lenet5", ZooOptions{}));
+  EXPECT_FALSE(find_non_finite_gradient({m}).has_value());  // no gradients yet
+  for (auto& p : m->parameters()) p.mutable_grad() = at::zeros_like(p);
+  EXPECT_NO_THROW(require_finite_gradients({m}));
+  m->named_parameters()["fc3.bias"].mutable_grad()[3] = std::numeric_limits<float>::infinity();
+  m->named_parameters()["conv2.weight"].mutable_grad()[0][0][0][0] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    require_finite_gradients({m});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "training step: the gradient of conv2.weight holds 1 NaN or infinite value");
+  }
 }
 
 // Item 6: datasets without images are errors, and are never written.

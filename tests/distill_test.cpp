@@ -373,6 +373,22 @@ TEST(DistillModifier, BadSettingsAreRecipeErrors) {
   EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", pairs: ['relu2:relu2']}\n")), "drop 'pairs'");
   EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", method: [fitnet]}\n")), "not one of kd, attention, hint");
   EXPECT_HAS(error_of(("  - {name: distill, teacher: " + teacher + ", alpha: 2}\n")), "alpha");
+
+  // A teacher checkpoint whose recipe normalized its inputs otherwise (issue 47 item 5: a student
+  // reached 77.7 % instead of 96.7 % silently) is refused, unless accepted on purpose; one with the
+  // run's normalization is taken.
+  const std::string other = join_path(binary_dir(), "testdata/distill/teacher_other_norm.h5");
+  const std::string same = join_path(binary_dir(), "testdata/distill/teacher_same_norm.h5");
+  ZooOptions zo;
+  zo.seed = 7;
+  save_checkpoint(other, build_model("lenet5", zo), "data: {train: t, test: t, mean: [0.5], std: [0.5]}\n");
+  save_checkpoint(same, build_model("lenet5", zo), recipe("").text);
+  const DataSpec& run_data = recipe("").data;
+  ASSERT_NE(run_data.mean, std::vector<double>{0.5});
+  EXPECT_HAS(error_of("  - {name: distill, teacher: " + other + "}\n"),
+             "the teacher " + other + " was trained on inputs with mean [0.5], std [0.5]; this run gives it inputs with ");
+  EXPECT_EQ(error_of("  - {name: distill, teacher: " + other + ", accept_other_normalization: true}\n"), "no error");
+  EXPECT_EQ(error_of("  - {name: distill, teacher: " + same + "}\n"), "no error");
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
+
 #include "core/file_util.h"
 #include "export/checkpoint.h"
 #include "graph/graph_module.h"
@@ -45,6 +48,44 @@ TEST_P(PruneTorchvision, GlobalL1ThirtyPercent) {
   GraphModule reloaded(load_checkpoint(ck).graph);
   reloaded->eval();
   EXPECT_TRUE(reloaded->forward(x).equal(after)) << name;
+}
+
+// Concatenations (issue 47 item 7): a DenseNet block or an Inception module is one dependency group
+// spanning several layers' outputs. Ranked per layer (the default), every layer loses its share of
+// the group's count, so at sparsity 0.3 each convolution keeps C − ⌈0.3·C⌉ of its C channels or
+// more; one ranking over the whole group took GoogLeNet branches far below (inception_v3's
+// Mixed_6e.branch1x1 went from 192 to 1).
+TEST(PruneConcatenations, EachConcatenatedLayerKeepsItsFraction) {
+  for (const std::string name : {"densenet121", "googlenet"}) {
+    const std::string path = test::binary_dir() + "/testdata/torchscript/" + name + ".pt";
+    const Graph g = import_torchscript(path, {1, 3, 224, 224});
+    std::map<std::string, int64_t> before;
+    for (const Node& n : g.nodes())
+      if (n.op == "conv2d") before[n.name] = n.params.at("weight").size(0);
+    auto widths_after = [&](bool per_layer) {
+      Config c;
+      c.sparsity = 0.3;
+      c.rank_per_layer = per_layer;
+      Graph pruned = g.clone();
+      remove_channels(pruned, make_plan(pruned, c));
+      std::map<std::string, int64_t> after;
+      for (const auto& [layer, width] : before) after[layer] = pruned.node(layer).params.at("weight").size(0);
+      return after;
+    };
+    const auto per_layer = widths_after(true);
+    int shrunk = 0;
+    for (const auto& [layer, c0] : before) {
+      const int64_t floor_keep = c0 - static_cast<int64_t>(std::ceil(0.3 * static_cast<double>(c0) - 1e-9));
+      EXPECT_GE(per_layer.at(layer), floor_keep) << name << " " << layer << ": " << c0 << " → " << per_layer.at(layer);
+      shrunk += per_layer.at(layer) < c0;
+    }
+    EXPECT_GT(shrunk, 20) << name;
+    // The old ranking over the whole group leaves some layer under half its channels.
+    const auto whole_group = widths_after(false);
+    int collapsed = 0;
+    for (const auto& [layer, c0] : before) collapsed += 2 * whole_group.at(layer) < c0;
+    EXPECT_GT(collapsed, 0) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PruneTorchvision,

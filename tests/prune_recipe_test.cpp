@@ -130,6 +130,30 @@ TEST(PruneModifier, SettingsAreChecked) {
   EXPECT_NE(error_of("  - {name: prune, criterion: l3}\n").find("'l3'"), std::string::npos);
 }
 
+// An entry whose last step would remove nothing is refused before training (Modifier::claimed_layers,
+// which the trainer calls on the model as loaded), with each group's reason: a run whose prune
+// removed nothing was labelled "pruned L1 (sparsity 0.5)". One that removes something claims no
+// layer (a quantize entry may share them).
+TEST(PruneModifier, AnEntryThatWouldRemoveNothingIsRefusedBeforeTraining) {
+  const Graph lenet = build_model("lenet5");
+  const Recipe nothing = recipe(2, "  - {name: prune, sparsity: 0.5, round_to: 1000}\n");
+  auto mod = modifier_info("prune").create(nothing.modifiers[0]);
+  try {
+    mod->claimed_layers(lenet);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("modifier 'prune': would remove nothing: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("keep every channel with these amounts (key 'round_to' 1000"),
+              std::string::npos) << e.what();
+  }
+  const Recipe some = recipe(2, "  - {name: prune, sparsity: 0.5}\n");
+  EXPECT_TRUE(modifier_info("prune").create(some.modifiers[0])->claimed_layers(lenet).empty());
+  // Taylor scores need training; which groups can shrink does not.
+  const Recipe taylor = recipe(2, "  - {name: prune, sparsity: 0.5, criterion: taylor, start_epoch: 1}\n");
+  EXPECT_TRUE(modifier_info("prune").create(taylor.modifiers[0])->claimed_layers(lenet).empty());
+}
+
 // The optimizer state follows the pruned parameters: each kept channel keeps its momentum.
 TEST(PruneModifier, MomentumIsSlicedWithTheParameters) {
   const Recipe r = recipe(2, "  - {name: prune, sparsity: 0.5, start_epoch: 1}\n");

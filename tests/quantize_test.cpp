@@ -249,6 +249,45 @@ TEST(QuantizePass, QuantizedActivationIsWhatTheLayerUses) {
   }
 }
 
+// A grouped transposed convolution's weight [C_in, C_out/groups, kh, kw] holds C_out/groups on its
+// output axis: per-channel scales there would serve output channels 0 and 2 of a ConvTranspose2d(6 →
+// 4, groups 2) with one scale. Such a layer is skipped, saying so, unless per-tensor scales are asked
+// for; an ungrouped one keeps its per-channel scales.
+TEST(QuantizePass, GroupedTransposedConvolutionRefusesPerChannelScales) {
+  auto graph = [](int64_t groups) {
+    Graph g;
+    g.add_input("x", {1, 6, 3, 3});
+    g.add_node(layer("stem", "conv2d", "x", at::randn({6, 6, 1, 1})));
+    Node up = layer("up", "conv_transpose2d", "stem", at::randn({6, 4 / groups, 2, 2}));
+    up.attrs["groups"] = groups;
+    g.add_node(up);
+    g.add_node(layer("head", "conv2d", "up", at::randn({2, 4, 1, 1})));
+    g.set_outputs({"head"});
+    return g;
+  };
+  for (const std::string method : {"twn", "xnor", "dorefa"}) {
+    q::Config c;
+    c.method = method;
+    c.weight_bits = method == "twn" ? 2 : method == "xnor" ? 1 : 4;
+    c.activation_bits = 32;
+    if (method == "xnor") c.activation_bits = 1;
+    if (method == "dorefa") c.options["granularity"] = "per_channel";
+    Graph g = graph(2);
+    const q::Report r = q::select_layers(g, c);
+    EXPECT_TRUE(r.quantized.empty()) << method;
+    ASSERT_EQ(r.skipped.size(), 3u) << method;  // stem and head: first and last
+    EXPECT_EQ(r.skipped[1],
+              "up: a grouped transposed convolution (groups 2) cannot have one scale per output channel; quantize it "
+              "with granularity per_tensor")
+        << method;
+    c.options["granularity"] = "per_tensor";
+    EXPECT_EQ(q::apply(g, c).quantized, std::vector<std::string>{"up"}) << method;
+    Graph ungrouped = graph(1);
+    c.options["granularity"] = "per_channel";
+    EXPECT_EQ(q::apply(ungrouped, c).quantized, std::vector<std::string>{"up"}) << method;
+  }
+}
+
 // activation_clip 2: 0.9 → 2-bit level round(0.9/2·3)·2/3 = round(1.35)·2/3 = 2/3; the level is an
 // attribute of the act_quant node only when it is not 1. It is refused for binary activations.
 TEST(QuantizePass, ActivationClipReachesTheQuantizer) {

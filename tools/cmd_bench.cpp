@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/shape_limits.h"
 #include "deploy/model.h"
 #include "kernels/isa.h"
 #include "runner/model_loader.h"
@@ -30,6 +32,24 @@ namespace whittle::cli {
 namespace {
 
 constexpr int64_t kMaxBenchThreads = 1024;  // --threads
+
+// MemAvailable of /proc/meminfo in bytes, 0 when it cannot be read.
+double memory_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// "12.3 GiB"
+std::string gib(double bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024 * 1024) << " GiB";
+  return s.str();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -123,11 +143,39 @@ int run_bench(const std::vector<std::string>& args) {
   if (input_shape.empty())
     throw Error("bench: " + model_spec + " declares a scalar input; give --input-shape", ErrorKind::kUsage);
   input_shape[0] = batch;
+  if (!shape_within_limit(input_shape))
+    throw Error("bench: --batch " + std::to_string(batch) + " makes the input " + shape_str(input_shape) +
+                    ", more than 2^40 elements",
+                ErrorKind::kUsage);
+  // The largest activation, twice (a step's input and output), is the least a forward pass holds;
+  // a batch for which even that does not fit the memory available is refused, not swapped for minutes.
+  double largest = 0;  // float32 values per image
+  for (const Node& n : graph.nodes())
+    for (const auto& v : n.outputs) {
+      const Shape& s = graph.value(v).shape;
+      if (s.empty() || s[0] < 1) continue;
+      double per_image = 1;
+      for (size_t d = 1; d < s.size(); ++d) per_image *= static_cast<double>(s[d]);
+      largest = std::max(largest, per_image);
+    }
+  const double need = 2 * largest * static_cast<double>(batch) * 4;
+  const double available = memory_available_bytes();
+  if (available > 0 && need > available)
+    throw Error("bench: --batch " + std::to_string(batch) + " needs at least " + gib(need) + " for " + model_spec +
+                    "'s activations, more than the " + gib(available) + " of memory available; give a smaller --batch",
+                ErrorKind::kUsage);
   at::manual_seed(0);
   const at::Tensor x = at::randn(input_shape);
 
   // Same outputs (to float rounding of the folded BN and the threshold).
+  const auto t_first = std::chrono::steady_clock::now();
   const at::Tensor y_fast = fast.forward(x), y_ref = reference.forward(x);
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_first).count();
+  if (first_s > 2)  // a long run says so rather than printing nothing for minutes
+    std::cerr << "whittle bench: one pass of both runtimes took " << std::fixed << std::setprecision(1) << first_s
+              << " s; " << 3 + repeat << " more (3 warm-up, --repeat " << repeat << ") take about "
+              << first_s * static_cast<double>(3 + repeat) << " s\n"
+              << std::defaultfloat;
   const double ref_scale = std::max(1e-30, y_ref.abs().max().item<double>());
   const double max_rel = (y_fast - y_ref).abs().max().item<double>() / ref_scale;
 

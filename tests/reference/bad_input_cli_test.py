@@ -449,9 +449,13 @@ expect(["eval", os.path.join(gone, "model.h5")], 2,
        ["eval: the test set " + moved + " named by " + os.path.join(gone, "model.h5") +
         "'s stored recipe (data.test) does not exist here; give --data"], "eval of a checkpoint whose test set is gone")
 
-# An input too large for memory (1.9 TB, under the 2^40-element limit) is called out of memory.
-expect(["bench", "resnet20", "--input-shape", "1,3,400000,400000", "--repeat", "1"], 1,
-       "bench: error: out of memory (DefaultCPUAllocator", "bench of an input no machine holds")
+# An input too large for memory (1.9 TB, under the 2^40-element limit), or a batch whose
+# activations do not fit (ResNet-20: 128 kB an image), is refused before anything is allocated.
+expect(["bench", "resnet20", "--input-shape", "1,3,400000,400000", "--repeat", "1"], 2,
+       ["bench: --batch 1 needs at least ", "of memory available; give a smaller --batch"], "bench of an input no machine holds")
+expect(["bench", "resnet20", "--batch", "1000000", "--repeat", "1"], 2,
+       ["bench: --batch 1000000 needs at least 122.1 GiB for resnet20's activations, more than the "],
+       "bench --batch 1000000 (minutes of swapping, silently, before)")
 # `whittle help CMD` is CMD's help; arguments after --version or --help are refused.
 r = run("help", "run")
 check(r.returncode == 0 and r.stdout.startswith("usage: whittle run RECIPE"), f"whittle help run: {r.stdout[:60]!r}")
