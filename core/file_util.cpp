@@ -142,23 +142,40 @@ void sync_path(const std::string& path) noexcept {
 }
 
 
+// A 64 KiB put area in front of FileSink::write: small writes (operator<<) are gathered, large ones
+// go straight through.
 class FileSink::Buf : public std::streambuf {
  public:
-  explicit Buf(FileSink& sink) : sink_(sink) {}
+  explicit Buf(FileSink& sink) : sink_(sink), area_(1 << 16) { setp(area_.data(), area_.data() + area_.size()); }
 
  protected:
   std::streamsize xsputn(const char* s, std::streamsize n) override {
-    return static_cast<std::streamsize>(sink_.write(s, static_cast<size_t>(n)));
+    if (n >= static_cast<std::streamsize>(area_.size()) / 2) {
+      drain();
+      return static_cast<std::streamsize>(sink_.write(s, static_cast<size_t>(n)));
+    }
+    return std::streambuf::xsputn(s, n);
   }
   int_type overflow(int_type c) override {
-    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
-    const char ch = traits_type::to_char_type(c);
-    sink_.write(&ch, 1);
-    return c;
+    drain();
+    if (!traits_type::eq_int_type(c, traits_type::eof())) {
+      *pptr() = traits_type::to_char_type(c);
+      pbump(1);
+    }
+    return traits_type::not_eof(c);
+  }
+  int sync() override {
+    drain();
+    return 0;
   }
 
  private:
+  void drain() {
+    if (pptr() > pbase()) sink_.write(pbase(), static_cast<size_t>(pptr() - pbase()));
+    setp(area_.data(), area_.data() + area_.size());
+  }
   FileSink& sink_;
+  std::vector<char> area_;
 };
 
 FileSink::FileSink(const std::string& path) : path_(path) {
@@ -270,7 +287,13 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
     // Told before the temporary goes: with it removed the file system has room again.
     std::string msg = e.what();
     if (msg.rfind(tmp + ": ", 0) == 0) msg = msg.substr(tmp.size() + 2);  // the temporary's name says nothing
-    const bool full = msg.find(std::strerror(ENOSPC)) == std::string::npos && nearly_full(parent.empty() ? "." : parent);
+    // Only for a failure that says no cause of its own (HDF5's "flush failed"): one that does (a quota,
+    // a permission) is not blamed on the space left.
+    const bool says_why = msg.find(std::strerror(ENOSPC)) != std::string::npos ||
+                          msg.find(std::strerror(EDQUOT)) != std::string::npos ||
+                          msg.find(std::strerror(EACCES)) != std::string::npos ||
+                          msg.find(std::strerror(EIO)) != std::string::npos;
+    const bool full = !says_why && nearly_full(parent.empty() ? "." : parent);
     remove_file(tmp);
     if (full) msg += " (no space left on device: the file system holding " + (parent.empty() ? std::string(".") : parent) + " is full)";
     const auto* error = dynamic_cast<const Error*>(&e);

@@ -415,6 +415,18 @@ std::vector<std::string> checkpoint_tensor_names(const std::string& path) {
   return names;
 }
 
+std::string checkpoint_recipe(const std::string& path) {
+  std::lock_guard<std::mutex> hdf5_lock(hdf5::library_mutex());
+  hdf5::SilenceErrors quiet;
+  Reader r;
+  r.path = path;
+  if (!is_regular_file(path)) r.fail("no such file");
+  if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
+  return r.read_string(file.get(), "recipe", false);
+}
+
 // A checkpoint may name the ops and transforms of quantize/ and fuse/; these references make
 // sure both modules (and so their WHITTLE_REGISTER_MODULE registrations) are linked into every
 // program that loads checkpoints.

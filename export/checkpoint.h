@@ -56,5 +56,9 @@ Checkpoint load_checkpoint(const std::string& path);
 /// without loading the data). Throws whittle::Error like load_checkpoint for unreadable files.
 std::vector<std::string> checkpoint_tensor_names(const std::string& path);
 
+/// The recipe text a checkpoint stores ("" when it has none), without loading its graph or tensors.
+/// Throws whittle::Error like load_checkpoint for files that are not checkpoints or are damaged.
+std::string checkpoint_recipe(const std::string& path);
+
 
 }  // namespace whittle

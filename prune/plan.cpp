@@ -1,6 +1,8 @@
 // Planning: which channels of which groups go, for a sparsity or a MACs / parameter target.
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -37,9 +39,10 @@ Scored score_all(const Graph& graph, const Config& c) {
   // channels go together) and none is ignored.
   const std::vector<std::string> target_list = select_nodes(graph, c.targets, {});
   const std::set<std::string> targets(target_list.begin(), target_list.end());
-  std::set<std::string> ignored;
-  if (!c.ignore.empty())
-    for (const auto& name : select_nodes(graph, c.ignore, {})) ignored.insert(name);
+  std::set<std::string> ignored;  // matched as select_nodes matches its ignore list: no pattern need match
+  for (const Node& n : graph.nodes())
+    for (const auto& pattern : c.ignore)
+      if (node_matches(n, pattern)) ignored.insert(n.name);
   for (const auto& g : s.groups) {
     const std::vector<std::string> producers = g.producers();
     std::string why;
@@ -73,7 +76,7 @@ Scored score_all(const Graph& graph, const Config& c) {
 // of the layer producing each channel (0, 1, ... in order of first appearance); empty when a
 // channel has no producer or more than one (a residual add: every member carries all of them), or
 // when one layer produces them all.
-std::vector<int64_t> channel_owners(const DependencyGroup& g) {
+std::vector<int64_t> channel_owners(const DependencyGroup& g, std::vector<std::string>* owner_layers = nullptr) {
   const size_t channels = static_cast<size_t>(g.channels);
   std::vector<int64_t> owner(channels, -1);
   std::vector<std::string> layers;
@@ -91,7 +94,28 @@ std::vector<int64_t> channel_owners(const DependencyGroup& g) {
     }
   }
   if (layers.size() < 2 || std::find(owner.begin(), owner.end(), -1) != owner.end()) return {};
+  if (owner_layers) *owner_layers = layers;
   return owner;
+}
+
+// The group's channel count before any pruning when `original` (layer → output channels) knows it:
+// the sum over a concatenation's layers, else its first producer's width (a residual group's
+// producers all have the group's width).
+std::optional<int64_t> original_group_channels(const DependencyGroup& g, const std::map<std::string, int64_t>& original) {
+  std::vector<std::string> layers;
+  if (!channel_owners(g, &layers).empty()) {
+    int64_t sum = 0;
+    for (const auto& l : layers) {
+      auto it = original.find(l);
+      if (it == original.end()) return std::nullopt;
+      sum += it->second;
+    }
+    return sum;
+  }
+  const std::vector<std::string> producers = g.producers();
+  auto it = producers.empty() ? original.end() : original.find(producers.front());
+  if (it == original.end()) return std::nullopt;
+  return it->second;
 }
 
 // The `n_remove` lowest-scored free channels of group `g`, adjusted so that the kept count is at
@@ -137,7 +161,8 @@ std::vector<int64_t> choose(const DependencyGroup& g, const std::vector<double>&
       std::vector<std::vector<int64_t>> free_of(static_cast<size_t>(layers));
       std::vector<int64_t> size_of(static_cast<size_t>(layers), 0);
       for (int64_t k = 0; k < channels; ++k) ++size_of[static_cast<size_t>(owner[static_cast<size_t>(k)])];
-      for (int64_t k : free) free_of[static_cast<size_t>(owner[static_cast<size_t>(k)])].push_back(k);
+      for (int64_t k : free)  // unranked channels (an infinite score: no BN γ for bn_scale) stay
+        if (std::isfinite(sc[static_cast<size_t>(k)])) free_of[static_cast<size_t>(owner[static_cast<size_t>(k)])].push_back(k);
       std::vector<int64_t> share(static_cast<size_t>(layers));
       std::vector<std::pair<double, int64_t>> remainder;
       int64_t given = 0;
@@ -202,12 +227,8 @@ Plan plan_at(const Scored& s, double sparsity, const Config& c) {
       if (!s.targeted[i]) continue;
       const DependencyGroup& g = s.groups[i];
       int64_t n = static_cast<int64_t>(std::floor(sparsity * static_cast<double>(g.channels) + 1e-9));
-      const std::vector<std::string> producers = g.producers();
-      if (auto it = producers.empty() ? c.original_channels.end() : c.original_channels.find(producers.front());
-          it != c.original_channels.end()) {
-        const int64_t c0 = it->second;
-        n = g.channels - (c0 - static_cast<int64_t>(std::floor(sparsity * static_cast<double>(c0) + 1e-9)));
-      }
+      if (const std::optional<int64_t> c0 = original_group_channels(g, c.original_channels))
+        n = g.channels - (*c0 - static_cast<int64_t>(std::floor(sparsity * static_cast<double>(*c0) + 1e-9)));
       p.remove[i] = choose(g, s.scores[i], n, c);
     }
     return p;

@@ -92,7 +92,7 @@ class DistillModifier : public Modifier {
   // TorchScript file, or a checkpoint written without one, cannot be checked.
   void check_teacher_normalization(const DataSpec& student) const {
     if (!is_hdf5_file(o_.teacher)) return;
-    const std::string recipe = load_checkpoint(o_.teacher).recipe;
+    const std::string recipe = checkpoint_recipe(o_.teacher);
     if (recipe.empty()) return;
     const DataSpec teacher = parse_recipe_data(recipe, o_.teacher + " (its recipe)");
     auto normalization = [](const DataSpec& d) {

@@ -148,21 +148,31 @@ ModelSource model_source(const Recipe& r, const data::Dataset& train) {
 
 std::optional<NonFiniteGradient> find_non_finite_gradient(const std::vector<GraphModule>& modules) {
   at::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, at::Tensor>> grads;
+  std::vector<at::Tensor> grads;
   for (const GraphModule& m : modules)
-    for (const auto& p : m->named_parameters())
-      if (p.value().grad().defined()) grads.emplace_back(p.key(), p.value().grad());
+    for (const auto& p : m->parameters())
+      if (p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
   if (grads.empty()) return std::nullopt;
-  // A NaN or an infinity anywhere makes the sum non-finite (summed in double: finite gradients do
-  // not overflow it).
-  at::Tensor total = at::zeros({}, grads.front().second.options().dtype(at::kDouble));
-  for (const auto& g : grads) total.add_(g.second.sum(at::kDouble));
-  if (std::isfinite(total.item<double>())) return std::nullopt;
-  for (const auto& [name, g] : grads) {
-    const int64_t bad = (~at::isfinite(g)).sum().item<int64_t>();
-    if (bad > 0) return NonFiniteGradient{name, bad};
+  // The largest |g| of every gradient (one fused kernel on CUDA), then their largest: finite unless
+  // some value is NaN or infinite (a maximum of finite values cannot overflow); one synchronization.
+  bool uniform = true;
+  for (const auto& g : grads) uniform = uniform && g.scalar_type() == grads[0].scalar_type() && g.device() == grads[0].device();
+  bool finite = true;
+  if (uniform) {
+    finite = std::isfinite(at::stack(at::_foreach_norm(grads, INFINITY)).max().item<double>());
+  } else {
+    for (const auto& g : grads) finite = finite && std::isfinite(g.abs().max().item<double>());
   }
-  return std::nullopt;  // finite values whose sum overflowed double: none is NaN or infinite
+  if (finite) return std::nullopt;
+  // Only now the names, and the first parameter with such a value.
+  for (const GraphModule& m : modules)
+    for (const auto& p : m->named_parameters()) {
+      const at::Tensor& g = p.value().grad();
+      if (!g.defined()) continue;
+      const int64_t bad = (~at::isfinite(g)).sum().item<int64_t>();
+      if (bad > 0) return NonFiniteGradient{p.key(), bad};
+    }
+  return std::nullopt;
 }
 
 void require_finite_gradients(const std::vector<GraphModule>& modules) {

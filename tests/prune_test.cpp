@@ -351,6 +351,32 @@ TEST_F(PruneTest, ATargetPrunesItsWholeGroupAndAnIgnoredMemberKeepsIt) {
       << ::testing::PrintToString(r.skipped);
 }
 
+// A concatenation of a (4 channels) and b (12) is one group of 16: sparsity 0.5 removes 8, 2 from a
+// and 6 from b, ranked within each. With the layers' original widths (as the prune modifier's steps
+// give them) the group's original count is the sum of the concatenated layers' (it was a's alone:
+// 16 − (4 − 2) = 14 removed, 88 %).
+TEST_F(PruneTest, ConcatenatedLayersEachGiveTheirShare) {
+  Graph g;
+  g.add_input("x", {1, 3, 4, 4});
+  g.add_node(conv("a", "x", 3, 4));
+  g.add_node(conv("b", "x", 3, 12));
+  g.add_node(make("cat", "cat", {"a", "b"}, {{"dim", int64_t{1}}}));
+  g.add_node(conv("out", "cat", 16, 2));
+  g.set_outputs({"out"});
+  Config cfg;
+  cfg.sparsity = 0.5;
+  cfg.targets = {"a", "b"};
+  for (const bool with_original : {false, true}) {
+    if (with_original) cfg.original_channels = {{"a", 4}, {"b", 12}, {"out", 2}};
+    Graph pruned = g.clone();
+    const Plan p = make_plan(pruned, cfg);
+    EXPECT_EQ(p.removed(), 8) << with_original;
+    remove_channels(pruned, p);
+    EXPECT_EQ(pruned.node("a").params.at("weight").size(0), 2) << with_original;
+    EXPECT_EQ(pruned.node("b").params.at("weight").size(0), 6) << with_original;
+  }
+}
+
 // Network slimming (bn_scale) on a model without batch norms: no group has a γ to rank by, so none
 // is pruned (it used to remove channels picked by ties of infinite scores), each saying why.
 TEST_F(PruneTest, BnScaleWithoutBatchNormPrunesNothingAndSaysWhy) {
