@@ -92,7 +92,11 @@ void edit(json& doc, std::mt19937& rng) {
   if (v.is_number()) {
     switch (rng() % 3) {
       case 0: v = extremes[rng() % (sizeof extremes / sizeof extremes[0])]; break;
-      case 1: v = v.is_number_integer() ? json(v.get<int64_t>() + 1) : json(v.get<double>() * 2); break;
+      case 1:  // one more (wrapping, as the int64 limits are among the values above), or twice a float
+        if (v.is_number_unsigned()) v = v.get<uint64_t>() + 1;
+        else if (v.is_number_integer()) v = static_cast<int64_t>(static_cast<uint64_t>(v.get<int64_t>()) + 1);
+        else v = v.get<double>() * 2;
+        break;
       default: v = std::numeric_limits<double>::quiet_NaN(); break;
     }
   } else if (v.is_array() && !v.empty()) {
