@@ -394,15 +394,23 @@ void save_checkpoint(const std::string& path, const Graph& graph_in, const std::
   }
 }
 
+namespace {
+// `r.path` opened read-only as HDF5, or r.fail naming why not (the caller holds the HDF5 lock).
+H5Id open_for_reading(const Reader& r) {
+  if (!is_regular_file(r.path)) r.fail("no such file");
+  if (!is_hdf5_file(r.path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
+  H5Id file(H5Fopen(r.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
+  return file;
+}
+}  // namespace
+
 std::vector<std::string> checkpoint_tensor_names(const std::string& path) {
   std::lock_guard<std::mutex> hdf5_lock(hdf5::library_mutex());
   hdf5::SilenceErrors quiet;
   Reader r;
   r.path = path;
-  if (!is_regular_file(path)) r.fail("no such file");
-  if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
+  const H5Id file = open_for_reading(r);
   H5Id group(H5Gopen2(file.get(), "tensors", H5P_DEFAULT), H5Gclose);
   if (!group.valid()) r.fail("missing group 'tensors'");
   std::vector<std::string> names;
@@ -420,10 +428,7 @@ std::string checkpoint_recipe(const std::string& path) {
   hdf5::SilenceErrors quiet;
   Reader r;
   r.path = path;
-  if (!is_regular_file(path)) r.fail("no such file");
-  if (!is_hdf5_file(path)) r.fail("not an HDF5 file (no HDF5 signature): not a whittle checkpoint");
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) r.fail("cannot open as HDF5 (the file is truncated or damaged)");
+  const H5Id file = open_for_reading(r);
   return r.read_string(file.get(), "recipe", false);
 }
 
