@@ -307,6 +307,11 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
   sync_path(parent_directory(path));
 }
 
+std::string write_failure_reason(const std::string& message, const std::string& path) {
+  const std::string prefix = "cannot write " + path + ": ";
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+
 void write_file_atomic(const std::string& path, const std::string& content) {
   write_atomic(path, [&](const std::string& tmp) {
     FileSink f(tmp);

@@ -80,6 +80,9 @@ bool nearly_full(const std::string& path, uint64_t bytes = 64 * 1024);
 /// rename (`.<name>.tmp-<pid>-<n>` whose process no longer runs); the files they would have
 /// replaced are whole. Returns how many were removed; never throws.
 int remove_stale_temporaries(const std::string& dir);
+/// The reason in a write_atomic error `message` for `path`: without its "cannot write PATH: "
+/// prefix, for a caller that words the failure its own way ("cannot write checkpoint PATH: why").
+std::string write_failure_reason(const std::string& message, const std::string& path);
 /// write_atomic with `content` as the file's bytes.
 void write_file_atomic(const std::string& path, const std::string& content);
 /// True when `path` starts with the HDF5 signature (at offset 0, 512, 1024, 2048, ... where the

@@ -386,11 +386,8 @@ void save_checkpoint(const std::string& path, const Graph& graph_in, const std::
       if (!file.close()) throw Error("cannot write checkpoint " + path + ": close failed (disk full?)");
     });
   } catch (const Error& e) {
-    std::string msg = e.what();
-    if (msg.rfind("cannot write checkpoint", 0) == 0) throw;
-    const std::string prefix = "cannot write " + path + ": ";
-    if (msg.rfind(prefix, 0) == 0) msg = msg.substr(prefix.size());
-    throw Error("cannot write checkpoint " + path + ": " + msg);
+    if (std::string(e.what()).rfind("cannot write checkpoint", 0) == 0) throw;
+    throw Error("cannot write checkpoint " + path + ": " + write_failure_reason(e.what(), path));
   }
 }
 

@@ -206,10 +206,9 @@ Config resolve(const Config& config) {
   return method.resolve(config);
 }
 
-Report select_layers(const Graph& graph, const Config& config_in) {
-  register_all();
-  const Config c = resolve(config_in);
-  const QuantizerMethod& method = quantizer_method(c.method);
+namespace {
+// select_layers with `c` already resolved and its method looked up.
+Report select_resolved(const Graph& graph, const Config& c, const QuantizerMethod& method) {
   const bool has_weight = !method.weight_quantizer(c).empty();
   Report report;
   std::vector<std::string> layers;
@@ -245,13 +244,20 @@ Report select_layers(const Graph& graph, const Config& config_in) {
   }
   return report;
 }
+}  // namespace
+
+Report select_layers(const Graph& graph, const Config& config) {
+  register_all();
+  const Config c = resolve(config);
+  return select_resolved(graph, c, quantizer_method(c.method));
+}
 
 Report apply(Graph& graph, const Config& config_in) {
   register_all();
   const Config c = resolve(config_in);
   const QuantizerMethod& method = quantizer_method(c.method);
   // 1. The layers to quantize, in graph order.
-  Report report = select_layers(graph, c);
+  Report report = select_resolved(graph, c, method);
   const std::vector<std::string> chosen = std::move(report.quantized);
   report.quantized.clear();
   const std::string weight_quantizer = method.weight_quantizer(c);

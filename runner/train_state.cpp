@@ -131,10 +131,7 @@ void save_train_state(const std::string& path, const std::string& recipe_text, c
       sink.close();
     });
   } catch (const std::exception& e) {
-    std::string msg = message_of(e);
-    const std::string prefix = "cannot write " + path + ": ";
-    if (msg.rfind(prefix, 0) == 0) msg = msg.substr(prefix.size());
-    throw Error("cannot write training state " + path + ": " + msg);
+    throw Error("cannot write training state " + path + ": " + write_failure_reason(message_of(e), path));
   }
 }
 

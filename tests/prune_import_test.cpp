@@ -80,7 +80,10 @@ TEST(PruneConcatenations, EachConcatenatedLayerKeepsItsFraction) {
       shrunk += per_layer.at(layer) < c0;
     }
     EXPECT_GT(shrunk, 20) << name;
-    // The old ranking over the whole group leaves some layer under half its channels.
+    // The floor above is a count that holds whatever the scores. Which layer the old ranking over the
+    // whole group empties depends on the L1 scores (sums that may round differently with another
+    // thread count or instruction set), so only "some layer under half" is asserted; it held with
+    // OMP_NUM_THREADS=1 and 2 and ATEN_CPU_CAPABILITY=default, avx2 and the machine's avx512.
     const auto whole_group = widths_after(false);
     int collapsed = 0;
     for (const auto& [layer, c0] : before) collapsed += 2 * whole_group.at(layer) < c0;
