@@ -7,8 +7,13 @@ prefix="$build/install-test"
 rm -rf "$prefix" "$build/examples-test"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 torch_prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+# ccache with paths relative to the checkout (as the main build's launcher), so that a fresh clone
+# in another folder reuses the cache: the examples, the installed headers and LibTorch's all lie
+# under it.
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if command -v ccache >/dev/null; then
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_NOHASHDIR=1;ccache")
+fi
 cmake -S "$src/examples" -B "$build/examples-test" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null
 cmake --build "$build/examples-test" -j 2
