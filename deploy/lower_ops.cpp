@@ -70,6 +70,7 @@ constexpr int64_t kMinBitplaneChannels = 64;
 //   DoReFa k ≥ 2: s·(2c/(2^k − 1) − 1)  → planes: the k bits of c, c_i = 2^(i+1)/(2^k − 1), w0 = −1
 //   sign (1 bit): s·(2c − 1)            → plane c, c_0 = 2, w0 = −1
 //   ternary:      s·(c − 1)             → planes [c = 2], [c = 0], coefficients +1, −1
+//   uniform (LSQ): s·(c − 2^(k−1))       → planes: the k bits of c, c_i = 2^i, w0 = −2^(k−1)
 int64_t weight_planes(const quantize::WeightQuantization& q) {
   return q.encoding == quantize::Encoding::kTernary ? 2 : q.bits;
 }
@@ -80,6 +81,12 @@ kernels::PackedBitplaneWeight bitplane_weight(const PackedCodes& pc) {
   if (pc.q.encoding == quantize::Encoding::kTernary) {
     planes = {pc.codes.eq(2).to(at::kFloat), pc.codes.eq(0).to(at::kFloat)};
     coefficients = {1.0, -1.0};
+  } else if (pc.q.encoding == quantize::Encoding::kUniform) {  // s·(c − 2^(k−1))
+    for (int64_t i = 0; i < pc.q.bits; ++i) {
+      planes.push_back(pc.codes.bitwise_right_shift(i).bitwise_and(1).to(at::kFloat));
+      coefficients.push_back(static_cast<double>(int64_t{1} << i));
+    }
+    offset = -static_cast<double>(int64_t{1} << (pc.q.bits - 1));
   } else {  // kSign (bits 1) and kDoReFa share s·(2c/(2^k − 1) − 1)
     const double levels = static_cast<double>((int64_t{1} << pc.q.bits) - 1);
     for (int64_t i = 0; i < pc.q.bits; ++i) {

@@ -18,7 +18,7 @@
 //     rewrite (XNOR-Net's K scale), its work after each optimizer step (BNN's latent weight clip)
 //     and its label in reports.
 //
-// The four shipped methods are dorefa.cpp, twn.cpp, bnn.cpp and xnor.cpp. Nothing outside an
+// The shipped methods are dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp, lsq.cpp and pact.cpp. Nothing outside an
 // entry compares its name as a string: callers ask these registries.
 
 #include <ATen/Tensor.h>
@@ -135,6 +135,12 @@ struct ActivationQuantizer {
   std::function<ActivationGrid(const Node& node)> grid;
   /// A TorchScript expression over variable `x` giving bitwise the forward's value in eval mode.
   std::function<std::string(const Node& node, const std::string& x, const TorchScriptTerms& terms)> torchscript;
+  /// Creates the learned parameters (`params`) on an act_quant node the quantize pass has just made
+  /// (or turned a ReLU into), with their values before any data is seen. Empty: it has none.
+  std::function<void(Node& node)> attach;
+  /// Sets the learned parameters from one batch's input `x` to the node (no gradient), for
+  /// initialize_learned(); empty: nothing to set from data.
+  std::function<void(const Node& node, const at::Tensor& x)> initialize;
 };
 
 /// The activation quantizer registry ("activation quantizers" in `whittle inspect`).
@@ -189,9 +195,12 @@ class QuantizerMethod {
   /// the quantized layers in graph order. Default: nothing.
   virtual void finish(Graph& graph, const Config& resolved, const std::vector<std::string>& layers,
                       const RealSources& real_sources, Report& report) const {}
-  /// After each optimizer step (BNN's latent weight clip to [−1, 1]); returns the layers changed.
-  /// Default: nothing.
+  /// After each optimizer step (BNN's latent weight clip to [−1, 1], LSQ's step floor); returns
+  /// the nodes changed. Default: nothing.
   virtual int64_t after_step(Graph& graph, const Config& resolved) const { return 0; }
+  /// A term the training loss adds (PACT's L2 penalty λ·Σα² on its clip levels), a scalar on the
+  /// parameters' device; undefined when the method adds none (the default).
+  virtual at::Tensor penalty(const Graph& graph, const Config& resolved) const { return {}; }
   /// A short label for reports and logs ("DoReFa W2A2", "TWN", "BNN").
   virtual std::string label(const Config& resolved) const = 0;
 };
@@ -218,12 +227,15 @@ void register_quantizer_method(std::unique_ptr<QuantizerMethod> method);
 /// The method `name`; throws whittle::Error (usage) "quantize: unknown method ..." listing them.
 const QuantizerMethod& quantizer_method(const std::string& name);
 
-/// The shipped methods' registrations, one file each (dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp),
+/// The shipped methods' registrations, one file each (dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp,
+/// lsq.cpp, pact.cpp),
 /// called by register_all().
 void register_dorefa();
 void register_twn();
 void register_bnn();
 void register_xnor();
+void register_lsq();
+void register_pact();
 
 /// For method implementations: "quantize: <key> = <value> is not supported by method '<m>'
 /// (<allowed>)" as a whittle::Error.

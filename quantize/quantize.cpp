@@ -20,6 +20,9 @@ namespace whittle::quantize {
 
 namespace {
 
+// While set (initialize_learned), act_quant nodes whose quantizer initializes from data do so from
+// the input of each forward, and count themselves here.
+thread_local int64_t* t_initialized = nullptr;
 
 void register_ops() {
   OpTraits aq;
@@ -41,7 +44,12 @@ void register_ops() {
     return q ? &q->attributes : nullptr;
   };
   aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
-    return std::vector<at::Tensor>{activation_quantizer_of(n).forward(n, in[0], training)};
+    const ActivationQuantizer& q = activation_quantizer_of(n);
+    if (t_initialized && q.initialize) {
+      q.initialize(n, in[0]);
+      ++*t_initialized;
+    }
+    return std::vector<at::Tensor>{q.forward(n, in[0], training)};
   };
   aq.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
     activation_quantizer_of(n).check(n);
@@ -170,6 +178,8 @@ void register_all() {
     register_twn();
     register_bnn();
     register_xnor();
+    register_lsq();
+    register_pact();
     register_passes();  // after the methods: the pass takes their options
   });
 }
@@ -285,6 +295,7 @@ Report apply(Graph& graph, const Config& config_in) {
   const std::set<std::string> chosen_set(chosen.begin(), chosen.end());
   std::map<std::string, std::string> quantized_value;  // original input value → quantized value
   std::map<std::string, std::string> real_source;      // layer → real-valued value its binary input comes from ("" unknown)
+  std::vector<std::string> new_act_nodes;              // act_quant nodes made here (their learned parameters follow)
   if (quant_acts) {
     for (const auto& name : chosen) {
       const std::string v = graph.node(name).inputs.at(0);
@@ -312,6 +323,7 @@ Report apply(Graph& graph, const Config& config_in) {
             r.attrs = act_attrs;
             r.attrs["relu"] = int64_t{1};
             report.replaced.push_back(r.name);
+            new_act_nodes.push_back(r.name);
             quantized_value[v] = v;
             continue;
           }
@@ -319,6 +331,7 @@ Report apply(Graph& graph, const Config& config_in) {
         Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v}, act_attrs);
         const std::string out = graph.insert_node_before(name, q);
         report.inserted.push_back(q.name);
+        new_act_nodes.push_back(q.name);
         quantized_value[v] = out;
         graph.node(name).inputs[0] = out;
         continue;
@@ -349,6 +362,7 @@ Report apply(Graph& graph, const Config& config_in) {
           r.op = "act_quant";
           r.attrs = act_attrs;
           report.replaced.push_back(r.name);
+          new_act_nodes.push_back(r.name);
           quantized_value[v] = v;
           quantized_value[cur] = cur;
           real_source[name] = chain.empty() ? source : "";
@@ -359,6 +373,7 @@ Report apply(Graph& graph, const Config& config_in) {
           Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {source}, act_attrs);
           const std::string out = graph.insert_node_before(name, q);
           report.inserted.push_back(q.name);
+        new_act_nodes.push_back(q.name);
           quantized_value[v] = out;
           graph.node(name).inputs[0] = out;
           real_source[name] = source;
@@ -368,10 +383,18 @@ Report apply(Graph& graph, const Config& config_in) {
       Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v}, act_attrs);
       const std::string out = graph.insert_node_before(name, q);
       report.inserted.push_back(q.name);
+        new_act_nodes.push_back(q.name);
       quantized_value[v] = out;
       graph.node(name).inputs[0] = out;
       real_source[name] = v;
     }
+  }
+
+  // The activation quantizer's learned parameters on the nodes made above.
+  if (quant_acts) {
+    const ActivationQuantizer& aq = activation_quantizers().get(acts->quantizer);
+    if (aq.attach)
+      for (const auto& name : new_act_nodes) aq.attach(graph.node(name));
   }
 
   // 4. What the method adds beyond its quantizers (XNOR-Net's K scale).
@@ -390,6 +413,27 @@ Report apply(GraphModule& module, const Config& config) {
 int64_t after_step(Graph& graph, const Config& resolved) {
   register_all();
   return quantizer_method(resolved.method).after_step(graph, resolved);
+}
+
+at::Tensor penalty(const Graph& graph, const Config& resolved) {
+  register_all();
+  return quantizer_method(resolved.method).penalty(graph, resolved);
+}
+
+int64_t initialize_learned(GraphModule& module, const at::Tensor& batch) {
+  register_all();
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (buffer, its value before)
+  for (const auto& b : module->named_buffers())
+    if (b.value().defined()) buffers.emplace_back(b.value(), b.value().clone());
+  int64_t count = 0;
+  struct Scope {
+    explicit Scope(int64_t* c) { t_initialized = c; }
+    ~Scope() { t_initialized = nullptr; }
+  } scope(&count);
+  module->forward(batch);
+  for (auto& [buffer, before] : buffers) buffer.copy_(before);
+  return count;
 }
 
 int64_t storage_bits(int64_t bits) {

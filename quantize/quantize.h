@@ -103,6 +103,18 @@ Report apply(GraphModule& module, const Config& config);
 /// (resolve()). Returns the number of layers changed.
 int64_t after_step(Graph& graph, const Config& resolved);
 
+/// The loss term the method adds (PACT: λ·Σα² over its clip levels), a scalar; undefined when it
+/// adds none. For a `resolved` config.
+at::Tensor penalty(const Graph& graph, const Config& resolved);
+
+/// Sets the learned parameters of the activation quantizers that initialize from data (LSQ's step:
+/// 2·mean|x|/√Q_P, Esser et al. 2020) from one forward pass of `batch` ([N, ...] as the model's
+/// input) in the module's current mode, without gradient; the module's buffers (batch-norm running
+/// statistics) are restored afterwards, so only those parameters change. Call it once after
+/// apply() and before the first optimizer step (the trainer does, on its first batch). Returns
+/// the number of act_quant nodes set.
+int64_t initialize_learned(GraphModule& module, const at::Tensor& batch);
+
 // ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)
 
 /// Bits a `bits`-wide code occupies when packed: 1, 2, 4 or 8 (3 → 4, 5..7 → 8).

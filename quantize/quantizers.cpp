@@ -31,13 +31,14 @@ const char* encoding_name(Encoding e) {
     case Encoding::kDoReFa: return "dorefa";
     case Encoding::kSign: return "sign";
     case Encoding::kTernary: return "ternary";
+    case Encoding::kUniform: return "uniform";
   }
   return "?";
 }
 
 std::vector<std::string> encoding_names() {
   std::vector<std::string> names;
-  for (Encoding e : {Encoding::kDoReFa, Encoding::kSign, Encoding::kTernary}) names.emplace_back(encoding_name(e));
+  for (Encoding e : {Encoding::kDoReFa, Encoding::kSign, Encoding::kTernary, Encoding::kUniform}) names.emplace_back(encoding_name(e));
   return names;
 }
 
@@ -45,7 +46,8 @@ Encoding encoding_from_name(const std::string& text) {
   if (text == "dorefa") return Encoding::kDoReFa;
   if (text == "sign") return Encoding::kSign;
   if (text == "ternary") return Encoding::kTernary;
-  throw Error("unknown weight encoding '" + text + "' (dorefa, sign, ternary)");
+  if (text == "uniform") return Encoding::kUniform;
+  throw Error("unknown weight encoding '" + text + "' (dorefa, sign, ternary, uniform)");
 }
 
 namespace {
@@ -265,6 +267,7 @@ at::Tensor decode_weight(const at::Tensor& codes, const at::Tensor& scale, Encod
     }
     case Encoding::kSign: return (c * 2 - 1) * s;
     case Encoding::kTernary: return (c - 1) * s;
+    case Encoding::kUniform: return (c - static_cast<double>(int64_t{1} << (bits - 1))) * s;
   }
   throw Error("decode_weight: unknown encoding");
 }

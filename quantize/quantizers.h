@@ -67,9 +67,10 @@ enum class Encoding {
   kDoReFa,      ///< value = scale·(2·c/(2^k − 1) − 1), c ∈ [0, 2^k − 1] (k = 2..8; scale 1)
   kSign,        ///< value = scale·(2·c − 1), c ∈ {0, 1} (BNN: scale 1; XNOR and DoReFa 1-bit: mean|W|)
   kTernary,     ///< value = scale·(c − 1), c ∈ {0, 1, 2} (TWN)
+  kUniform,     ///< value = scale·(c − 2^(k−1)), c ∈ [0, 2^k − 1]: the signed grid [−2^(k−1), 2^(k−1) − 1] of LSQ (k = 2..8)
 };
 
-/// "dorefa" | "sign" | "ternary".
+/// "dorefa" | "sign" | "ternary" | "uniform".
 const char* encoding_name(Encoding e);
 /// Inverse of encoding_name; throws whittle::Error naming `text` when unknown.
 Encoding encoding_from_name(const std::string& text);

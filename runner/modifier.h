@@ -37,6 +37,8 @@ struct TrainContext {
   /// In on_loss: the student's values the active modifiers asked for (captures()), by name, from
   /// this batch's forward pass; nullptr when none asked.
   const std::map<std::string, at::Tensor>* features = nullptr;
+  /// In on_step_begin: this batch's input [N, C, H, W] on `device`, as the forward pass will see it.
+  const at::Tensor* input = nullptr;
   /// Where modifiers print what they did (std::cout; nothing on data-parallel ranks other than 0).
   std::ostream* log = &std::cout;
   /// Data-parallel runs: sums a tensor in place over the ranks (every rank calls it with the same

@@ -1,5 +1,6 @@
 #include "runner/quantize_modifier.h"
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -64,9 +65,17 @@ class QuantizeModifier : public Modifier {
   // A window opening inside an epoch (start_epoch 1.5) attaches at that epoch's first batch past it.
   void on_step_begin(TrainContext& tc) override {
     if (!applied_ && active_at(tc.epoch)) attach(tc);
+    if (initialize_pending_ && tc.input) initialize(tc);
   }
   void on_step_end(TrainContext& tc) override {
     if (applied_) quantize::after_step(tc.model->graph(), config_);
+  }
+  // The method's loss term (PACT's penalty on its clip levels), while its quantizers are attached.
+  at::Tensor on_loss(TrainContext& tc, const at::Tensor& loss, const at::Tensor&, const at::Tensor&,
+                     const at::Tensor&) override {
+    if (!applied_) return loss;
+    const at::Tensor p = quantize::penalty(tc.model->graph(), config_);
+    return p.defined() ? loss + p.to(loss.device(), loss.scalar_type()) : loss;
   }
   std::vector<std::string> claimed_layers(const Graph& graph) const override {
     const quantize::Report r = quantize::select_layers(graph, config_);
@@ -88,10 +97,36 @@ class QuantizeModifier : public Modifier {
     quantize::Report r = quantize::apply(tc.model, config_);
     if (r.quantized.empty()) refuse_nothing_quantized(r);
     applied_ = true;
+    initialize_pending_ = true;
     tc.parameters_changed = true;
     *tc.log << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
     for (const auto& [key, value] : config_.options.values()) *tc.log << ", " << key << " " << value.text();
     *tc.log << "): " << r.summary() << std::flush;
+  }
+
+  // The learned activation parameters that start from data (LSQ's steps) from the first batch the
+  // quantizers see, averaged over the ranks of a data-parallel run so that every rank starts alike.
+  void initialize(TrainContext& tc) {
+    initialize_pending_ = false;
+    tc.model->to(tc.device);  // attached in this hook: not moved by the trainer yet
+    const int64_t count = quantize::initialize_learned(tc.model, *tc.input);
+    if (count == 0) return;
+    if (tc.replica_sum) {
+      at::NoGradGuard no_grad;
+      at::Tensor ranks = at::ones({1}, at::TensorOptions().device(tc.device));
+      tc.replica_sum(ranks);
+      for (const Node& n : tc.model->graph().nodes()) {
+        if (n.op != "act_quant") continue;
+        for (const auto& name : quantize::activation_quantizer_of(n).params) {
+          const at::Tensor* p = n.params.find(name);
+          if (!p || !p->defined()) continue;
+          at::Tensor sum = p->detach().clone();
+          tc.replica_sum(sum);
+          p->copy_(sum / ranks);
+        }
+      }
+    }
+    *tc.log << "quantize: " << count << " activation quantizer(s) initialized from the first batch\n" << std::flush;
   }
 
   [[noreturn]] void refuse_nothing_quantized(const quantize::Report& r) const {
@@ -104,6 +139,7 @@ class QuantizeModifier : public Modifier {
 
   quantize::Config config_;
   bool applied_ = false;
+  bool initialize_pending_ = false;  ///< applied in this run: learned parameters to set from the first batch
 };
 
 }  // namespace

@@ -803,13 +803,15 @@ void Trainer::step(const data::Batch& batch) {
   // own running statistics, which pruning's folds and BN freezing read.
   // With modifiers this holds whatever distributed.broadcast_buffers says.
   if (ddp_ && (recipe_.distributed.broadcast_buffers || !modifiers_.empty())) ddp_->broadcast_buffers();
-  for (auto& m : modifiers_) m->on_step_begin(tc_);
-  apply_parameter_changes();
-  set_learning_rate(*optimizer_,
-                    learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));
   at::Tensor x = batch.images.to(device_, true);
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+  tc_.input = &x;
+  for (auto& m : modifiers_) m->on_step_begin(tc_);
+  tc_.input = nullptr;
+  apply_parameter_changes();
+  set_learning_rate(*optimizer_,
+                    learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));
   const bool step_now = (index + 1) % t.grad_accumulation == 0 || index + 1 == batches;
   if (ddp_) {
     // Ranks other than 0 draw from their own stream (dropout), fixed by the seed, the rank and the

@@ -342,6 +342,57 @@ TEST_F(ExportTest, EveryQuantizerTypeMatchesInBothRuntimes) {
   EXPECT_TRUE(verify_torchscript_file(g, ts).bitwise_equal);
 }
 
+// conv1 (FP) → bn → relu → conv2 (LSQ W4A4, per-channel steps) → bn → relu → conv3 (PACT W2A2) →
+// bn → relu → conv4 (LSQ W8A8, 8-bit codes down to −128) → bn → relu → pool → fc (FP), with the
+// activation steps set from a batch (initialize_learned) and PACT's clip level at 1.7: the learned
+// scales go into QuantizeLinear/DequantizeLinear exactly.
+TEST_F(ExportTest, LearnedQuantizersMatchInBothRuntimes) {
+  at::manual_seed(5);
+  Graph g;
+  g.add_input("x", {1, 3, 8, 8});
+  std::string prev = "x";
+  int64_t cin = 3;
+  for (int i = 1; i <= 4; ++i) {
+    const std::string c = "conv" + std::to_string(i), r = "relu" + std::to_string(i);
+    g.add_node(with(make(c, "conv2d", {prev}, {{"padding", int64_t{1}}}),
+                    {{"weight", at::randn({8, cin, 3, 3}) * 0.4}, {"bias", at::randn({8}) * 0.1}}));
+    g.add_node(batch_norm("bn" + std::to_string(i), c, 8));
+    g.add_node(make(r, "relu", {"bn" + std::to_string(i)}));
+    prev = r;
+    cin = 8;
+  }
+  g.add_node(make("pool", "adaptive_avg_pool2d", {prev}, {{"output_size", std::vector<int64_t>{2, 2}}}));
+  g.add_node(make("flat", "flatten", {"pool"}));
+  g.add_node(with(make("fc", "linear", {"flat"}), {{"weight", at::randn({10, 32}) * 0.3}, {"bias", at::randn({10})}}));
+  g.set_outputs({"fc"});
+  auto apply = [&](const std::string& method, const std::string& target, int64_t wbits, int64_t abits) {
+    quantize::Config c;
+    c.method = method;
+    c.weight_bits = wbits;
+    c.activation_bits = abits;
+    if (method == "lsq" && wbits == 4) c.options["granularity"] = std::string("per_channel");
+    if (method == "pact") c.options["clip_init"] = 1.7;
+    c.targets = {target};
+    quantize::apply(g, c);
+  };
+  apply("lsq", "conv2", 4, 4);
+  apply("pact", "conv3", 2, 2);
+  apply("lsq", "conv4", 8, 8);
+  GraphModule m(g);
+  m->train();
+  EXPECT_EQ(quantize::initialize_learned(m, at::randn({16, 3, 8, 8})), 2);  // the two LSQ inputs; PACT starts from clip_init
+  m->eval();
+  const Graph& q = m->graph();
+  EXPECT_EQ(q.node("conv2").params.at("weight_step").numel(), 8);  // per output channel
+  const Json r = export_and_run(q, "learned_quantizers");
+  EXPECT_GE(count(r, "QuantizeLinear"), 6);  // three weights, three activations
+  const std::string ck = join_path(out_dir(), "learned_quantizers.h5");
+  save_checkpoint(ck, q);
+  const std::string ts = join_path(out_dir(), "learned_quantizers_packed.pt");
+  export_torchscript(load_checkpoint(ck).graph, ts);
+  EXPECT_TRUE(verify_torchscript_file(q, ts).bitwise_equal);
+}
+
 // Forms where ONNX's own operator differs from PyTorch's: nearest sizes whose float ratio rounds
 // differently (14 → 2, 14 → 16), bilinear to a length of 1, scale factors whose float product
 // floors lower (14·0.7), max pooling in ceil mode with dilation and with a last window dropped, a

@@ -524,7 +524,7 @@ TEST(QuantizePass, DoReFaKeepsAReluWithOtherUses) {
 
 TEST(QuantizePass, CudaForwardBackward) {
   WHITTLE_REQUIRE_CUDA();
-  for (const std::string method : {"dorefa", "twn", "bnn", "xnor"}) {
+  for (const std::string method : {"dorefa", "twn", "bnn", "xnor", "lsq", "pact"}) {
     GraphModule m(build_model("resnet20"));
     q::Config c;
     c.method = method;

@@ -1,0 +1,311 @@
+// Learned Step Size Quantization (Esser et al., 2020, arXiv:1902.08153): the weight quantizer "lsq"
+// (a learned step per tensor or per output channel on the signed grid), the activation quantizer
+// "lsq" (a learned step per layer input on the unsigned grid) and the method "lsq" that attaches
+// both. The math is in lsq.h.
+
+#include "quantize/lsq.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "graph/op_registry.h"
+#include "quantize/method.h"
+
+namespace whittle::quantize {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Variable;
+using torch::autograd::variable_list;
+
+LsqGrid lsq_signed_grid(int64_t bits) {
+  if (bits < 2 || bits > 8) throw Error("LSQ weights: unsupported bit width " + std::to_string(bits) + " (2..8)");
+  return {int64_t{1} << (bits - 1), (int64_t{1} << (bits - 1)) - 1};
+}
+
+LsqGrid lsq_unsigned_grid(int64_t bits) {
+  if (bits < 1 || bits > 8) throw Error("LSQ activations: unsupported bit width " + std::to_string(bits) + " (1..8)");
+  return {0, (int64_t{1} << bits) - 1};
+}
+
+double lsq_step_floor(at::ScalarType dtype) { return dtype == at::kHalf ? 6.103515625e-05 : 1e-8; }
+
+double lsq_gradient_scale(int64_t elements, int64_t q_p) {
+  if (elements <= 0 || q_p <= 0) return 1.0;
+  return 1.0 / std::sqrt(static_cast<double>(elements) * static_cast<double>(q_p));
+}
+
+namespace {
+
+// `step` [1] or [C] as a tensor broadcasting against x along `axis`.
+at::Tensor step_along(const at::Tensor& x, const at::Tensor& step, int64_t axis) {
+  if (step.numel() == 1) return step.reshape({});
+  if (x.dim() < 1 || axis < 0 || axis >= x.dim() || step.numel() != x.size(axis))
+    throw Error("LSQ: a step of " + std::to_string(step.numel()) + " elements fits neither a tensor of shape " +
+                shape_str(x.sizes().vec()) + " (1) nor its channels along axis " + std::to_string(axis));
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[static_cast<size_t>(axis)] = step.numel();
+  return step.reshape(shape);
+}
+
+// Sums `t` (x's shape) to the step's shape: everything, or all but `axis`.
+at::Tensor sum_to_step(const at::Tensor& t, const at::Tensor& step, int64_t axis) {
+  if (step.numel() == 1) return t.sum().reshape(step.sizes());
+  return t.movedim(axis, 0).reshape({step.numel(), -1}).sum(1).reshape(step.sizes());
+}
+
+// The step quantization uses: max(step, floor) in x's dtype, shaped against x.
+at::Tensor effective_step(const at::Tensor& x, const at::Tensor& step, int64_t axis) {
+  return step_along(x, step.detach().to(x.scalar_type()).clamp_min(lsq_step_floor(x.scalar_type())), axis);
+}
+
+struct LsqFn : public torch::autograd::Function<LsqFn> {
+  static Variable forward(AutogradContext* ctx, const Variable& x, const Variable& step, int64_t q_n, int64_t q_p,
+                          double gradient_scale, int64_t axis) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const at::Tensor s = effective_step(x, step, axis);
+    ctx->save_for_backward({x, s, step});
+    ctx->saved_data["q_n"] = q_n;
+    ctx->saved_data["q_p"] = q_p;
+    ctx->saved_data["g"] = gradient_scale;
+    ctx->saved_data["axis"] = axis;
+    return at::round(at::clamp(x / s, -static_cast<double>(q_n), static_cast<double>(q_p))) * s;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& s = saved[1];
+    const at::Tensor& step = saved[2];
+    const double q_n = static_cast<double>(ctx->saved_data["q_n"].toInt());
+    const double q_p = static_cast<double>(ctx->saved_data["q_p"].toInt());
+    const at::Tensor v = x / s;
+    const at::Tensor below = v <= -q_n, above = v >= q_p;
+    const at::Tensor inside = at::logical_not(at::logical_or(below, above));
+    const at::Tensor& g = grad[0];
+    // ∂x̂/∂s per element: round(v) − v inside, the bound it is clamped to outside.
+    const at::Tensor ds = at::where(inside, at::round(v) - v, at::where(below, at::full({}, -q_n, v.options()),
+                                                                         at::full({}, q_p, v.options())));
+    at::Tensor grad_step;
+    if (step.requires_grad())
+      grad_step = (sum_to_step(g * ds, step, ctx->saved_data["axis"].toInt()) * ctx->saved_data["g"].toDouble())
+                      .to(step.scalar_type());
+    return {g * inside, grad_step, Variable(), Variable(), Variable(), Variable()};
+  }
+};
+
+}  // namespace
+
+at::Tensor lsq_quantize(const at::Tensor& x, const at::Tensor& step, LsqGrid grid, double gradient_scale,
+                        int64_t axis) {
+  return LsqFn::apply(x, step, grid.q_n, grid.q_p, gradient_scale, axis);
+}
+
+at::Tensor lsq_initial_step(const at::Tensor& x_in, LsqGrid grid, bool per_channel, int64_t axis) {
+  at::NoGradGuard no_grad;
+  const at::Tensor x = x_in.detach().abs().to(at::kFloat);
+  at::Tensor mean;
+  if (!per_channel) {
+    mean = x.mean().reshape({1});
+  } else {
+    if (x.dim() < 1 || axis < 0 || axis >= x.dim())
+      throw Error("LSQ: channel axis " + std::to_string(axis) + " out of range for shape " + shape_str(x.sizes().vec()));
+    mean = x.movedim(axis, 0).reshape({x.size(axis), -1}).mean(1);
+  }
+  const double q_p = static_cast<double>(std::max<int64_t>(grid.q_p, 1));
+  return (mean * (2.0 / std::sqrt(q_p))).clamp_min(lsq_step_floor(at::kFloat));
+}
+
+EncodedWeight lsq_encode(const at::Tensor& w_in, const at::Tensor& step, int64_t bits, int64_t axis) {
+  const LsqGrid grid = lsq_signed_grid(bits);
+  at::NoGradGuard no_grad;
+  const at::Tensor w = w_in.detach();
+  const at::Tensor s = effective_step(w, step, axis);
+  EncodedWeight e;
+  e.codes = at::round(at::clamp(w / s, -static_cast<double>(grid.q_n), static_cast<double>(grid.q_p))) +
+            static_cast<double>(grid.q_n);
+  e.scale = s.reshape({-1}).to(at::kFloat).contiguous();
+  e.encoding = Encoding::kUniform;
+  e.bits = bits;
+  e.axis = axis;
+  return e;
+}
+
+namespace {
+
+// The LSQ options a recipe or Config may give.
+struct LsqOptions {
+  /// Weights: one learned step per tensor or per output channel (unset: per_tensor, the paper's).
+  std::optional<std::string> granularity;
+};
+
+const OptionsSchema<LsqOptions>& lsq_schema() {
+  using O = LsqOptions;
+  static const OptionsSchema<O> schema = OptionsSchema<O>().add(
+      "granularity", &O::granularity, "one learned weight step per tensor or per output channel",
+      {"per_tensor", "per_channel"}, "per_tensor");
+  return schema;
+}
+
+bool lsq_weight_bits(int64_t k) { return (k >= 2 && k <= 8) || k == 32; }
+
+// The elements one weight step quantizes: the tensor's, or one output channel's.
+int64_t weight_elements(const Node& n, const at::Tensor& w) {
+  if (node_granularity(n) == Granularity::kPerTensor) return w.numel();
+  const int64_t axis = n.attr_int("weight_axis");
+  return axis < w.dim() && w.size(axis) > 0 ? w.numel() / w.size(axis) : w.numel();
+}
+
+class LsqMethod final : public MethodWithOptions<LsqOptions> {
+ public:
+  std::string name() const override { return "lsq"; }
+  std::string description() const override {
+    return "learned step size quantization (Esser et al. 2020): k-bit weights and activations on uniform grids "
+           "with learned steps; W4A4 by default";
+  }
+  std::string weight_bits_text() const override { return "2..8 or 32"; }
+  std::string activation_bits_text() const override { return "1..8 or 32"; }
+
+  Config resolve(const Config& in) const override {
+    Config c = in;
+    if (c.weight_bits == 0) c.weight_bits = 4;
+    if (c.activation_bits == 0) c.activation_bits = 4;
+    if (!lsq_weight_bits(c.weight_bits)) bad_bits(name(), "weight_bits", c.weight_bits, weight_bits_text());
+    if (!dorefa_bits(c.activation_bits)) bad_bits(name(), "activation_bits", c.activation_bits, activation_bits_text());
+    options(c);  // checks the keys
+    return c;
+  }
+  std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "lsq"; }
+  void attach_weight(Node& n, const Config& c) const override {
+    n.attrs["weight_bits"] = c.weight_bits;
+    n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
+    n.attrs["granularity"] = options(c).granularity.value_or("per_tensor");
+    // The paper's initial step from the weight itself: 2·mean|w|/√Q_P.
+    const bool per_channel = node_granularity(n) == Granularity::kPerChannel;
+    const at::Tensor& w = n.params.at("weight");
+    n.params.set("weight_step", lsq_initial_step(w, lsq_signed_grid(c.weight_bits), per_channel, n.attr_int("weight_axis"))
+                                    .to(w.device())
+                                    .set_requires_grad(true));
+  }
+  std::optional<ActivationPlan> activations(const Config& c) const override {
+    if (c.activation_bits == 32) return std::nullopt;
+    ActivationPlan p;
+    p.quantizer = "lsq";
+    p.attrs["activation_bits"] = c.activation_bits;
+    return p;
+  }
+  // A step driven to or below the floor by the optimizer comes back to the floor.
+  int64_t after_step(Graph& graph, const Config&) const override {
+    at::NoGradGuard no_grad;
+    int64_t changed = 0;
+    for (Node& n : graph.nodes()) {
+      for (const char* name : {"weight_step", "act_step"}) {
+        at::Tensor* s = n.params.find(name);
+        if (!s || !s->defined()) continue;
+        const double floor = lsq_step_floor(s->scalar_type());
+        if ((*s < floor).any().item<bool>()) {
+          s->clamp_min_(floor);
+          ++changed;
+        }
+      }
+    }
+    return changed;
+  }
+  std::string label(const Config& c) const override {
+    return "LSQ W" + std::to_string(c.weight_bits) + "A" + std::to_string(c.activation_bits);
+  }
+
+ protected:
+  const OptionsSchema<LsqOptions>& schema() const override { return lsq_schema(); }
+};
+
+// The activation step of an act_quant node, as a float [1] tensor.
+const at::Tensor& act_step(const Node& n) {
+  const at::Tensor* s = n.params.find("act_step");
+  if (!s || !s->defined() || s->numel() != 1)
+    node_fail(n, "LSQ activations need a learned parameter 'act_step' of one element");
+  return *s;
+}
+
+// The step quantization uses, in double: max(step, floor).
+double act_step_value(const Node& n) {
+  const at::Tensor& s = act_step(n);
+  return std::max(s.detach().to(at::kCPU, at::kFloat).item<double>(), lsq_step_floor(at::kFloat));
+}
+
+}  // namespace
+
+void register_lsq() {
+  WeightQuantizer w;
+  w.name = "lsq";
+  w.description = "LSQ weights (Esser et al. 2020): s·round(clamp(w/s, −2^(k−1), 2^(k−1) − 1)), learned step s";
+  w.attributes = weight_quantizer_attributes(2, 8);
+  w.attributes.push_back(granularity_attribute(Granularity::kPerTensor));
+  w.params = {"weight_step"};
+  w.forward = [](const Node& n, const at::Tensor& weight, bool) {
+    const at::Tensor* step = n.params.find("weight_step");
+    if (!step || !step->defined()) node_fail(n, "LSQ weights need a learned parameter 'weight_step'");
+    const LsqGrid grid = lsq_signed_grid(n.attr_int("weight_bits"));
+    return lsq_quantize(weight, *step, grid, lsq_gradient_scale(weight_elements(n, weight), grid.q_p),
+                        n.attr_int("weight_axis"));
+  };
+  w.encode = [](const Node& n, const at::Tensor& weight) {
+    const at::Tensor* step = n.params.find("weight_step");
+    if (!step || !step->defined()) node_fail(n, "LSQ weights need a learned parameter 'weight_step'");
+    return lsq_encode(weight, *step, n.attr_int("weight_bits"), n.attr_int("weight_axis"));
+  };
+  // s·q with q integral in [−128, 127]: an int8 grid with the step as its scale.
+  w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
+    if (e.encoding != Encoding::kUniform || e.bits < 2 || e.bits > 8 || e.axis < 0 ||
+        e.axis >= static_cast<int64_t>(shape.size()))
+      return std::nullopt;
+    const int64_t channels = shape[static_cast<size_t>(e.axis)];
+    if (e.scale.numel() != 1 && e.scale.numel() != channels) return std::nullopt;
+    at::Tensor scale = e.scale.detach().to(at::kCPU, at::kFloat).reshape({-1});
+    if (scale.numel() == 1) scale = scale.expand({channels});
+    return IntegerGrid{scale.contiguous(), e.axis};
+  };
+  register_weight_quantizer(std::move(w));
+
+  ActivationQuantizer a;
+  a.name = "lsq";
+  a.description = "LSQ activations (Esser et al. 2020): s·round(clamp(x/s, 0, 2^k − 1)), learned step s (act_step)";
+  a.placement = Placement::kAfterRelu;
+  a.params = {"act_step"};
+  a.attributes = {AttrSpec::needed("activation_bits", AttrType::kInt, "bits per activation (1..8)").range(1, 8),
+                  AttrSpec::boolean("relu", false, "stands for a ReLU then the quantizer")};
+  a.check = [](const Node&) {};
+  a.forward = [](const Node& n, const at::Tensor& x, bool) {
+    const LsqGrid grid = lsq_unsigned_grid(n.attr_int("activation_bits"));
+    // N: the elements of one sample (the layer's features), as the paper's N_F.
+    const int64_t per_sample = x.dim() > 0 && x.size(0) > 0 ? x.numel() / x.size(0) : x.numel();
+    // The grid starts at 0 and its gradient is 0 at and below 0: a ReLU before it changes nothing.
+    return lsq_quantize(x, act_step(n), grid, lsq_gradient_scale(per_sample, grid.q_p), 0);
+  };
+  a.grid = [](const Node& n) {
+    ActivationGrid g;
+    g.bits = n.attr_int("activation_bits");
+    g.max = act_step_value(n) * static_cast<double>(lsq_unsigned_grid(g.bits).q_p);
+    g.relu = n.attr_bool("relu");
+    return g;
+  };
+  a.torchscript = [](const Node& n, const std::string& x, const TorchScriptTerms& t) -> std::string {
+    const LsqGrid grid = lsq_unsigned_grid(n.attr_int("activation_bits"));
+    const std::string s = "torch.clamp(" + t.tensor("act_step") + ".reshape([]), min=" + t.number(lsq_step_floor(at::kFloat)) + ")";
+    return "torch.round(torch.clamp(" + x + " / " + s + ", 0.0, " + t.number(static_cast<double>(grid.q_p)) + ")) * " + s;
+  };
+  // Before any data: the paper's initial step for mean|x| = 0.5; initialize() sets it from a batch.
+  a.attach = [](Node& n) {
+    const double q_p = static_cast<double>(lsq_unsigned_grid(n.attr_int("activation_bits")).q_p);
+    n.params.set("act_step", at::full({1}, 1.0 / std::sqrt(q_p), at::kFloat).set_requires_grad(true));
+  };
+  a.initialize = [](const Node& n, const at::Tensor& x) {
+    at::NoGradGuard no_grad;
+    act_step(n).copy_(lsq_initial_step(x, lsq_unsigned_grid(n.attr_int("activation_bits"))));
+  };
+  register_activation_quantizer(std::move(a));
+  register_quantizer_method(std::make_unique<LsqMethod>());
+}
+
+}  // namespace whittle::quantize

@@ -1,0 +1,188 @@
+// PACT (Choi et al., 2018, arXiv:1805.06085): the activation quantizer "pact", a learned clip level
+// α per layer input, and the method "pact" (DoReFa k-bit weights, PACT activations, the L2 penalty
+// λ·Σα² added to the loss).
+//
+//   y = round(min(max(x, 0), α)/s)·s,  s = α/(2^k − 1) (computed in double, rounded to x's dtype)
+//   ∂y/∂x = 1 where 0 ≤ x < α (0 < x < α when it stands for a ReLU too), else 0
+//   ∂y/∂α = 1 where x ≥ α, else 0 (the paper's straight-through estimate)
+// α below a floor quantizes with the floor (its gradient passes unchanged) and is clamped to it
+// after each optimizer step.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "graph/op_registry.h"
+#include "quantize/method.h"
+
+namespace whittle::quantize {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Variable;
+using torch::autograd::variable_list;
+
+constexpr double kClipFloor = 1e-6;
+
+// The levels 2^k − 1 of a k-bit PACT grid; throws for k outside 1..8.
+double pact_levels(int64_t bits) {
+  if (bits < 1 || bits > 8) throw Error("PACT activations: unsupported bit width " + std::to_string(bits) + " (1..8)");
+  return static_cast<double>((int64_t{1} << bits) - 1);
+}
+
+struct PactFn : public torch::autograd::Function<PactFn> {
+  static Variable forward(AutogradContext* ctx, const Variable& x, const Variable& alpha, int64_t bits, bool after_relu) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const at::Tensor a = alpha.detach().reshape({}).clamp_min(kClipFloor);
+    const at::Tensor s = (a.to(at::kDouble) / pact_levels(bits)).to(x.scalar_type());
+    const at::Tensor ax = a.to(x.scalar_type());
+    ctx->save_for_backward({x, ax});
+    ctx->saved_data["after_relu"] = after_relu;
+    return at::round(at::minimum(at::clamp_min(x, 0.0), ax) / s) * s;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& a = saved[1];
+    const at::Tensor low = ctx->saved_data["after_relu"].toBool() ? x > 0 : x >= 0;
+    const at::Tensor above = x >= a;
+    const at::Tensor grad_x = grad[0] * at::logical_and(low, at::logical_not(above));
+    const at::Tensor grad_alpha = (grad[0] * above).sum().reshape({1}).to(at::kFloat);
+    return {grad_x, grad_alpha, Variable(), Variable()};
+  }
+};
+
+const at::Tensor& act_clip(const Node& n) {
+  const at::Tensor* a = n.params.find("act_clip");
+  if (!a || !a->defined() || a->numel() != 1) node_fail(n, "PACT activations need a learned parameter 'act_clip' of one element");
+  return *a;
+}
+
+// The PACT options a recipe or Config may give.
+struct PactOptions {
+  /// The clip level α every quantized layer input starts from (the paper's 10).
+  double clip_init = 10.0;
+  /// λ of the L2 penalty λ·Σα² added to the training loss (0: none).
+  double clip_penalty = 0.0;
+  /// DoReFa weights: where the tanh maximum of k-bit weights and the 1-bit scale are computed.
+  std::optional<std::string> granularity;
+};
+
+const OptionsSchema<PactOptions>& pact_schema() {
+  using O = PactOptions;
+  static const OptionsSchema<O> schema =
+      OptionsSchema<O>()
+          .add("clip_init", &O::clip_init, "PACT: the clip level α each quantized layer input starts from")
+          .in_range(Range{0, 1e6, true, false})
+          .add("clip_penalty", &O::clip_penalty, "PACT: λ of the L2 penalty λ·Σα² added to the loss")
+          .in_range(Range::at_least(0))
+          .add("granularity", &O::granularity, "DoReFa weights: where the tanh maximum (k-bit) or scale (1-bit) is computed",
+               {"per_tensor", "per_channel"}, "per_tensor");
+  return schema;
+}
+
+class PactMethod final : public MethodWithOptions<PactOptions> {
+ public:
+  std::string name() const override { return "pact"; }
+  std::string description() const override {
+    return "PACT (Choi et al. 2018): activations clipped at a learned α per layer and quantized to k bits, DoReFa "
+           "k-bit weights; W4A4 by default";
+  }
+  std::string weight_bits_text() const override { return "1..8 or 32"; }
+  std::string activation_bits_text() const override { return "1..8"; }
+
+  Config resolve(const Config& in) const override {
+    Config c = in;
+    if (c.weight_bits == 0) c.weight_bits = 4;
+    if (c.activation_bits == 0) c.activation_bits = 4;
+    if (!dorefa_bits(c.weight_bits)) bad_bits(name(), "weight_bits", c.weight_bits, weight_bits_text());
+    if (c.activation_bits < 1 || c.activation_bits > 8)
+      bad_bits(name(), "activation_bits", c.activation_bits, activation_bits_text());
+    options(c);
+    return c;
+  }
+  std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "dorefa"; }
+  void attach_weight(Node& n, const Config& c) const override {
+    n.attrs["weight_bits"] = c.weight_bits;
+    n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
+    n.attrs["granularity"] = options(c).granularity.value_or("per_tensor");
+  }
+  std::optional<ActivationPlan> activations(const Config& c) const override {
+    ActivationPlan p;
+    p.quantizer = "pact";
+    p.attrs["activation_bits"] = c.activation_bits;
+    p.attrs["clip_init"] = options(c).clip_init;
+    return p;
+  }
+  int64_t after_step(Graph& graph, const Config&) const override {
+    at::NoGradGuard no_grad;
+    int64_t changed = 0;
+    for (Node& n : graph.nodes()) {
+      if (n.op != "act_quant" || n.attr_str("method") != name()) continue;
+      const at::Tensor& a = act_clip(n);
+      if ((a < kClipFloor).any().item<bool>()) {
+        a.clamp_min_(kClipFloor);
+        ++changed;
+      }
+    }
+    return changed;
+  }
+  at::Tensor penalty(const Graph& graph, const Config& c) const override {
+    const double lambda = options(c).clip_penalty;
+    if (lambda == 0) return {};
+    at::Tensor sum;
+    for (const Node& n : graph.nodes()) {
+      if (n.op != "act_quant" || n.attr_str("method") != name()) continue;
+      const at::Tensor term = act_clip(n).pow(2).sum();
+      sum = sum.defined() ? sum + term : term;
+    }
+    return sum.defined() ? sum * lambda : sum;
+  }
+  std::string label(const Config& c) const override {
+    return "PACT W" + std::to_string(c.weight_bits) + "A" + std::to_string(c.activation_bits);
+  }
+
+ protected:
+  const OptionsSchema<PactOptions>& schema() const override { return pact_schema(); }
+};
+
+}  // namespace
+
+void register_pact() {
+  ActivationQuantizer a;
+  a.name = "pact";
+  a.description = "PACT activations (Choi et al. 2018): round(clip(x, 0, α)/s)·s, s = α/(2^k − 1), learned α (act_clip)";
+  a.placement = Placement::kAfterRelu;
+  a.params = {"act_clip"};
+  a.attributes = {AttrSpec::needed("activation_bits", AttrType::kInt, "bits per activation (1..8)").range(1, 8),
+                  AttrSpec::number("clip_init", 10.0, "the clip level α starts from").range(1e-30, std::nullopt),
+                  AttrSpec::boolean("relu", false, "stands for a ReLU then the quantizer")};
+  a.check = [](const Node&) {};
+  a.forward = [](const Node& n, const at::Tensor& x, bool) {
+    return PactFn::apply(x, act_clip(n), n.attr_int("activation_bits"), n.attr_bool("relu"));
+  };
+  a.grid = [](const Node& n) {
+    ActivationGrid g;
+    g.bits = n.attr_int("activation_bits");
+    g.max = std::max(act_clip(n).detach().to(at::kCPU, at::kFloat).item<double>(), kClipFloor);
+    g.relu = n.attr_bool("relu");
+    return g;
+  };
+  a.torchscript = [](const Node& n, const std::string& x, const TorchScriptTerms& t) -> std::string {
+    const std::string alpha = "torch.clamp(" + t.tensor("act_clip") + ".reshape([]), min=" + t.number(kClipFloor) + ")";
+    const std::string s = "(" + alpha + ".to(torch.float64) / " + t.number(pact_levels(n.attr_int("activation_bits"))) +
+                          ").to(" + x + ".dtype)";
+    return "torch.round(torch.minimum(torch.clamp(" + x + ", min=0.0), " + alpha + ".to(" + x + ".dtype)) / " + s +
+           ") * " + s;
+  };
+  a.attach = [](Node& n) {
+    n.params.set("act_clip", at::full({1}, n.attr_float("clip_init"), at::kFloat).set_requires_grad(true));
+  };
+  register_activation_quantizer(std::move(a));
+  register_quantizer_method(std::make_unique<PactMethod>());
+}
+
+}  // namespace whittle::quantize

@@ -1,0 +1,293 @@
+// The learned quantizers: LSQ (Esser et al. 2020) and PACT (Choi et al. 2018). Values and gradients
+// worked out by hand in the comments, the degenerate cases (an all-zero tensor, a step driven to 0
+// or below, bits 1 and 8), packed codes that decode bitwise to the forward's values, and the
+// methods through the quantize pass (learned parameters, their role, initialization from a batch,
+// the step floor after an optimizer step, PACT's penalty).
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "export/checkpoint.h"
+#include "graph/graph_module.h"
+#include "graph/op_registry.h"
+#include "graph/zoo.h"
+#include "quantize/lsq.h"
+#include "quantize/method.h"
+#include "quantize/quantize.h"
+#include "support.h"
+
+namespace whittle::test {
+namespace {
+
+namespace q = whittle::quantize;
+
+at::Tensor vec(std::vector<float> v) { return at::tensor(v, at::TensorOptions().dtype(at::kFloat)); }
+
+void expect_close(const at::Tensor& got, std::vector<float> want, double tol = 1e-6) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << got;
+  const at::Tensor g = got.detach().to(at::kFloat).reshape({-1});
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(g[static_cast<int64_t>(i)].item<double>(), want[i], tol) << "element " << i << " of " << got;
+}
+
+// 2-bit signed grid [−2, 1], s = 0.5: x = [−3, −0.6, 0.2, 0.5, 1.26, 5] → v = x/s = [−6, −1.2,
+// 0.4, 1, 2.52, 10] → round(clamp(v, −2, 1)) = [−2, −1, 0, 1, 1, 1] → x̂ = [−1, −0.5, 0, 0.5, 0.5,
+// 0.5]. Inside (−2 < v < 1): elements 1 and 2 only (v = 1 is on the bound: outside). With the
+// upstream gradient [1, 2, 3, 4, 5, 6]: ∂/∂x = [0, 2, 3, 0, 0, 0]; ∂/∂s per element = [−2 (below),
+// round(−1.2) + 1.2 = 0.2, 0 − 0.4 = −0.4, 1, 1, 1 (at or above)], weighted: −2 + 0.4 − 1.2 + 4 +
+// 5 + 6 = 12.2, times g = 1/√(6·1). The elements outside the range count with their own upstream
+// gradient (the step gradient is not built from the masked input gradient).
+TEST(Lsq, ValuesAndGradientsByHand) {
+  const at::Tensor x = vec({-3.0f, -0.6f, 0.2f, 0.5f, 1.26f, 5.0f}).set_requires_grad(true);
+  const at::Tensor s = vec({0.5f}).set_requires_grad(true);
+  const q::LsqGrid grid = q::lsq_signed_grid(2);
+  EXPECT_EQ(grid.q_n, 2);
+  EXPECT_EQ(grid.q_p, 1);
+  const double g = q::lsq_gradient_scale(6, grid.q_p);
+  EXPECT_DOUBLE_EQ(g, 1.0 / std::sqrt(6.0));
+  const at::Tensor y = q::lsq_quantize(x, s, grid, g);
+  expect_close(y, {-1.0f, -0.5f, 0.0f, 0.5f, 0.5f, 0.5f}, 0);
+  y.backward(vec({1, 2, 3, 4, 5, 6}));
+  expect_close(x.grad(), {0, 2, 3, 0, 0, 0}, 0);
+  expect_close(s.grad(), {static_cast<float>(12.2 / std::sqrt(6.0))}, 1e-5);
+}
+
+// Per channel along axis 0, grid [−2, 1], gradient scale 1. Row 0, s = 0.5: x = [0.3, −1.1, 0.7] →
+// v = [0.6, −2.2, 1.4] → [1, −2, 1] → x̂ = [0.5, −1, 0.5]; inside only 0.6; ∂/∂s = 0.4 − 2 + 1 =
+// −0.6. Row 1, s = 1: v = [0.3, −1.1, 0.7] → [0, −1, 1] → x̂ = [0, −1, 1], all inside; ∂/∂s = −0.3
+// + 0.1 + 0.3 = 0.1.
+TEST(Lsq, PerChannelStepsTakeTheirChannelsGradients) {
+  const at::Tensor x = vec({0.3f, -1.1f, 0.7f, 0.3f, -1.1f, 0.7f}).reshape({2, 3}).set_requires_grad(true);
+  const at::Tensor s = vec({0.5f, 1.0f}).set_requires_grad(true);
+  const at::Tensor y = q::lsq_quantize(x, s, q::lsq_signed_grid(2), 1.0, 0);
+  expect_close(y, {0.5f, -1.0f, 0.5f, 0.0f, -1.0f, 1.0f}, 0);
+  y.backward(at::ones_like(y));
+  expect_close(x.grad(), {1, 0, 0, 1, 1, 1}, 0);
+  expect_close(s.grad(), {-0.6f, 0.1f}, 1e-6);
+  // A step of the wrong size is named.
+  EXPECT_THROW(q::lsq_quantize(x, vec({1, 1, 1}), q::lsq_signed_grid(2), 1.0, 0), Error);
+}
+
+// Unsigned activations, 2 bits: grid [0, 3], s = 0.25, x = [−1, 0, 0.1, 0.3, 2]: v = [−4, 0, 0.4,
+// 1.2, 8] → [0, 0, 0, 1, 3] → x̂ = [0, 0, 0, 0.25, 0.75]. Inside (0 < v < 3): 0.4 and 1.2; v = 0
+// is on the lower bound, so the gradient there is 0, as a ReLU's. ∂/∂s = 0 + 0 − 0.4 − 0.2 + 3 = 2.4.
+TEST(Lsq, UnsignedActivationGrid) {
+  const at::Tensor x = vec({-1.0f, 0.0f, 0.1f, 0.3f, 2.0f}).set_requires_grad(true);
+  const at::Tensor s = vec({0.25f}).set_requires_grad(true);
+  const q::LsqGrid grid = q::lsq_unsigned_grid(2);
+  EXPECT_EQ(grid.q_n, 0);
+  EXPECT_EQ(grid.q_p, 3);
+  const at::Tensor y = q::lsq_quantize(x, s, grid, 1.0);
+  expect_close(y, {0, 0, 0, 0.25f, 0.75f}, 0);
+  y.backward(at::ones_like(y));
+  expect_close(x.grad(), {0, 0, 1, 1, 0}, 0);
+  expect_close(s.grad(), {2.4f}, 1e-6);
+  // The initial step: 2·mean|x|/√Q_P = 2·(3.4/5)/√3.
+  expect_close(q::lsq_initial_step(x, grid), {static_cast<float>(2 * 0.68 / std::sqrt(3.0))}, 1e-6);
+}
+
+TEST(Lsq, DegenerateCases) {
+  // An all-zero tensor: the initial step is the floor, the values are 0 and the gradients finite.
+  const at::Tensor zeros = at::zeros({4, 3}).set_requires_grad(true);
+  const at::Tensor s0 = q::lsq_initial_step(zeros, q::lsq_signed_grid(4)).set_requires_grad(true);
+  expect_close(s0, {1e-8f}, 0);
+  at::Tensor y = q::lsq_quantize(zeros, s0, q::lsq_signed_grid(4), q::lsq_gradient_scale(12, 7));
+  EXPECT_TRUE(at::equal(y, at::zeros({4, 3})));
+  y.sum().backward();
+  EXPECT_TRUE(at::isfinite(zeros.grad()).all().item<bool>());
+  EXPECT_TRUE(at::isfinite(s0.grad()).all().item<bool>());
+
+  // A step driven below 0 quantizes with the floor (1e-8): x = 1e-8·[−3, 0.4, 5] on the 2-bit grid
+  // gives 1e-8·[−2, 0, 1], and its gradient still reaches the step (−2 + (0 − 0.4) + 1 = −1.4).
+  const at::Tensor x = (vec({-3.0f, 0.4f, 5.0f}) * 1e-8).set_requires_grad(true);
+  const at::Tensor neg = vec({-0.3f}).set_requires_grad(true);
+  y = q::lsq_quantize(x, neg, q::lsq_signed_grid(2), 1.0);
+  expect_close(y / 1e-8, {-2, 0, 1}, 1e-5);
+  y.sum().backward();
+  expect_close(neg.grad(), {-1.4f}, 1e-5);
+
+  // Bits: weights 2..8 (1 bit would leave the signed grid {−1, 0}), activations 1..8.
+  EXPECT_THROW(q::lsq_signed_grid(1), Error);
+  EXPECT_THROW(q::lsq_signed_grid(9), Error);
+  EXPECT_THROW(q::lsq_unsigned_grid(0), Error);
+  const q::LsqGrid one = q::lsq_unsigned_grid(1);
+  EXPECT_EQ(one.q_p, 1);  // {0, s}
+  expect_close(q::lsq_quantize(vec({-1, 0.4f, 0.6f, 9}), vec({1}), one, 1.0), {0, 0, 1, 1}, 0);
+  // 8 bits: the signed grid reaches −128 and 127.
+  const q::LsqGrid eight = q::lsq_signed_grid(8);
+  EXPECT_EQ(eight.q_n, 128);
+  EXPECT_EQ(eight.q_p, 127);
+  expect_close(q::lsq_quantize(vec({-1000, -127.5f, 126.5f, 1000}), vec({1}), eight, 1.0), {-128, -128, 126, 127}, 0);
+}
+
+// The packed codes decode (Encoding::kUniform) to bitwise the forward's values, per tensor and per
+// output channel, at 2, 4 and 8 bits, in float32 and float64.
+TEST(Lsq, CodesDecodeBitwiseToTheForward) {
+  at::manual_seed(3);
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor w = at::randn({6, 4, 3, 3}, at::TensorOptions().dtype(dtype));
+    for (int64_t bits : {2, 4, 8}) {
+      const q::LsqGrid grid = q::lsq_signed_grid(bits);
+      for (bool per_channel : {false, true}) {
+        const at::Tensor step = q::lsq_initial_step(w, grid, per_channel, 0) * 1.3;
+        const at::Tensor y = q::lsq_quantize(w, step, grid, 1.0, 0);
+        const q::EncodedWeight e = q::lsq_encode(w, step, bits, 0);
+        EXPECT_EQ(e.encoding, q::Encoding::kUniform);
+        EXPECT_GE(e.codes.min().item<double>(), 0);
+        EXPECT_LE(e.codes.max().item<double>(), (1 << bits) - 1);
+        const at::Tensor decoded = q::decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, dtype);
+        EXPECT_TRUE(at::equal(decoded, y)) << bits << " bits, per_channel " << per_channel << ", " << dtype;
+      }
+    }
+  }
+}
+
+// PACT, 2 bits, α = 2: s = 2/3; x = [−1, 0, 0.5, 1, 1.9, 3] → min(max(x, 0), 2)/s = [0, 0, 0.75,
+// 1.5, 2.85, 3] → round half to even [0, 0, 1, 2, 3, 3] → y = [0, 0, 2/3, 4/3, 2, 2]. ∂/∂x = 1 on
+// [0, α): [0, 1, 1, 1, 1, 0]; ∂/∂α = 1 where x ≥ α: with the upstream gradient [1..6], 6.
+TEST(Pact, ValuesAndGradientsByHand) {
+  GraphModule m(build_model("lenet5", ZooOptions{}));
+  q::Config c;
+  c.method = "pact";
+  c.weight_bits = 2;
+  c.activation_bits = 2;
+  c.options["clip_init"] = 2.0;
+  q::apply(m, c);
+  const Node* act = nullptr;
+  for (const Node& n : m->graph().nodes())
+    if (n.op == "act_quant") act = &n;
+  ASSERT_NE(act, nullptr);
+  EXPECT_EQ(param_role(*act, "act_clip"), ParamRole::kQuantizer);
+  const q::ActivationQuantizer& aq = q::activation_quantizer_of(*act);
+  const at::Tensor x = vec({-1, 0, 0.5f, 1, 1.9f, 3}).set_requires_grad(true);
+  Node probe = *act;
+  probe.attrs["relu"] = int64_t{0};
+  const at::Tensor y = aq.forward(probe, x, true);
+  expect_close(y, {0, 0, 2.0f / 3, 4.0f / 3, 2, 2}, 1e-6);
+  y.backward(vec({1, 2, 3, 4, 5, 6}));
+  expect_close(x.grad(), {0, 2, 3, 4, 5, 0}, 0);
+  expect_close(act->params.at("act_clip").grad(), {6}, 0);
+  // Standing for a ReLU too: the gradient at x = 0 is ReLU's, 0.
+  probe.attrs["relu"] = int64_t{1};
+  const at::Tensor x2 = vec({0, 0.5f}).set_requires_grad(true);
+  aq.forward(probe, x2, true).sum().backward();
+  expect_close(x2.grad(), {0, 1}, 0);
+  // The grid its outputs lie on: max α, 2 bits.
+  EXPECT_DOUBLE_EQ(aq.grid(*act).max, 2.0);
+  EXPECT_EQ(aq.grid(*act).bits, 2);
+}
+
+// PACT's penalty λ·Σα² over the clip levels of the quantized inputs (LeNet-5: conv2, fc1 and fc2's
+// inputs); none without clip_penalty.
+TEST(Pact, PenaltyIsLambdaTimesTheSquaredClips) {
+  Graph g = build_model("lenet5", ZooOptions{});
+  q::Config c;
+  c.method = "pact";
+  c.options["clip_init"] = 3.0;
+  q::apply(g, c);
+  int64_t clips = 0;
+  for (const Node& n : g.nodes()) clips += n.op == "act_quant" && n.params.contains("act_clip");
+  EXPECT_EQ(clips, 3);
+  EXPECT_FALSE(q::penalty(g, q::resolve(c)).defined());
+  c.options["clip_penalty"] = 0.01;
+  expect_close(q::penalty(g, q::resolve(c)).reshape({1}), {static_cast<float>(0.01 * 3 * 9.0)}, 1e-6);
+}
+
+// LSQ through the quantize pass on LeNet-5: learned steps on the layers and their inputs, as
+// quantizer parameters (no weight decay); the activation steps set from a batch without changing
+// the batch-norm statistics; after an optimizer step a step driven below 0 comes back to the
+// floor; the packed checkpoint reloads to bitwise the same outputs.
+TEST(Lsq, MethodTrainsInitializesAndPacks) {
+  at::manual_seed(1);
+  GraphModule m(build_model("lenet5", ZooOptions{}));
+  q::Config c;
+  c.method = "lsq";
+  c.weight_bits = 2;
+  c.activation_bits = 3;
+  c.options["granularity"] = std::string("per_channel");
+  const q::Report r = q::apply(m, c);
+  EXPECT_EQ(r.quantized, (std::vector<std::string>{"conv2", "fc1", "fc2"}));
+  const Node& conv2 = m->graph().node("conv2");
+  EXPECT_EQ(conv2.params.at("weight_step").numel(), 16);  // one per output channel
+  EXPECT_EQ(param_role(conv2, "weight_step"), ParamRole::kQuantizer);
+  std::vector<std::string> acts;
+  for (const Node& n : m->graph().nodes())
+    if (n.op == "act_quant") {
+      acts.push_back(n.name);
+      EXPECT_EQ(param_role(n, "act_step"), ParamRole::kQuantizer);
+      expect_close(n.params.at("act_step"), {static_cast<float>(1 / std::sqrt(7.0))}, 1e-7);
+    }
+  ASSERT_EQ(acts.size(), 3u);
+
+  // Initialization from a batch: the steps move, the running statistics stay.
+  std::vector<at::Tensor> before;
+  for (const auto& b : m->named_buffers()) before.push_back(b.value().clone());
+  m->train();
+  const at::Tensor batch = at::randn({32, 1, 28, 28});
+  EXPECT_EQ(q::initialize_learned(m, batch), 3);
+  size_t i = 0;
+  for (const auto& b : m->named_buffers()) EXPECT_TRUE(at::equal(b.value(), before[i++])) << b.key();
+  for (const auto& name : acts) {
+    const double s = m->graph().node(name).params.at("act_step").item<double>();
+    EXPECT_GT(s, 0);
+    EXPECT_NE(s, 1 / std::sqrt(7.0)) << name;
+  }
+
+  // Two SGD steps: the steps learn.
+  const at::Tensor w_step0 = conv2.params.at("weight_step").detach().clone();
+  std::vector<at::Tensor> params;
+  for (const auto& p : m->parameters()) params.push_back(p);
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    m->forward(batch).logsumexp(1).mean().backward();
+    at::NoGradGuard no_grad;
+    for (auto& p : params)
+      if (p.grad().defined()) p.sub_(0.05 * p.grad());
+  }
+  EXPECT_FALSE(at::equal(m->graph().node("conv2").params.at("weight_step"), w_step0));
+
+  // A step below 0 comes back to the floor.
+  {
+    at::NoGradGuard no_grad;
+    m->graph().node(acts[0]).params.at("act_step").fill_(-1.0);
+  }
+  EXPECT_EQ(q::after_step(m->graph(), q::resolve(c)), 1);
+  expect_close(m->graph().node(acts[0]).params.at("act_step"), {1e-8f}, 0);
+
+  // The packed checkpoint: codes and steps, reloaded to bitwise the same outputs.
+  m->eval();
+  const at::Tensor input = at::randn({4, 1, 28, 28});
+  const at::Tensor out = m->forward(input);
+  const std::string dir = join_path(binary_dir(), "testdata/learned_quantizers");
+  make_directories(dir);
+  const std::string path = join_path(dir, "lsq.h5");
+  save_checkpoint(path, m->graph());
+  GraphModule reloaded(load_checkpoint(path).graph);
+  reloaded->eval();
+  EXPECT_EQ(reloaded->graph().node("conv2").attr_str("weight_encoding"), "uniform");
+  EXPECT_TRUE(at::equal(reloaded->forward(input), out));
+}
+
+TEST(Lsq, BitsOutsideTheMethodsRangeAreNamed) {
+  Graph g = build_model("lenet5", ZooOptions{});
+  q::Config c;
+  c.method = "lsq";
+  c.weight_bits = 1;
+  try {
+    q::apply(g, c);
+    FAIL() << "1-bit LSQ weights were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_bits"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lsq"), std::string::npos) << e.what();
+  }
+  c.weight_bits = 4;
+  c.activation_bits = 9;
+  EXPECT_THROW(q::apply(g, c), Error);
+}
+
+}  // namespace
+}  // namespace whittle::test
