@@ -173,7 +173,7 @@ void register_pact() {
   };
   a.torchscript = [](const Node& n, const std::string& x, const TorchScriptTerms& t) -> std::string {
     const std::string alpha = "torch.clamp(" + t.tensor("act_clip") + ".reshape([]), min=" + t.number(kClipFloor) + ")";
-    const std::string s = "(" + alpha + ".to(torch.float64) / " + t.number(pact_levels(n.attr_int("activation_bits"))) +
+    const std::string s = "(" + alpha + ".double() / " + t.number(pact_levels(n.attr_int("activation_bits"))) +
                           ").to(" + x + ".dtype)";
     return "torch.round(torch.minimum(torch.clamp(" + x + ", min=0.0), " + alpha + ".to(" + x + ".dtype)) / " + s +
            ") * " + s;
