@@ -6,8 +6,10 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/script.h>
 
 #include <cmath>
+#include <map>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -270,6 +272,84 @@ TEST(Lsq, MethodTrainsInitializesAndPacks) {
   reloaded->eval();
   EXPECT_EQ(reloaded->graph().node("conv2").attr_str("weight_encoding"), "uniform");
   EXPECT_TRUE(at::equal(reloaded->forward(input), out));
+}
+
+// PyTorch's values and gradients of the papers' formulations (tests/reference/
+// make_learned_quantizer_reference.py): LSQ from the paper's pseudo-code (grad_scale and
+// round_pass), PACT's clip 0.5·(|x| − |x − α| + α) with a straight-through rounding. Values to
+// 1e-6 of the largest |value| (the formulations round the step or the clip differently in the last
+// bit), input gradients to 1e-5 of their largest element (the same rounding of each element in
+// another order; the parameters' bound is below).
+TEST(LearnedQuantizers, EqualThePapersFormulationsInPyTorch) {
+  torch::jit::Module ref =
+      torch::jit::load(binary_dir() + "/testdata/learned_quantizer_reference/learned_quantizer_reference.pt");
+  std::map<std::string, at::Tensor> t;
+  for (const auto& b : ref.named_buffers()) t[b.name] = b.value;
+  ASSERT_EQ(t.size(), 6u * 7u + 4u * 7u + 2u * 6u);
+  auto near = [](const at::Tensor& got, const at::Tensor& want, double rel, const std::string& what) {
+    const double scale = std::max(want.abs().max().item<double>(), 1e-12);
+    EXPECT_LE((got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(), rel * scale) << what;
+  };
+  // A step's or clip's gradient is a sum of terms of both signs that cancel (at 8 bits to 1e-3 of
+  // their magnitude), so its bound is relative to the terms' size: g·Σ|upstream| per element of
+  // the parameter, or its largest element when that is larger.
+  auto check = [&](const std::string& c, const at::Tensor& y, const at::Tensor& x, const at::Tensor& p,
+                   const std::string& key) {
+    near(y, t.at(c + "_y"), 1e-6, c + " values");
+    const at::Tensor& up = t.at(c + "_up");
+    y.backward(up);
+    near(x.grad(), t.at(c + "_gx"), 1e-5, c + " input gradient");
+    const at::Tensor& want = t.at(c + "_g" + key);
+    const double g = t.count(c + "_g") ? t.at(c + "_g").item<double>() : 1.0;
+    const double terms = g * up.abs().sum().item<double>() / static_cast<double>(want.numel());
+    const double bound = 1e-6 * std::max(terms, want.abs().max().item<double>());
+    EXPECT_LE((p.grad().to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(), bound) << c << " " << key;
+  };
+  for (int bits : {2, 4, 8}) {
+    for (const std::string kind : {"tensor", "channel"}) {
+      const std::string c = "lsq_w" + std::to_string(bits) + "_" + kind;
+      const at::Tensor x = t.at(c + "_x").clone().set_requires_grad(true);
+      const at::Tensor s = t.at(c + "_s").clone().set_requires_grad(true);
+      // The gradient scale whittle's weight quantizer uses, against the reference's.
+      const int64_t n = kind == "tensor" ? x.numel() : x.numel() / x.size(0);
+      EXPECT_DOUBLE_EQ(q::lsq_gradient_scale(n, q::lsq_signed_grid(bits).q_p), t.at(c + "_g").item<double>()) << c;
+      check(c, q::lsq_quantize(x, s, q::lsq_signed_grid(bits), t.at(c + "_g").item<double>(), 0), x, s, "s");
+    }
+  }
+  // Activations through the act_quant nodes' own forward (gradient scale from the input's shape).
+  Graph g = build_model("lenet5", ZooOptions{});
+  q::Config lc;
+  lc.method = "lsq";
+  q::apply(g, lc);
+  Graph pg = build_model("lenet5", ZooOptions{});
+  q::Config pc;
+  pc.method = "pact";
+  q::apply(pg, pc);
+  auto act_node = [](const Graph& graph) {
+    for (const Node& n : graph.nodes())
+      if (n.op == "act_quant") return n;
+    throw Error("no act_quant node");
+  };
+  for (int bits : {1, 2, 4, 8}) {
+    const std::string c = "lsq_a" + std::to_string(bits);
+    Node n = act_node(g);
+    n.attrs["activation_bits"] = int64_t{bits};
+    n.attrs["relu"] = int64_t{0};
+    const at::Tensor s = t.at(c + "_s").clone().set_requires_grad(true);
+    n.params.set("act_step", s);
+    const at::Tensor x = t.at(c + "_x").clone().set_requires_grad(true);
+    check(c, q::activation_quantizer_of(n).forward(n, x, true), x, s, "s");
+  }
+  for (int bits : {2, 4}) {
+    const std::string c = "pact_a" + std::to_string(bits);
+    Node n = act_node(pg);
+    n.attrs["activation_bits"] = int64_t{bits};
+    n.attrs["relu"] = int64_t{0};
+    const at::Tensor alpha = t.at(c + "_alpha").clone().set_requires_grad(true);
+    n.params.set("act_clip", alpha);
+    const at::Tensor x = t.at(c + "_x").clone().set_requires_grad(true);
+    check(c, q::activation_quantizer_of(n).forward(n, x, true), x, alpha, "alpha");
+  }
 }
 
 TEST(Lsq, BitsOutsideTheMethodsRangeAreNamed) {
