@@ -363,6 +363,14 @@ void attach_quantized() {
     const double c = g.max;
     const double levels = static_cast<double>((int64_t{1} << g.bits) - 1);
     std::string x = n.inputs[0];
+    // A grid shifted by β (LSQ+): DequantizeLinear(QuantizeLinear(clip(x − β, 0, c))) + β.
+    const bool shifted = g.offset != 0.0;
+    const std::string offset = shifted ? e.scalar(n, "offset", static_cast<float>(g.offset)) : "";
+    if (shifted) {
+      const std::string sub = e.temp(n, "shifted");
+      e.node(n, "Sub", {x, offset}, {sub}, {}, "shift");
+      x = sub;
+    }
     if (g.bits < 8) {
       const std::string clipped = e.temp(n, "clipped");
       clip(n, e, x, clipped, 0.0f, static_cast<float>(c), "clip");
@@ -372,7 +380,10 @@ void attach_quantized() {
     const std::string zp = e.initializer(n, "zero_point", at::zeros({}, at::kByte));
     const std::string q = e.temp(n, "quantized");
     e.node(n, "QuantizeLinear", {x, scale, zp}, {q}, {}, "quantize");
-    e.node(n, "DequantizeLinear", {q, scale, zp}, {n.outputs[0]});
+    if (!shifted) return e.node(n, "DequantizeLinear", {q, scale, zp}, {n.outputs[0]});
+    const std::string dq = e.temp(n, "dequantized");
+    e.node(n, "DequantizeLinear", {q, scale, zp}, {dq}, {}, "dequantize");
+    e.node(n, "Add", {dq, offset}, {n.outputs[0]}, {}, "unshift");
   });
   attach("xnor_scale", [](const Node& n, OnnxEmitter& e) {
     // K = avg_pool(mean_c |x|) over the layer's window; mean_f |x| for features.

@@ -62,44 +62,55 @@ at::Tensor effective_step(const at::Tensor& x, const at::Tensor& step, int64_t a
 }
 
 struct LsqFn : public torch::autograd::Function<LsqFn> {
-  static Variable forward(AutogradContext* ctx, const Variable& x, const Variable& step, int64_t q_n, int64_t q_p,
-                          double gradient_scale, int64_t axis) {
+  static Variable forward(AutogradContext* ctx, const Variable& x, const Variable& step, const Variable& offset,
+                          int64_t q_n, int64_t q_p, double gradient_scale, int64_t axis) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const at::Tensor s = effective_step(x, step, axis);
-    ctx->save_for_backward({x, s, step});
+    // An offset of no elements stands for none (autograd functions take no undefined inputs).
+    const at::Tensor b = offset.numel() == 1 ? offset.detach().to(x.scalar_type()).reshape({}) : at::Tensor();
+    ctx->save_for_backward({x, s, step, offset});
     ctx->saved_data["q_n"] = q_n;
     ctx->saved_data["q_p"] = q_p;
     ctx->saved_data["g"] = gradient_scale;
     ctx->saved_data["axis"] = axis;
-    return at::round(at::clamp(x / s, -static_cast<double>(q_n), static_cast<double>(q_p))) * s;
+    const at::Tensor shifted = b.defined() ? x - b : x;
+    const at::Tensor y = at::round(at::clamp(shifted / s, -static_cast<double>(q_n), static_cast<double>(q_p))) * s;
+    return b.defined() ? y + b : y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& s = saved[1];
     const at::Tensor& step = saved[2];
+    const at::Tensor& offset = saved[3];
     const double q_n = static_cast<double>(ctx->saved_data["q_n"].toInt());
     const double q_p = static_cast<double>(ctx->saved_data["q_p"].toInt());
-    const at::Tensor v = x / s;
+    const double g_scale = ctx->saved_data["g"].toDouble();
+    const bool has_offset = offset.numel() == 1;
+    const at::Tensor v = (has_offset ? x - offset.detach().to(x.scalar_type()).reshape({}) : x) / s;
     const at::Tensor below = v <= -q_n, above = v >= q_p;
     const at::Tensor inside = at::logical_not(at::logical_or(below, above));
     const at::Tensor& g = grad[0];
     // ∂x̂/∂s per element: round(v) − v inside, the bound it is clamped to outside.
     const at::Tensor ds = at::where(inside, at::round(v) - v, at::where(below, at::full({}, -q_n, v.options()),
                                                                          at::full({}, q_p, v.options())));
-    at::Tensor grad_step;
+    at::Tensor grad_step, grad_offset;
     if (step.requires_grad())
-      grad_step = (sum_to_step(g * ds, step, ctx->saved_data["axis"].toInt()) * ctx->saved_data["g"].toDouble())
-                      .to(step.scalar_type());
-    return {g * inside, grad_step, Variable(), Variable(), Variable(), Variable()};
+      grad_step = (sum_to_step(g * ds, step, ctx->saved_data["axis"].toInt()) * g_scale).to(step.scalar_type());
+    if (has_offset && offset.requires_grad())
+      grad_offset = ((g * at::logical_not(inside)).sum() * g_scale).reshape(offset.sizes()).to(offset.scalar_type());
+    return {g * inside, grad_step, grad_offset, Variable(), Variable(), Variable(), Variable()};
   }
 };
 
 }  // namespace
 
 at::Tensor lsq_quantize(const at::Tensor& x, const at::Tensor& step, LsqGrid grid, double gradient_scale,
-                        int64_t axis) {
-  return LsqFn::apply(x, step, grid.q_n, grid.q_p, gradient_scale, axis);
+                        int64_t axis, const at::Tensor& offset) {
+  if (offset.defined() && offset.numel() != 1)
+    throw Error("LSQ+: an offset of " + std::to_string(offset.numel()) + " elements (expected 1)");
+  return LsqFn::apply(x, step, offset.defined() ? offset : at::empty({0}, step.options().requires_grad(false)), grid.q_n,
+                      grid.q_p, gradient_scale, axis);
 }
 
 at::Tensor lsq_initial_step(const at::Tensor& x_in, LsqGrid grid, bool per_channel, int64_t axis) {
@@ -159,11 +170,13 @@ int64_t weight_elements(const Node& n, const at::Tensor& w) {
 
 class LsqMethod final : public MethodWithOptions<LsqOptions> {
  public:
-  std::string name() const override { return "lsq"; }
-  std::string description() const override {
-    return "learned step size quantization (Esser et al. 2020): k-bit weights and activations on uniform grids "
-           "with learned steps; W4A4 by default";
-  }
+  LsqMethod(std::string name, std::string activation_quantizer, std::string description, std::string label)
+      : name_(std::move(name)),
+        activation_quantizer_(std::move(activation_quantizer)),
+        description_(std::move(description)),
+        label_(std::move(label)) {}
+  std::string name() const override { return name_; }
+  std::string description() const override { return description_; }
   std::string weight_bits_text() const override { return "2..8 or 32"; }
   std::string activation_bits_text() const override { return "1..8 or 32"; }
 
@@ -191,7 +204,7 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
   std::optional<ActivationPlan> activations(const Config& c) const override {
     if (c.activation_bits == 32) return std::nullopt;
     ActivationPlan p;
-    p.quantizer = "lsq";
+    p.quantizer = activation_quantizer_;
     p.attrs["activation_bits"] = c.activation_bits;
     return p;
   }
@@ -200,7 +213,7 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
     at::NoGradGuard no_grad;
     int64_t changed = 0;
     for (Node& n : graph.nodes()) {
-      for (const char* name : {"weight_step", "act_step"}) {
+      for (const char* name : {"weight_step", "act_step"}) {  // the parameters named by both quantizers
         at::Tensor* s = n.params.find(name);
         if (!s || !s->defined()) continue;
         const double floor = lsq_step_floor(s->scalar_type());
@@ -213,28 +226,35 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
     return changed;
   }
   std::string label(const Config& c) const override {
-    return "LSQ W" + std::to_string(c.weight_bits) + "A" + std::to_string(c.activation_bits);
+    return label_ + " W" + std::to_string(c.weight_bits) + "A" + std::to_string(c.activation_bits);
   }
 
  protected:
   const OptionsSchema<LsqOptions>& schema() const override { return lsq_schema(); }
+
+ private:
+  std::string name_, activation_quantizer_, description_, label_;
 };
 
-// The activation step of an act_quant node, as a float [1] tensor.
-const at::Tensor& act_step(const Node& n) {
+}  // namespace
+
+const at::Tensor& lsq_act_step(const Node& n) {
   const at::Tensor* s = n.params.find("act_step");
   if (!s || !s->defined() || s->numel() != 1)
     node_fail(n, "LSQ activations need a learned parameter 'act_step' of one element");
   return *s;
 }
 
-// The step quantization uses, in double: max(step, floor).
-double act_step_value(const Node& n) {
-  const at::Tensor& s = act_step(n);
+double lsq_act_step_value(const Node& n) {
+  const at::Tensor& s = lsq_act_step(n);
   return std::max(s.detach().to(at::kCPU, at::kFloat).item<double>(), lsq_step_floor(at::kFloat));
 }
 
-}  // namespace
+std::unique_ptr<QuantizerMethod> make_lsq_method(std::string name, std::string activation_quantizer,
+                                                 std::string description, std::string label) {
+  return std::make_unique<LsqMethod>(std::move(name), std::move(activation_quantizer), std::move(description),
+                                     std::move(label));
+}
 
 void register_lsq() {
   WeightQuantizer w;
@@ -281,12 +301,12 @@ void register_lsq() {
     // N: the elements of one sample (the layer's features), as the paper's N_F.
     const int64_t per_sample = x.dim() > 0 && x.size(0) > 0 ? x.numel() / x.size(0) : x.numel();
     // The grid starts at 0 and its gradient is 0 at and below 0: a ReLU before it changes nothing.
-    return lsq_quantize(x, act_step(n), grid, lsq_gradient_scale(per_sample, grid.q_p), 0);
+    return lsq_quantize(x, lsq_act_step(n), grid, lsq_gradient_scale(per_sample, grid.q_p), 0);
   };
   a.grid = [](const Node& n) {
     ActivationGrid g;
     g.bits = n.attr_int("activation_bits");
-    g.max = act_step_value(n) * static_cast<double>(lsq_unsigned_grid(g.bits).q_p);
+    g.max = lsq_act_step_value(n) * static_cast<double>(lsq_unsigned_grid(g.bits).q_p);
     g.relu = n.attr_bool("relu");
     return g;
   };
@@ -302,10 +322,14 @@ void register_lsq() {
   };
   a.initialize = [](const Node& n, const at::Tensor& x) {
     at::NoGradGuard no_grad;
-    act_step(n).copy_(lsq_initial_step(x, lsq_unsigned_grid(n.attr_int("activation_bits"))));
+    lsq_act_step(n).copy_(lsq_initial_step(x, lsq_unsigned_grid(n.attr_int("activation_bits"))));
   };
   register_activation_quantizer(std::move(a));
-  register_quantizer_method(std::make_unique<LsqMethod>());
+  register_quantizer_method(make_lsq_method(
+      "lsq", "lsq",
+      "learned step size quantization (Esser et al. 2020): k-bit weights and activations on uniform grids with "
+      "learned steps; W4A4 by default",
+      "LSQ"));
 }
 
 }  // namespace whittle::quantize

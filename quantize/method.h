@@ -18,7 +18,7 @@
 //     rewrite (XNOR-Net's K scale), its work after each optimizer step (BNN's latent weight clip)
 //     and its label in reports.
 //
-// The shipped methods are dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp, lsq.cpp and pact.cpp. Nothing outside an
+// The shipped methods are dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp, lsq.cpp, lsq_plus.cpp and pact.cpp. Nothing outside an
 // entry compares its name as a string: callers ask these registries.
 
 #include <ATen/Tensor.h>
@@ -106,6 +106,9 @@ struct ActivationGrid {
   /// The grid also stands for a ReLU before it (relu = 1): identical values below 32 bits, and a
   /// ReLU at 32 bits.
   bool relu = false;
+  /// A learned offset β the grid is shifted by (LSQ+): outputs β + max·a/(2^bits − 1), computed
+  /// as round(clip(x − β, 0, max)/step)·step + β. 0: none.
+  double offset = 0.0;
 };
 
 /// What an activation quantizer's TorchScript form may use beside its input variable.
@@ -228,13 +231,14 @@ void register_quantizer_method(std::unique_ptr<QuantizerMethod> method);
 const QuantizerMethod& quantizer_method(const std::string& name);
 
 /// The shipped methods' registrations, one file each (dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp,
-/// lsq.cpp, pact.cpp),
+/// lsq.cpp, lsq_plus.cpp, pact.cpp),
 /// called by register_all().
 void register_dorefa();
 void register_twn();
 void register_bnn();
 void register_xnor();
 void register_lsq();
+void register_lsq_plus();
 void register_pact();
 
 /// For method implementations: "quantize: <key> = <value> is not supported by method '<m>'

@@ -179,6 +179,7 @@ void register_all() {
     register_bnn();
     register_xnor();
     register_lsq();
+    register_lsq_plus();
     register_pact();
     register_passes();  // after the methods: the pass takes their options
   });

@@ -343,7 +343,8 @@ TEST_F(ExportTest, EveryQuantizerTypeMatchesInBothRuntimes) {
 }
 
 // conv1 (FP) → bn → relu → conv2 (LSQ W4A4, per-channel steps) → bn → relu → conv3 (PACT W2A2) →
-// bn → relu → conv4 (LSQ W8A8, 8-bit codes down to −128) → bn → relu → pool → fc (FP), with the
+// bn → relu → conv4 (LSQ W8A8, 8-bit codes down to −128) → bn → relu → pool → fc (LSQ+ W4A3, an
+// offset of −0.3 on its input), with the
 // activation steps set from a batch (initialize_learned) and PACT's clip level at 1.7: the learned
 // scales go into QuantizeLinear/DequantizeLinear exactly.
 TEST_F(ExportTest, LearnedQuantizersMatchInBothRuntimes) {
@@ -378,14 +379,20 @@ TEST_F(ExportTest, LearnedQuantizersMatchInBothRuntimes) {
   apply("lsq", "conv2", 4, 4);
   apply("pact", "conv3", 2, 2);
   apply("lsq", "conv4", 8, 8);
+  apply("lsq_plus", "fc", 4, 3);  // the last layer, named: its pooled input gets an offset
   GraphModule m(g);
   m->train();
-  EXPECT_EQ(quantize::initialize_learned(m, at::randn({16, 3, 8, 8})), 2);  // the two LSQ inputs; PACT starts from clip_init
+  EXPECT_EQ(quantize::initialize_learned(m, at::randn({16, 3, 8, 8})), 3);  // LSQ and LSQ+ inputs; PACT starts from clip_init
   m->eval();
+  {
+    at::NoGradGuard no_grad;
+    m->graph().node("fc.act_quant").params.at("act_offset").fill_(-0.3);  // a grid reaching below 0
+  }
   const Graph& q = m->graph();
   EXPECT_EQ(q.node("conv2").params.at("weight_step").numel(), 8);  // per output channel
   const Json r = export_and_run(q, "learned_quantizers");
-  EXPECT_GE(count(r, "QuantizeLinear"), 6);  // three weights, three activations
+  EXPECT_GE(count(r, "QuantizeLinear"), 8);  // four weights, four activations
+  EXPECT_GE(count(r, "Sub"), 1);             // LSQ+'s shift by its offset
   const std::string ck = join_path(out_dir(), "learned_quantizers.h5");
   save_checkpoint(ck, q);
   const std::string ts = join_path(out_dir(), "learned_quantizers_packed.pt");

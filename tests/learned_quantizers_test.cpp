@@ -148,6 +148,54 @@ TEST(Lsq, CodesDecodeBitwiseToTheForward) {
   }
 }
 
+// LSQ+, 2 bits (grid [0, 3]), β = −0.5, s = 0.5: x = [−1, −0.2, 0.3, 2] → (x − β)/s = [−1, 0.6,
+// 1.6, 5] → round(clamp(·, 0, 3)) = [0, 1, 2, 3] → x̂ = [0, 0.5, 1, 1.5] + β = [−0.5, 0, 0.5, 1].
+// Inside (0 < v < 3): the middle two. ∂/∂s = 0 + 0.4 + 0.4 + 3 = 3.8; ∂/∂β = 1 at each element
+// outside: 2 (gradient scale 1).
+TEST(LsqPlus, ValuesAndGradientsByHand) {
+  const at::Tensor x = vec({-1.0f, -0.2f, 0.3f, 2.0f}).set_requires_grad(true);
+  const at::Tensor s = vec({0.5f}).set_requires_grad(true);
+  const at::Tensor b = vec({-0.5f}).set_requires_grad(true);
+  const at::Tensor y = q::lsq_quantize(x, s, q::lsq_unsigned_grid(2), 1.0, 0, b);
+  expect_close(y, {-0.5f, 0, 0.5f, 1}, 1e-7);
+  y.sum().backward();
+  expect_close(x.grad(), {0, 1, 1, 0}, 0);
+  expect_close(s.grad(), {3.8f}, 1e-6);
+  expect_close(b.grad(), {2}, 0);
+  EXPECT_THROW(q::lsq_quantize(x, s, q::lsq_unsigned_grid(2), 1.0, 0, vec({0, 0})), Error);
+}
+
+// The method on LeNet-5: an offset on the inputs that no ReLU feeds directly (conv2 and fc1 read
+// pooled and flattened values), none on fc2's input, which stands for its ReLU (relu = 1).
+// initialize_learned sets each offset to its input's minimum and the step from the rest.
+TEST(LsqPlus, OffsetsWhereNoReluStandsIn) {
+  at::manual_seed(2);
+  GraphModule m(build_model("lenet5", ZooOptions{}));
+  q::Config c;
+  c.method = "lsq_plus";
+  q::apply(m, c);
+  int64_t with_offset = 0, without = 0;
+  for (const Node& n : m->graph().nodes()) {
+    if (n.op != "act_quant") continue;
+    EXPECT_EQ(n.attr_str("method"), "lsq_plus");
+    if (n.params.contains("act_offset")) {
+      EXPECT_FALSE(n.attr_bool("relu")) << n.name;
+      EXPECT_EQ(param_role(n, "act_offset"), ParamRole::kQuantizer);
+      ++with_offset;
+    } else {
+      EXPECT_TRUE(n.attr_bool("relu")) << n.name;
+      ++without;
+    }
+  }
+  EXPECT_EQ(with_offset, 2);
+  EXPECT_EQ(without, 1);
+  m->train();
+  EXPECT_EQ(q::initialize_learned(m, at::randn({8, 1, 28, 28})), 3);
+  // The inputs are pooled ReLU outputs: their minimum is 0 here.
+  for (const Node& n : m->graph().nodes())
+    if (n.params.contains("act_offset")) EXPECT_GE(n.params.at("act_offset").item<double>(), 0) << n.name;
+}
+
 // PACT, 2 bits, α = 2: s = 2/3; x = [−1, 0, 0.5, 1, 1.9, 3] → min(max(x, 0), 2)/s = [0, 0, 0.75,
 // 1.5, 2.85, 3] → round half to even [0, 0, 1, 2, 3, 3] → y = [0, 0, 2/3, 4/3, 2, 2]. ∂/∂x = 1 on
 // [0, α): [0, 1, 1, 1, 1, 0]; ∂/∂α = 1 where x ≥ α: with the upstream gradient [1..6], 6.
@@ -285,7 +333,7 @@ TEST(LearnedQuantizers, EqualThePapersFormulationsInPyTorch) {
       torch::jit::load(binary_dir() + "/testdata/learned_quantizer_reference/learned_quantizer_reference.pt");
   std::map<std::string, at::Tensor> t;
   for (const auto& b : ref.named_buffers()) t[b.name] = b.value;
-  ASSERT_EQ(t.size(), 6u * 7u + 4u * 7u + 2u * 6u);
+  ASSERT_EQ(t.size(), 6u * 7u + 4u * 7u + 2u * 6u + 2u * 9u);
   auto near = [](const at::Tensor& got, const at::Tensor& want, double rel, const std::string& what) {
     const double scale = std::max(want.abs().max().item<double>(), 1e-12);
     EXPECT_LE((got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(), rel * scale) << what;
@@ -339,6 +387,26 @@ TEST(LearnedQuantizers, EqualThePapersFormulationsInPyTorch) {
     n.params.set("act_step", s);
     const at::Tensor x = t.at(c + "_x").clone().set_requires_grad(true);
     check(c, q::activation_quantizer_of(n).forward(n, x, true), x, s, "s");
+  }
+  // LSQ+: the offset's gradient too.
+  Graph lg = build_model("lenet5", ZooOptions{});
+  q::Config lpc;
+  lpc.method = "lsq_plus";
+  q::apply(lg, lpc);
+  for (int bits : {2, 4}) {
+    const std::string c = "lsqp_a" + std::to_string(bits);
+    Node n = act_node(lg);
+    n.attrs["activation_bits"] = int64_t{bits};
+    ASSERT_FALSE(n.attr_bool("relu"));  // conv2's input is pooled: a node with an offset
+    const at::Tensor s = t.at(c + "_s").clone().set_requires_grad(true);
+    const at::Tensor beta = t.at(c + "_beta").clone().set_requires_grad(true);
+    n.params.set("act_step", s);
+    n.params.set("act_offset", beta);
+    const at::Tensor x = t.at(c + "_x").clone().set_requires_grad(true);
+    check(c, q::activation_quantizer_of(n).forward(n, x, true), x, s, "s");
+    const at::Tensor& want = t.at(c + "_gbeta");
+    const double bound = 1e-6 * t.at(c + "_g").item<double>() * t.at(c + "_up").abs().sum().item<double>();
+    EXPECT_LE((beta.grad().to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>(), bound) << c << " beta";
   }
   for (int bits : {2, 4}) {
     const std::string c = "pact_a" + std::to_string(bits);

@@ -2,6 +2,8 @@
 // clipped latent weights and writes a packed checkpoint, bad settings name the key.
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <unistd.h>
 
 #include <iostream>
@@ -110,6 +112,39 @@ TEST_F(QuantizeRecipe, ShortBnnRunWritesPackedCheckpoint) {
   }
   EXPECT_EQ(ck.graph.node("relu1").op, "act_quant");
   EXPECT_TRUE(ck.graph.node("conv1").params.contains("weight"));
+}
+
+// The shipped LSQ W2A2 recipe, one short epoch: the activation steps start from the first batch
+// (the log says so), train with the rest, and the packed checkpoint holds LSQ's uniform codes.
+TEST_F(QuantizeRecipe, ShortLsqRunInitializesStepsAndPacksUniformCodes) {
+  const std::string out = join_path(binary_dir(), "testdata/quantize/recipe_lsq");
+  remove_tree(out);
+  runner::Recipe r = runner::load_recipe(join_path(source_dir(), "recipes/mnist/lenet5_lsq_w2a2.yaml"),
+                                         {"training.epochs=1", "data.train_limit=512", "data.test_limit=200",
+                                          "data.num_workers=1"});
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  runner::RunResult res = runner::run_recipe(r, opt);
+  EXPECT_EQ(res.epochs_done, 1) << log.str();
+  EXPECT_NE(log.str().find("3 activation quantizer(s) initialized from the first batch"), std::string::npos) << log.str();
+  Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
+  for (const std::string layer : {"conv2", "fc1", "fc2"}) {
+    const Node& n = ck.graph.node(layer);
+    EXPECT_EQ(n.attr_str("quant_method"), "lsq") << layer;
+    EXPECT_EQ(n.attr_str("weight_encoding"), "uniform") << layer;
+    EXPECT_EQ(n.attr_int("weight_bits"), 2) << layer;
+  }
+  int64_t steps = 0;
+  for (const Node& n : ck.graph.nodes()) {
+    if (n.op != "act_quant") continue;
+    const double s = n.params.at("act_step").item<double>();
+    EXPECT_GT(s, 0) << n.name;
+    EXPECT_NE(s, 1 / std::sqrt(3.0)) << n.name << ": still the step before any data";
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3);
 }
 
 TEST_F(QuantizeRecipe, BadSettingsNameTheKey) {

@@ -16,7 +16,9 @@ OUT_DIR/learned_quantizer_reference.pt is a scripted holder whose buffers are, f
 Cases: lsq_w{2,4,8}_tensor (one step for a [32, 8, 3, 3] weight, g = 1/√(numel·Q_P)),
 lsq_w{2,4,8}_channel (a step per output channel along axis 0, g = 1/√(elements per channel·Q_P)),
 lsq_a{1,2,4,8} (activations [16, 8, 6, 6] ≥ −0.5 on the unsigned grid, g = 1/√(elements per sample·Q_P)),
-pact_a{2,4} (α = 1.5, activations [16, 8, 6, 6]). Inputs are continuous random values, so that
+pact_a{2,4} (α = 1.5, activations [16, 8, 6, 6]), and LSQ+ (Bhalgat et al., 2020) lsqp_a{2,4}:
+s' = grad_scale(s, g), β' = grad_scale(β, g), x̂ = round_pass(clamp((x − β')/s', 0, Q_P))·s' + β' on Swish
+outputs [16, 8, 6, 6] with β = −0.25 (extra buffers <case>_beta, <case>_gbeta). Inputs are continuous random values, so that
 none lies on a bound or a rounding midpoint, where the formulations' conventions could differ.
 The file is written to a temporary name and renamed.
 """
@@ -50,6 +52,11 @@ def round_pass(v):
 def lsq(x, s, q_n, q_p, g):
     s = grad_scale(s, g)
     return round_pass(torch.clamp(x / s, -q_n, q_p)) * s
+
+
+def lsq_plus(x, s, beta, q_p, g):
+    s, beta = grad_scale(s, g), grad_scale(beta, g)
+    return round_pass(torch.clamp((x - beta) / s, 0, q_p)) * s + beta
 
 
 def pact(x, alpha, bits):
@@ -99,6 +106,23 @@ def main():
         out[f"lsq_a{bits}_g"] = torch.tensor([g], dtype=torch.float64)
     for bits in (2, 4):
         case(out, f"pact_a{bits}", a, torch.tensor([1.5]), lambda x, p: pact(x, p, bits), "alpha")
+    # LSQ+: Swish outputs (≥ −0.28), a learned offset β = −0.25 beside the step.
+    z = torch.randn(16, 8, 6, 6) * 2
+    swish = z * torch.sigmoid(z)
+    for bits in (2, 4):
+        q_p = 2 ** bits - 1
+        g = 1 / math.sqrt(swish[0].numel() * q_p)
+        s = ((swish + 0.25).abs().mean() * 2 / math.sqrt(q_p)).reshape(1)
+        beta = torch.tensor([-0.25])
+        name = f"lsqp_a{bits}"
+        x = swish.clone().requires_grad_(True)
+        sp, bp = s.clone().requires_grad_(True), beta.clone().requires_grad_(True)
+        y = lsq_plus(x, sp, bp, q_p, g)
+        up = torch.randn_like(y)
+        y.backward(up)
+        out.update({f"{name}_x": swish, f"{name}_s": s, f"{name}_beta": beta, f"{name}_up": up, f"{name}_y": y.detach(),
+                    f"{name}_gx": x.grad, f"{name}_gs": sp.grad, f"{name}_gbeta": bp.grad,
+                    f"{name}_g": torch.tensor([g], dtype=torch.float64)})
     path = os.path.join(out_dir, "learned_quantizer_reference.pt")
     tmp = path + ".tmp"
     torch.jit.save(torch.jit.script(Holder(out)), tmp)
