@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <set>
 
 #include "core/error.h"
 #include "graph/op_registry.h"
@@ -207,6 +208,32 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
     p.quantizer = activation_quantizer_;
     p.attrs["activation_bits"] = c.activation_bits;
     return p;
+  }
+  bool changes_bits() const override { return true; }
+  // Each grid keeps its range s·Q_P: the step is multiplied by Q_P(old)/Q_P(new).
+  void change_bits(Graph& graph, const std::vector<std::string>& layers, const Config& c) const override {
+    if (c.weight_bits == 32 || c.activation_bits == 32)
+      throw Error("quantize: " + name() + " cannot return quantized layers to 32 bits (weight_bits " +
+                      std::to_string(c.weight_bits) + ", activation_bits " + std::to_string(c.activation_bits) + ")",
+                  ErrorKind::kUsage);
+    at::NoGradGuard no_grad;
+    std::set<std::string> inputs_done;
+    for (const auto& name : layers) {
+      Node& n = graph.node(name);
+      const int64_t old_bits = n.attr_int("weight_bits");
+      const at::Tensor& step = n.params.at("weight_step");
+      step.mul_(static_cast<double>(lsq_signed_grid(old_bits).q_p) / static_cast<double>(lsq_signed_grid(c.weight_bits).q_p));
+      n.attrs["weight_bits"] = c.weight_bits;
+      // The act_quant feeding it, when it is this method's.
+      const std::string& producer = graph.value(n.inputs.at(0)).producer;
+      if (producer.empty() || !inputs_done.insert(producer).second) continue;
+      Node& a = graph.node(producer);
+      if (a.op != "act_quant" || a.attr_str("method") != activation_quantizer_) continue;
+      const int64_t old_act = a.attr_int("activation_bits");
+      lsq_act_step(a).mul_(static_cast<double>(lsq_unsigned_grid(old_act).q_p) /
+                           static_cast<double>(lsq_unsigned_grid(c.activation_bits).q_p));
+      a.attrs["activation_bits"] = c.activation_bits;
+    }
   }
   // A step driven to or below the floor by the optimizer comes back to the floor.
   int64_t after_step(Graph& graph, const Config&) const override {

@@ -17,6 +17,12 @@ Registry<ActivationQuantizer>& activation_quantizers() {
   return r;
 }
 
+void QuantizerMethod::change_bits(Graph&, const std::vector<std::string>&, const Config&) const {
+  throw Error("quantize: method '" + name() + "' cannot change the bit widths of layers it quantized (no progressive "
+              "bit widths); give its entries disjoint targets",
+              ErrorKind::kUsage);
+}
+
 Registry<QuantizerMethod>& quantizer_methods() {
   static Registry<QuantizerMethod> r("quantizer method", "methods", [](const QuantizerMethod& m) { return m.description(); });
   return r;

@@ -201,6 +201,13 @@ class QuantizerMethod {
   /// After each optimizer step (BNN's latent weight clip to [−1, 1], LSQ's step floor); returns
   /// the nodes changed. Default: nothing.
   virtual int64_t after_step(Graph& graph, const Config& resolved) const { return 0; }
+  /// Whether change_bits() is supported: a later recipe entry of the method may then take over the
+  /// layers of an earlier one at other bit widths (progressive bit widths). Default: no.
+  virtual bool changes_bits() const { return false; }
+  /// Sets the bit widths of `layers` (which this method quantized) and of the act_quant nodes
+  /// feeding them to `resolved`'s, carrying their learned parameters so that each grid keeps its
+  /// range (LSQ: step·Q_P stays). Default: throws whittle::Error (usage) naming the method.
+  virtual void change_bits(Graph& graph, const std::vector<std::string>& layers, const Config& resolved) const;
   /// A term the training loss adds (PACT's L2 penalty λ·Σα² on its clip levels), a scalar on the
   /// parameters' device; undefined when the method adds none (the default).
   virtual at::Tensor penalty(const Graph& graph, const Config& resolved) const { return {}; }

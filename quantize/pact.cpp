@@ -75,9 +75,9 @@ const OptionsSchema<PactOptions>& pact_schema() {
   using O = PactOptions;
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
-          .add("clip_init", &O::clip_init, "PACT: the clip level α each quantized layer input starts from")
+          .add("clip_init", &O::clip_init, "the clip level α each quantized layer input starts from")
           .in_range(Range{0, 1e6, true, false})
-          .add("clip_penalty", &O::clip_penalty, "PACT: λ of the L2 penalty λ·Σα² added to the loss")
+          .add("clip_penalty", &O::clip_penalty, "λ of the L2 penalty λ·Σα² added to the loss")
           .in_range(Range::at_least(0))
           .add("granularity", &O::granularity, "DoReFa weights: where the tanh maximum (k-bit) or scale (1-bit) is computed",
                {"per_tensor", "per_channel"}, "per_tensor");

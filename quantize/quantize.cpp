@@ -416,6 +416,51 @@ int64_t after_step(Graph& graph, const Config& resolved) {
   return quantizer_method(resolved.method).after_step(graph, resolved);
 }
 
+std::vector<std::string> quantized_by(const Graph& graph, const Config& config) {
+  register_all();
+  const Config c = resolve(config);
+  const std::string wq = quantizer_method(c.method).weight_quantizer(c);
+  std::vector<std::string> layers;
+  if (wq.empty()) return layers;
+  std::vector<std::string> all;
+  for (const auto& n : graph.nodes())
+    if (is_weighted_layer(n)) all.push_back(n.name);
+  const std::set<std::string> named(c.targets.begin(), c.targets.end());
+  for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
+    const Node& n = graph.node(name);
+    if (!is_weighted_layer(n)) continue;
+    if ((name == all.front() || name == all.back()) && !named.count(name)) continue;
+    if (!n.weight_transforms.empty() && n.weight_transforms.back() == wq) layers.push_back(name);
+  }
+  return layers;
+}
+
+Report change_bits(Graph& graph, const Config& config) {
+  register_all();
+  const Config c = resolve(config);
+  const QuantizerMethod& method = quantizer_method(c.method);
+  if (!method.changes_bits()) method.change_bits(graph, {}, c);  // throws its message
+  Report report = select_resolved(graph, c, method);  // the selected layers not quantized yet
+  const std::vector<std::string> layers = quantized_by(graph, c);
+  if (!report.quantized.empty() && !layers.empty())
+    throw Error("quantize: " + c.method + " W" + std::to_string(c.weight_bits) + "A" + std::to_string(c.activation_bits) +
+                    " selects " + layers.front() + ", which the method quantized already, and " +
+                    report.quantized.front() + ", which it did not: a later entry changes the bits of the earlier "
+                    "entry's layers only (give it the same targets)",
+                ErrorKind::kUsage);
+  report = Report();
+  if (layers.empty()) return report;
+  method.change_bits(graph, layers, c);
+  report.quantized = layers;
+  graph.infer_shapes();
+  graph.validate();
+  return report;
+}
+
+Report change_bits(GraphModule& module, const Config& config) {
+  return run_on_module(module, "quantize", ModuleMode::kAny, [&](Graph& g) { return change_bits(g, config); });
+}
+
 at::Tensor penalty(const Graph& graph, const Config& resolved) {
   register_all();
   return quantizer_method(resolved.method).penalty(graph, resolved);

@@ -103,6 +103,20 @@ Report apply(GraphModule& module, const Config& config);
 /// (resolve()). Returns the number of layers changed.
 int64_t after_step(Graph& graph, const Config& resolved);
 
+/// The layers `config` selects (its targets and ignore, the first and last layers only when
+/// named) that its method already quantized (their weight stack ends in the method's weight
+/// quantizer), in graph order: what change_bits() acts on.
+std::vector<std::string> quantized_by(const Graph& graph, const Config& config);
+
+/// Progressive bit widths: sets the layers quantized_by(graph, config) and their act_quant inputs
+/// to `config`'s weight_bits and activation_bits, carrying the method's learned parameters
+/// (QuantizerMethod::change_bits). Returns them in Report::quantized. Throws whittle::Error (usage)
+/// when the method has no such form, or when some selected layers are quantized by it and others
+/// are not (naming one of each).
+Report change_bits(Graph& graph, const Config& config);
+/// change_bits() on the module's graph, then module->sync().
+Report change_bits(GraphModule& module, const Config& config);
+
 /// The loss term the method adds (PACT: λ·Σα² over its clip levels), a scalar; undefined when it
 /// adds none. For a `resolved` config.
 at::Tensor penalty(const Graph& graph, const Config& resolved);

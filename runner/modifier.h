@@ -103,6 +103,9 @@ class Modifier {
   /// epoch. Throws whittle::Error (usage) naming the entry when it would rewrite no layer. Default:
   /// none (the modifier claims nothing).
   virtual std::vector<std::string> claimed_layers(const Graph& /*graph*/) const { return {}; }
+  /// Whether this entry may claim layers `earlier` (an entry of the same modifier kind) claims too:
+  /// a later stage of the same method that takes them over (progressive bit widths). Default: no.
+  virtual bool takes_over(const Modifier& /*earlier*/) const { return false; }
 
   /// The modifier's own state as JSON text (what it has done so far: applied, frozen, pruned
   /// fraction...), saved with the training state; "" (the default) when it has none.

@@ -83,6 +83,13 @@ class QuantizeModifier : public Modifier {
     return r.quantized;
   }
 
+  // A later entry of a method with progressive bit widths takes over an earlier entry's layers.
+  bool takes_over(const Modifier& earlier) const override {
+    const auto* e = dynamic_cast<const QuantizeModifier*>(&earlier);
+    return e && e->config_.method == config_.method && spec().start_epoch > e->spec().start_epoch &&
+           quantize::quantizer_method(config_.method).changes_bits();
+  }
+
   std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
   void load_state(const std::string& text) override {
     try {
@@ -94,6 +101,17 @@ class QuantizeModifier : public Modifier {
 
  private:
   void attach(TrainContext& tc) {
+    // A later stage of progressive bit widths changes the bits of the layers an earlier entry
+    // quantized, carrying their learned parameters; otherwise the quantizers are attached.
+    if (!quantize::quantized_by(tc.model->graph(), config_).empty()) {
+      const quantize::Report r = quantize::change_bits(tc.model, config_);
+      applied_ = true;
+      tc.parameters_changed = true;
+      *tc.log << "quantize (" << config_.method << "): " << r.quantized.size() << " layers now W" << config_.weight_bits
+              << "A" << config_.activation_bits << ", their learned steps carried\n"
+              << std::flush;
+      return;
+    }
     quantize::Report r = quantize::apply(tc.model, config_);
     if (r.quantized.empty()) refuse_nothing_quantized(r);
     applied_ = true;
@@ -149,11 +167,13 @@ const OptionsSchema<QuantizeModifierOptions>& quantize_modifier_schema() {
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
           .add("method", &O::method, "a registered quantizer method (whittle inspect --methods)")
-          .add("weight_bits", &O::weight_bits, "weight bits: dorefa 1..8 or 32, twn 2, bnn/xnor 1 or 32", {},
-               "method default (dorefa 8, twn 2, bnn/xnor 1)")
+          .add("weight_bits", &O::weight_bits,
+               "weight bits: dorefa/pact 1..8 or 32, lsq/lsq_plus 2..8 or 32, twn 2, bnn/xnor 1 or 32", {},
+               "method default (dorefa 8, twn 2, bnn/xnor 1, lsq/lsq_plus/pact 4)")
           .in_range(Range::closed(1, 32))
-          .add("activation_bits", &O::activation_bits, "activation bits: dorefa/twn 1..8 or 32, bnn/xnor 1 or 32", {},
-               "method default (dorefa 8, twn 32, bnn/xnor 1)")
+          .add("activation_bits", &O::activation_bits,
+               "activation bits: dorefa/twn/lsq/lsq_plus 1..8 or 32, pact 1..8, bnn/xnor 1 or 32", {},
+               "method default (dorefa 8, twn 32, bnn/xnor 1, lsq/lsq_plus/pact 4)")
           .in_range(Range::closed(1, 32));
   return schema;
 }

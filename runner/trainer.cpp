@@ -733,7 +733,8 @@ void Trainer::check_modifier_targets() const {
     }
   }
   // A layer belongs to one entry of each modifier kind (two quantize entries on one layer: the
-  // second would find it quantized already).
+  // second would find it quantized already), or to a chain of stages each taking it over from the
+  // last (progressive bit widths).
   std::map<std::pair<std::string, std::string>, const Modifier*> owner;  // (kind, layer) → entry
   for (const auto& m : modifiers_) {
     std::vector<std::string> shared;
@@ -741,6 +742,10 @@ void Trainer::check_modifier_targets() const {
     for (const std::string& layer : m->claimed_layers(g)) {
       auto [it, fresh] = owner.emplace(std::make_pair(m->spec().name, layer), m.get());
       if (fresh) continue;
+      if (m->takes_over(*it->second)) {  // a later stage: the layer is its now
+        it->second = m.get();
+        continue;
+      }
       if (!first) first = it->second;
       if (it->second == first) shared.push_back(layer);
     }

@@ -420,6 +420,53 @@ TEST(LearnedQuantizers, EqualThePapersFormulationsInPyTorch) {
   }
 }
 
+// Progressive bit widths: LeNet-5 at LSQ W4A4 lowered to W2A2 keeps each grid's range: weight
+// steps × Q_P(4)/Q_P(2) = 7/1, activation steps × 15/3 = 5. A method without the form, and a
+// selection mixing quantized and unquantized layers, are refused.
+TEST(Lsq, ChangeBitsCarriesTheSteps) {
+  GraphModule m(build_model("lenet5", ZooOptions{}));
+  q::Config c;
+  c.method = "lsq";
+  q::apply(m, c);  // W4A4
+  std::map<std::string, at::Tensor> before;
+  for (const Node& n : m->graph().nodes())
+    for (const char* p : {"weight_step", "act_step"})
+      if (n.params.contains(p)) before[n.name + "." + p] = n.params.at(p).detach().clone();
+  ASSERT_EQ(before.size(), 6u);
+  EXPECT_EQ(q::quantized_by(m->graph(), c), (std::vector<std::string>{"conv2", "fc1", "fc2"}));
+  c.weight_bits = 2;
+  c.activation_bits = 2;
+  const q::Report r = q::change_bits(m, c);
+  EXPECT_EQ(r.quantized, (std::vector<std::string>{"conv2", "fc1", "fc2"}));
+  for (const Node& n : m->graph().nodes()) {
+    if (n.params.contains("weight_step")) {
+      EXPECT_EQ(n.attr_int("weight_bits"), 2);
+      EXPECT_TRUE(at::allclose(n.params.at("weight_step"), before.at(n.name + ".weight_step") * 7)) << n.name;
+    }
+    if (n.params.contains("act_step")) {
+      EXPECT_EQ(n.attr_int("activation_bits"), 2);
+      EXPECT_TRUE(at::allclose(n.params.at("act_step"), before.at(n.name + ".act_step") * 5)) << n.name;
+    }
+  }
+  EXPECT_NO_THROW(m->forward(at::randn({2, 1, 28, 28})));
+
+  // A selection with an unquantized layer (the first, named) beside quantized ones.
+  c.targets = {"conv1", "conv2"};
+  EXPECT_THROW(q::change_bits(m, c), Error);
+  // DoReFa has no progressive form.
+  Graph g = build_model("lenet5", ZooOptions{});
+  q::Config d;
+  d.method = "dorefa";
+  q::apply(g, d);
+  d.weight_bits = 2;
+  try {
+    q::change_bits(g, d);
+    FAIL() << "dorefa changed bits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dorefa"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Lsq, BitsOutsideTheMethodsRangeAreNamed) {
   Graph g = build_model("lenet5", ZooOptions{});
   q::Config c;

@@ -147,6 +147,43 @@ TEST_F(QuantizeRecipe, ShortLsqRunInitializesStepsAndPacksUniformCodes) {
   EXPECT_EQ(steps, 3);
 }
 
+// Progressive bit widths in a recipe: LSQ W4A4 for the first epoch, then a second entry on the
+// same layers lowers them to W2A2, carrying the steps; the checkpoint is 2-bit. Two DoReFa entries
+// on the same layers stay refused (no progressive form).
+TEST_F(QuantizeRecipe, LsqStagesLowerTheBits) {
+  const std::string out = join_path(binary_dir(), "testdata/quantize/recipe_lsq_stages");
+  remove_tree(out);
+  const std::string text = R"(model: {name: lenet5}
+data: {train: data/mnist10k, test: data/mnist10k, test_split: t10k, train_limit: 256, test_limit: 64, batch_size: 32, num_workers: 0}
+training: {epochs: 2}
+modifiers:
+  - {name: quantize, method: lsq, weight_bits: 4, activation_bits: 4}
+  - {name: quantize, method: lsq, weight_bits: 2, activation_bits: 2, start_epoch: 1}
+)";
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  const runner::RunResult res = runner::run_recipe(runner::parse_recipe(text, "stages.yaml", source_dir()), opt);
+  EXPECT_EQ(res.epochs_done, 2) << log.str();
+  EXPECT_NE(log.str().find("quantize (lsq): 3 layers now W2A2, their learned steps carried"), std::string::npos) << log.str();
+  const Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
+  for (const std::string layer : {"conv2", "fc1", "fc2"}) EXPECT_EQ(ck.graph.node(layer).attr_int("weight_bits"), 2) << layer;
+  for (const Node& n : ck.graph.nodes())
+    if (n.op == "act_quant") EXPECT_EQ(n.attr_int("activation_bits"), 2) << n.name;
+
+  std::string dorefa = text;
+  for (const std::string from : {"method: lsq, weight_bits: 4", "method: lsq, weight_bits: 2"})
+    dorefa.replace(dorefa.find(from), from.size(), "method: dorefa, weight_bits: " + from.substr(from.size() - 1));
+  remove_tree(out);
+  try {
+    runner::run_recipe(runner::parse_recipe(dorefa, "stages.yaml", source_dir()), opt);
+    FAIL() << "two dorefa entries on one layer ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already quantizes"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(QuantizeRecipe, BadSettingsNameTheKey) {
   const std::string text = R"(model: {name: lenet5}
 data: {train: data/mnist10k, test: data/mnist10k, test_split: t10k}
