@@ -5,7 +5,8 @@
 // weight clipping) at batch 128, FP32 against each quantization method, with the fused quantizer
 // kernels (quantize/fused_quantizers.h; fused = 1) and with the ATen-op quantizers they replace
 // (fused = 0). Models: 0 ResNet-20, 1 NIN (CIFAR-sized input). Methods: 0 fp32, 1 dorefa_w8a8,
-// 2 dorefa_w4a4, 3 dorefa_w2a2, 4 twn, 5 bnn, 6 xnor. Counters: images_per_s, and peak_MiB, the
+// 2 dorefa_w4a4, 3 dorefa_w2a2, 4 twn, 5 bnn, 6 xnor, 7 lsq_w4a4, 8 lsq_w2a2, 9 pact_w4a4,
+// 10 lsq_plus_w4a4 (the learned steps and clips at their values before any data). Counters: images_per_s, and peak_MiB, the
 // most tensor memory the step holds above what was alive before it (bench/peak_memory.h: the
 // activations saved for the backward, the gradients, the temporaries). checkpointing = 1 runs
 // with activation checkpointing (GraphModule::set_checkpoint_segments): ResNet-20's nine blocks,
@@ -48,7 +49,9 @@ struct Method {
 
 const Method kMethods[] = {{"fp32", "", 32, 32},       {"dorefa_w8a8", "dorefa", 8, 8}, {"dorefa_w4a4", "dorefa", 4, 4},
                            {"dorefa_w2a2", "dorefa", 2, 2}, {"twn", "twn", 2, 32},        {"bnn", "bnn", 1, 1},
-                           {"xnor", "xnor", 1, 1}};
+                           {"xnor", "xnor", 1, 1},          {"lsq_w4a4", "lsq", 4, 4},       {"lsq_w2a2", "lsq", 2, 2},
+                           {"pact_w4a4", "pact", 4, 4},     {"lsq_plus_w4a4", "lsq_plus", 4, 4}};
+constexpr int64_t kMethodCount = static_cast<int64_t>(sizeof(kMethods) / sizeof(kMethods[0]));
 const char* const kModels[] = {"resnet20", "nin"};
 
 int64_t batch_size() {
@@ -124,7 +127,7 @@ void BM_TrainStepCuda(benchmark::State& state) { train_step(state, at::Device(at
 // W4A4 and BNN checkpointed.
 void train_step_args(benchmark::internal::Benchmark* b) {
   for (int64_t model = 0; model < 2; ++model)
-    for (int64_t method = 0; method < 7; ++method) {
+    for (int64_t method = 0; method < kMethodCount; ++method) {
       b->Args({model, method, 1, 0});
       if (method > 0) b->Args({model, method, 0, 0});
       if (method == 0 || method == 2 || method == 5) b->Args({model, method, 1, 1});

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
 #include "core/isa.h"
@@ -270,6 +271,168 @@ at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const
     }
   });
   return out;
+}
+
+namespace {
+
+// round half to even of |v| ≤ 2^22 in float arithmetic (the sum's rounding does it), which
+// compilers vectorize where nearbyint is a call; NaN stays NaN.
+inline float round_half_even(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5·2^23
+  return (v + kMagic) - kMagic;
+}
+
+void check_lsq(const at::Tensor& x, int64_t q_n, int64_t q_p, const char* who) {
+  check_input(x, who);
+  if (!x.is_cpu()) throw Error(std::string(who) + ": CPU tensors only");
+  if (q_p <= 0 || q_n < 0 || q_p > (int64_t{1} << 20) || q_n > (int64_t{1} << 20))
+    throw Error(std::string(who) + ": grid [" + std::to_string(-q_n) + ", " + std::to_string(q_p) + "] out of range");
+}
+
+// Elements a chunk of the gradient sums takes: fixed, so that the sums do not depend on the threads
+// (each chunk's float lanes hold 512 terms; the chunks add up in double).
+constexpr int64_t kSumChunk = 4096;
+
+}  // namespace
+
+at::Tensor lsq(const at::Tensor& x, float step, float offset, bool has_offset, int64_t q_n, int64_t q_p) {
+  check_lsq(x, q_n, q_p, "fused LSQ");
+  at::Tensor out = at::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const float lo = -static_cast<float>(q_n), hi = static_cast<float>(q_p);
+  const float s = step, b = offset;
+  for_blocks(x.numel(), [&](int64_t begin, int64_t end) {
+    if (has_offset) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = (src[i] - b) / s;
+        dst[i] = round_half_even(std::min(std::max(v, lo), hi)) * s + b;
+      }
+    } else {
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = src[i] / s;
+        dst[i] = round_half_even(std::min(std::max(v, lo), hi)) * s;
+      }
+    }
+  });
+  return out;
+}
+
+LsqGradients lsq_backward(const at::Tensor& grad_in, const at::Tensor& x, float step, float offset, bool has_offset,
+                          int64_t q_n, int64_t q_p) {
+  check_lsq(x, q_n, q_p, "fused LSQ backward");
+  const at::Tensor grad = grad_in.to(at::kFloat).contiguous();
+  if (grad.numel() != x.numel())
+    throw Error("fused LSQ backward: a gradient of " + std::to_string(grad.numel()) + " elements for an input of " +
+                std::to_string(x.numel()));
+  LsqGradients out;
+  out.input = at::empty(grad.sizes(), grad.options());
+  const float* xs = x.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  float* gx = out.input.data_ptr<float>();
+  const float lo = -static_cast<float>(q_n), hi = static_cast<float>(q_p);
+  const float s = step, b = has_offset ? offset : 0.0f;
+  const int64_t n = x.numel();
+  const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
+  std::vector<double> step_sums(static_cast<size_t>(chunks)), offset_sums(static_cast<size_t>(chunks));
+  whittle::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      const int64_t begin = c * kSumChunk, end = std::min(n, begin + kSumChunk);
+      // kLanes independent float sums (element i into lane i mod kLanes) over the chunk, so that the
+      // loop vectorizes, added in lane order in double at the end. b is 0 without an offset.
+      constexpr int kLanes = 8;
+      float ds_lane[kLanes] = {}, db_lane[kLanes] = {};
+      int64_t i = begin;
+      for (; i + kLanes <= end; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) {
+          const float v = (xs[i + l] - b) / s;
+          const float gi = g[i + l];
+          const bool below = v <= lo, above = v >= hi;
+          const bool inside = !(below || above);  // NaN: inside, as the ATen form's comparisons give
+          gx[i + l] = inside ? gi : 0.0f;
+          const float r = round_half_even(v) - v;  // used inside only, where |v| < 2^20
+          ds_lane[l] += gi * (inside ? r : (below ? lo : hi));
+          db_lane[l] += inside ? 0.0f : gi;
+        }
+      }
+      for (; i < end; ++i) {
+        const float v = (xs[i] - b) / s;
+        const bool below = v <= lo, above = v >= hi;
+        const bool inside = !(below || above);
+        gx[i] = inside ? g[i] : 0.0f;
+        ds_lane[0] += g[i] * (inside ? round_half_even(v) - v : (below ? lo : hi));
+        db_lane[0] += inside ? 0.0f : g[i];
+      }
+      double ds_sum = 0.0, db_sum = 0.0;
+      for (int l = 0; l < kLanes; ++l) {
+        ds_sum += ds_lane[l];
+        db_sum += db_lane[l];
+      }
+      step_sums[static_cast<size_t>(c)] = ds_sum;
+      offset_sums[static_cast<size_t>(c)] = db_sum;
+    }
+  });
+  for (int64_t c = 0; c < chunks; ++c) {
+    out.step += step_sums[static_cast<size_t>(c)];
+    out.offset += offset_sums[static_cast<size_t>(c)];
+  }
+  return out;
+}
+
+at::Tensor pact(const at::Tensor& x, float alpha, float step) {
+  check_lsq(x, 0, 1, "fused PACT");
+  at::Tensor out = at::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for_blocks(x.numel(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      dst[i] = round_half_even(std::min(std::max(src[i], 0.0f), alpha) / step) * step;
+  });
+  return out;
+}
+
+std::pair<at::Tensor, double> pact_backward(const at::Tensor& grad_in, const at::Tensor& x, float alpha, bool after_relu) {
+  check_lsq(x, 0, 1, "fused PACT backward");
+  const at::Tensor grad = grad_in.to(at::kFloat).contiguous();
+  if (grad.numel() != x.numel())
+    throw Error("fused PACT backward: a gradient of " + std::to_string(grad.numel()) + " elements for an input of " +
+                std::to_string(x.numel()));
+  at::Tensor gx_t = at::empty(grad.sizes(), grad.options());
+  const float* xs = x.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  float* gx = gx_t.data_ptr<float>();
+  const int64_t n = x.numel();
+  const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
+  std::vector<double> sums(static_cast<size_t>(chunks));
+  whittle::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      const int64_t begin = c * kSumChunk, end = std::min(n, begin + kSumChunk);
+      constexpr int kLanes = 8;  // as lsq_backward's
+      float lane[kLanes] = {};
+      int64_t i = begin;
+      for (; i + kLanes <= end; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) {
+          const float xi = xs[i + l], gi = g[i + l];
+          const bool low = after_relu ? xi > 0.0f : xi >= 0.0f;
+          const bool above = xi >= alpha;
+          gx[i + l] = low && !above ? gi : 0.0f;
+          lane[l] += above ? gi : 0.0f;
+        }
+      }
+      for (; i < end; ++i) {
+        const bool low = after_relu ? xs[i] > 0.0f : xs[i] >= 0.0f;
+        const bool above = xs[i] >= alpha;
+        gx[i] = low && !above ? g[i] : 0.0f;
+        lane[0] += above ? g[i] : 0.0f;
+      }
+      double sum = 0.0;
+      for (float v : lane) sum += v;
+      sums[static_cast<size_t>(c)] = sum;
+    }
+  });
+  double total = 0.0;
+  for (double v : sums) total += v;
+  return {gx_t, total};
 }
 
 }  // namespace whittle::quantize::fused

@@ -21,11 +21,13 @@
 // i / 8, least significant bit first; bits past n are 0.
 //
 // Methods: DoReFa (Zhou et al., 2016, arXiv:1606.06160), BNN (Hubara et al., 2016,
-// arXiv:1602.02830), TWN (Li & Liu, 2016, arXiv:1605.04711).
+// arXiv:1602.02830), TWN (Li & Liu, 2016, arXiv:1605.04711), LSQ (Esser et al., 2020,
+// arXiv:1902.08153; CPU only, one step per tensor).
 
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace whittle::quantize::fused {
 
@@ -75,5 +77,33 @@ at::Tensor dorefa_weight_grad(const at::Tensor& grad, const at::Tensor& t, const
 /// code = [w > Δ] − [w < −Δ] + 1, so +α, 0 or −α; Δ and α float32 [1] or [C] along `axis`.
 /// Throws whittle::Error for bad sizes.
 at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta, const at::Tensor& alpha, int64_t axis);
+
+/// LSQ (Esser et al., 2020) with one step for the whole tensor, on the CPU: round(clamp((x − b)/s,
+/// −q_n, q_p))·s + b (b = `offset` when `has_offset`, LSQ+; otherwise x/s and no addition), the
+/// values of quantize::lsq_quantize's ATen form (rounding half to even; the sign of a zero result may
+/// differ). `step` is the step already at its floor. Throws whittle::Error for a tensor that is not
+/// a contiguous float32 CPU tensor or a grid with q_p ≤ 0 or q_n < 0.
+at::Tensor lsq(const at::Tensor& x, float step, float offset, bool has_offset, int64_t q_n, int64_t q_p);
+
+/// The gradients of lsq() for the upstream gradient `grad` (x's element count): the input's
+/// (grad where −q_n < v < q_p, else 0, float32 of grad's shape), and the sums over the tensor of
+/// grad·∂x̂/∂s (round(v) − v inside, the bound outside) and of grad·∂x̂/∂b (1 outside), before LSQ's
+/// gradient scale. The sums are accumulated over fixed chunks (float lanes within a chunk, the
+/// chunks in double, in order), so they do not depend on the thread count. Same errors as lsq().
+struct LsqGradients {
+  at::Tensor input;
+  double step = 0.0;
+  double offset = 0.0;
+};
+LsqGradients lsq_backward(const at::Tensor& grad, const at::Tensor& x, float step, float offset, bool has_offset,
+                          int64_t q_n, int64_t q_p);
+
+/// PACT (Choi et al., 2018) on the CPU: round(min(max(x, 0), a)/s)·s with s = `step` (α/(2^k − 1)
+/// rounded to float) and a = `alpha`, the values of PACT's ATen form. Same errors as lsq().
+at::Tensor pact(const at::Tensor& x, float alpha, float step);
+
+/// The gradients of pact(): the input's (grad where 0 ≤ x < α, or 0 < x < α when `after_relu`) and
+/// the sum of grad over x ≥ α (α's), accumulated as lsq_backward's sums.
+std::pair<at::Tensor, double> pact_backward(const at::Tensor& grad, const at::Tensor& x, float alpha, bool after_relu);
 
 }  // namespace whittle::quantize::fused

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "quantize/fused_quantizers.h"
 #include "quantize/method.h"
 
 namespace whittle::quantize {
@@ -74,6 +75,11 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     ctx->saved_data["q_p"] = q_p;
     ctx->saved_data["g"] = gradient_scale;
     ctx->saved_data["axis"] = axis;
+    // One pass on the CPU for a step per tensor (quantize/fused_quantizers.h), the ATen ops otherwise.
+    const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x) && step.numel() == 1;
+    ctx->saved_data["fused"] = fused;
+    if (fused)
+      return fused::lsq(x, s.item<float>(), b.defined() ? b.item<float>() : 0.0f, b.defined(), q_n, q_p);
     const at::Tensor shifted = b.defined() ? x - b : x;
     const at::Tensor y = at::round(at::clamp(shifted / s, -static_cast<double>(q_n), static_cast<double>(q_p))) * s;
     return b.defined() ? y + b : y;
@@ -88,6 +94,15 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     const double q_p = static_cast<double>(ctx->saved_data["q_p"].toInt());
     const double g_scale = ctx->saved_data["g"].toDouble();
     const bool has_offset = offset.numel() == 1;
+    if (ctx->saved_data["fused"].toBool()) {
+      const fused::LsqGradients r =
+          fused::lsq_backward(grad[0], x, s.item<float>(), has_offset ? offset.detach().to(at::kFloat).item<float>() : 0.0f,
+                              has_offset, static_cast<int64_t>(q_n), static_cast<int64_t>(q_p));
+      at::Tensor grad_step, grad_offset;
+      if (step.requires_grad()) grad_step = at::full(step.sizes(), r.step * g_scale, step.options());
+      if (has_offset && offset.requires_grad()) grad_offset = at::full(offset.sizes(), r.offset * g_scale, offset.options());
+      return {r.input, grad_step, grad_offset, Variable(), Variable(), Variable(), Variable()};
+    }
     const at::Tensor v = (has_offset ? x - offset.detach().to(x.scalar_type()).reshape({}) : x) / s;
     const at::Tensor below = v <= -q_n, above = v >= q_p;
     const at::Tensor inside = at::logical_not(at::logical_or(below, above));
@@ -96,10 +111,12 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     const at::Tensor ds = at::where(inside, at::round(v) - v, at::where(below, at::full({}, -q_n, v.options()),
                                                                          at::full({}, q_p, v.options())));
     at::Tensor grad_step, grad_offset;
+    // Summed in float32 at least (half-precision sums over a layer's activations overflow).
+    const at::Tensor g32 = g.scalar_type() == at::kDouble ? g : g.to(at::kFloat);
     if (step.requires_grad())
-      grad_step = (sum_to_step(g * ds, step, ctx->saved_data["axis"].toInt()) * g_scale).to(step.scalar_type());
+      grad_step = (sum_to_step(g32 * ds, step, ctx->saved_data["axis"].toInt()) * g_scale).to(step.scalar_type());
     if (has_offset && offset.requires_grad())
-      grad_offset = ((g * at::logical_not(inside)).sum() * g_scale).reshape(offset.sizes()).to(offset.scalar_type());
+      grad_offset = ((g32 * at::logical_not(inside)).sum() * g_scale).reshape(offset.sizes()).to(offset.scalar_type());
     return {g * inside, grad_step, grad_offset, Variable(), Variable(), Variable(), Variable()};
   }
 };
@@ -235,22 +252,20 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
       a.attrs["activation_bits"] = c.activation_bits;
     }
   }
-  // A step driven to or below the floor by the optimizer comes back to the floor.
+  // A step driven to or below the floor by the optimizer comes back to the floor (a clamp of every
+  // step, without reading it back: no device synchronization). Returns the steps clamped.
   int64_t after_step(Graph& graph, const Config&) const override {
     at::NoGradGuard no_grad;
-    int64_t changed = 0;
+    int64_t clamped = 0;
     for (Node& n : graph.nodes()) {
       for (const char* name : {"weight_step", "act_step"}) {  // the parameters named by both quantizers
-        at::Tensor* s = n.params.find(name);
+        const at::Tensor* s = n.params.find(name);
         if (!s || !s->defined()) continue;
-        const double floor = lsq_step_floor(s->scalar_type());
-        if ((*s < floor).any().item<bool>()) {
-          s->clamp_min_(floor);
-          ++changed;
-        }
+        s->clamp_min_(lsq_step_floor(s->scalar_type()));
+        ++clamped;
       }
     }
-    return changed;
+    return clamped;
   }
   std::string label(const Config& c) const override {
     return label_ + " W" + std::to_string(c.weight_bits) + "A" + std::to_string(c.activation_bits);

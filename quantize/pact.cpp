@@ -12,10 +12,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <set>
 
 #include "core/error.h"
 #include "graph/op_registry.h"
+#include "quantize/fused_quantizers.h"
 #include "quantize/method.h"
+#include "quantize/quantize.h"
 
 namespace whittle::quantize {
 
@@ -41,16 +44,24 @@ struct PactFn : public torch::autograd::Function<PactFn> {
     const at::Tensor ax = a.to(x.scalar_type());
     ctx->save_for_backward({x, ax});
     ctx->saved_data["after_relu"] = after_relu;
+    // One pass on the CPU (quantize/fused_quantizers.h), the ATen ops otherwise.
+    const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x);
+    ctx->saved_data["fused"] = fused;
+    if (fused) return fused::pact(x, ax.item<float>(), s.item<float>());
     return at::round(at::minimum(at::clamp_min(x, 0.0), ax) / s) * s;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& a = saved[1];
+    if (ctx->saved_data["fused"].toBool()) {
+      auto [grad_x, sum] = fused::pact_backward(grad[0], x, a.item<float>(), ctx->saved_data["after_relu"].toBool());
+      return {grad_x, at::full({1}, sum, at::TensorOptions().dtype(at::kFloat)), Variable(), Variable()};
+    }
     const at::Tensor low = ctx->saved_data["after_relu"].toBool() ? x > 0 : x >= 0;
     const at::Tensor above = x >= a;
     const at::Tensor grad_x = grad[0] * at::logical_and(low, at::logical_not(above));
-    const at::Tensor grad_alpha = (grad[0] * above).sum().reshape({1}).to(at::kFloat);
+    const at::Tensor grad_alpha = (grad[0].to(at::kFloat) * above).sum().reshape({1});  // float32 sum, as for LSQ
     return {grad_x, grad_alpha, Variable(), Variable()};
   }
 };
@@ -117,24 +128,27 @@ class PactMethod final : public MethodWithOptions<PactOptions> {
     p.attrs["clip_init"] = options(c).clip_init;
     return p;
   }
+  // α below the floor comes back to it (a clamp of every clip level, without reading it back).
   int64_t after_step(Graph& graph, const Config&) const override {
     at::NoGradGuard no_grad;
-    int64_t changed = 0;
+    int64_t clamped = 0;
     for (Node& n : graph.nodes()) {
       if (n.op != "act_quant" || n.attr_str("method") != name()) continue;
-      const at::Tensor& a = act_clip(n);
-      if ((a < kClipFloor).any().item<bool>()) {
-        a.clamp_min_(kClipFloor);
-        ++changed;
-      }
+      act_clip(n).clamp_min_(kClipFloor);
+      ++clamped;
     }
-    return changed;
+    return clamped;
   }
+  // λ·Σα² over the clip levels of this entry's layers' inputs (another entry's λ covers its own).
   at::Tensor penalty(const Graph& graph, const Config& c) const override {
     const double lambda = options(c).clip_penalty;
     if (lambda == 0) return {};
     at::Tensor sum;
-    for (const Node& n : graph.nodes()) {
+    std::set<std::string> seen;
+    for (const auto& layer : selected_layers(graph, c)) {
+      const std::string& producer = graph.value(graph.node(layer).inputs.at(0)).producer;
+      if (producer.empty() || !seen.insert(producer).second) continue;
+      const Node& n = graph.node(producer);
       if (n.op != "act_quant" || n.attr_str("method") != name()) continue;
       const at::Tensor term = act_clip(n).pow(2).sum();
       sum = sum.defined() ? sum + term : term;
@@ -167,7 +181,8 @@ void register_pact() {
   a.grid = [](const Node& n) {
     ActivationGrid g;
     g.bits = n.attr_int("activation_bits");
-    g.max = std::max(act_clip(n).detach().to(at::kCPU, at::kFloat).item<double>(), kClipFloor);
+    // As the forward: α clamped in float32, then widened.
+    g.max = static_cast<double>(std::max(act_clip(n).detach().to(at::kCPU, at::kFloat).item<float>(), static_cast<float>(kClipFloor)));
     g.relu = n.attr_bool("relu");
     return g;
   };

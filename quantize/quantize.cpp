@@ -20,9 +20,11 @@ namespace whittle::quantize {
 
 namespace {
 
-// While set (initialize_learned), act_quant nodes whose quantizer initializes from data do so from
-// the input of each forward, and count themselves here.
+// While set (initialize_learned), act_quant nodes whose quantizer initializes from data (and that
+// are among t_initialize_only, when it is not empty) do so from the input of each forward, and
+// count themselves here.
 thread_local int64_t* t_initialized = nullptr;
+thread_local const std::set<std::string>* t_initialize_only = nullptr;
 
 void register_ops() {
   OpTraits aq;
@@ -45,7 +47,7 @@ void register_ops() {
   };
   aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
     const ActivationQuantizer& q = activation_quantizer_of(n);
-    if (t_initialized && q.initialize) {
+    if (t_initialized && q.initialize && (!t_initialize_only || t_initialize_only->empty() || t_initialize_only->count(n.name))) {
       q.initialize(n, in[0]);
       ++*t_initialized;
     }
@@ -394,8 +396,20 @@ Report apply(Graph& graph, const Config& config_in) {
   // The activation quantizer's learned parameters on the nodes made above.
   if (quant_acts) {
     const ActivationQuantizer& aq = activation_quantizers().get(acts->quantizer);
-    if (aq.attach)
-      for (const auto& name : new_act_nodes) aq.attach(graph.node(name));
+    if (aq.attach) {
+      // On the device of the layers' weights, as the weight quantizers' parameters are.
+      std::optional<at::Device> device;
+      for (const auto& name : chosen)
+        if (const at::Tensor* w = graph.node(name).params.find("weight"); w && w->defined()) device = w->device();
+      for (const auto& name : new_act_nodes) {
+        Node& n = graph.node(name);
+        aq.attach(n);
+        if (!device) continue;
+        for (const auto& p : aq.params)
+          if (const at::Tensor* t = n.params.find(p); t && t->defined() && t->device() != *device)
+            n.params.set(p, t->detach().to(*device).set_requires_grad(true));
+      }
+    }
   }
 
   // 4. What the method adds beyond its quantizers (XNOR-Net's K scale).
@@ -416,20 +430,28 @@ int64_t after_step(Graph& graph, const Config& resolved) {
   return quantizer_method(resolved.method).after_step(graph, resolved);
 }
 
+std::vector<std::string> selected_layers(const Graph& graph, const Config& c) {
+  std::vector<std::string> all, layers;
+  for (const auto& n : graph.nodes())
+    if (is_weighted_layer(n)) all.push_back(n.name);
+  if (all.empty()) return layers;
+  const std::set<std::string> named(c.targets.begin(), c.targets.end());
+  for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
+    if (!is_weighted_layer(graph.node(name))) continue;
+    if ((name == all.front() || name == all.back()) && !named.count(name)) continue;
+    layers.push_back(name);
+  }
+  return layers;
+}
+
 std::vector<std::string> quantized_by(const Graph& graph, const Config& config) {
   register_all();
   const Config c = resolve(config);
   const std::string wq = quantizer_method(c.method).weight_quantizer(c);
   std::vector<std::string> layers;
   if (wq.empty()) return layers;
-  std::vector<std::string> all;
-  for (const auto& n : graph.nodes())
-    if (is_weighted_layer(n)) all.push_back(n.name);
-  const std::set<std::string> named(c.targets.begin(), c.targets.end());
-  for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
+  for (const auto& name : selected_layers(graph, c)) {
     const Node& n = graph.node(name);
-    if (!is_weighted_layer(n)) continue;
-    if ((name == all.front() || name == all.back()) && !named.count(name)) continue;
     if (!n.weight_transforms.empty() && n.weight_transforms.back() == wq) layers.push_back(name);
   }
   return layers;
@@ -466,17 +488,35 @@ at::Tensor penalty(const Graph& graph, const Config& resolved) {
   return quantizer_method(resolved.method).penalty(graph, resolved);
 }
 
-int64_t initialize_learned(GraphModule& module, const at::Tensor& batch) {
+std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& report) {
+  register_all();
+  std::vector<std::string> out;
+  for (const auto* list : {&report.inserted, &report.replaced})
+    for (const auto& name : *list) {
+      const Node* n = graph.find_node(name);
+      if (n && n->op == "act_quant" && activation_quantizer_of(*n).initialize) out.push_back(name);
+    }
+  return out;
+}
+
+int64_t initialize_learned(GraphModule& module, const at::Tensor& batch, const std::vector<std::string>& nodes) {
   register_all();
   at::NoGradGuard no_grad;
+  const std::set<std::string> only(nodes.begin(), nodes.end());
   std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (buffer, its value before)
   for (const auto& b : module->named_buffers())
     if (b.value().defined()) buffers.emplace_back(b.value(), b.value().clone());
   int64_t count = 0;
   struct Scope {
-    explicit Scope(int64_t* c) { t_initialized = c; }
-    ~Scope() { t_initialized = nullptr; }
-  } scope(&count);
+    Scope(int64_t* c, const std::set<std::string>* only) {
+      t_initialized = c;
+      t_initialize_only = only;
+    }
+    ~Scope() {
+      t_initialized = nullptr;
+      t_initialize_only = nullptr;
+    }
+  } scope(&count, &only);
   module->forward(batch);
   for (auto& [buffer, before] : buffers) buffer.copy_(before);
   return count;

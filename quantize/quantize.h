@@ -103,6 +103,10 @@ Report apply(GraphModule& module, const Config& config);
 /// (resolve()). Returns the number of layers changed.
 int64_t after_step(Graph& graph, const Config& resolved);
 
+/// The weighted layers `config` selects, in graph order: its targets and ignore (graph/select.h),
+/// the first and last layers only when named, whether or not they are quantized yet.
+std::vector<std::string> selected_layers(const Graph& graph, const Config& config);
+
 /// The layers `config` selects (its targets and ignore, the first and last layers only when
 /// named) that its method already quantized (their weight stack ends in the method's weight
 /// quantizer), in graph order: what change_bits() acts on.
@@ -125,9 +129,14 @@ at::Tensor penalty(const Graph& graph, const Config& resolved);
 /// 2·mean|x|/√Q_P, Esser et al. 2020) from one forward pass of `batch` ([N, ...] as the model's
 /// input) in the module's current mode, without gradient; the module's buffers (batch-norm running
 /// statistics) are restored afterwards, so only those parameters change. Call it once after
-/// apply() and before the first optimizer step (the trainer does, on its first batch). Returns
-/// the number of act_quant nodes set.
-int64_t initialize_learned(GraphModule& module, const at::Tensor& batch);
+/// apply() and before the first optimizer step (the trainer does, on its first batch). `nodes`:
+/// only these act_quant nodes (those one apply() made: its Report's inserted and replaced), so that
+/// parameters already learned stay; empty: every one. Returns the number of act_quant nodes set.
+int64_t initialize_learned(GraphModule& module, const at::Tensor& batch, const std::vector<std::string>& nodes = {});
+
+/// The act_quant nodes of `report` (inserted or replaced by an apply()) whose activation quantizer
+/// sets learned parameters from data: what initialize_learned() should be given after it.
+std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& report);
 
 // ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)
 

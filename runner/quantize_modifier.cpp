@@ -65,7 +65,7 @@ class QuantizeModifier : public Modifier {
   // A window opening inside an epoch (start_epoch 1.5) attaches at that epoch's first batch past it.
   void on_step_begin(TrainContext& tc) override {
     if (!applied_ && active_at(tc.epoch)) attach(tc);
-    if (initialize_pending_ && tc.input) initialize(tc);
+    if (!to_initialize_.empty() && tc.input) initialize(tc);
   }
   void on_step_end(TrainContext& tc) override {
     if (applied_) quantize::after_step(tc.model->graph(), config_);
@@ -84,10 +84,21 @@ class QuantizeModifier : public Modifier {
   }
 
   // A later entry of a method with progressive bit widths takes over an earlier entry's layers.
+  // Only the bits may differ: the same method, targets, ignore and options, weights and
+  // activations quantized (or not) in both, and a later window.
   bool takes_over(const Modifier& earlier) const override {
     const auto* e = dynamic_cast<const QuantizeModifier*>(&earlier);
-    return e && e->config_.method == config_.method && spec().start_epoch > e->spec().start_epoch &&
-           quantize::quantizer_method(config_.method).changes_bits();
+    if (!e || e->config_.method != config_.method || !quantize::quantizer_method(config_.method).changes_bits())
+      return false;
+    const quantize::Config &a = e->config_, &b = config_;
+    auto options_text = [](const quantize::Config& c) {
+      std::string t;
+      for (const auto& [key, value] : c.options.values()) t += key + "=" + value.text() + ";";
+      return t;
+    };
+    return spec().start_epoch > e->spec().start_epoch && a.targets == b.targets && a.ignore == b.ignore &&
+           options_text(a) == options_text(b) && (a.weight_bits == 32) == (b.weight_bits == 32) &&
+           (a.activation_bits == 32) == (b.activation_bits == 32);
   }
 
   std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
@@ -115,7 +126,7 @@ class QuantizeModifier : public Modifier {
     quantize::Report r = quantize::apply(tc.model, config_);
     if (r.quantized.empty()) refuse_nothing_quantized(r);
     applied_ = true;
-    initialize_pending_ = true;
+    to_initialize_ = quantize::nodes_to_initialize(tc.model->graph(), r);  // its own new nodes only
     tc.parameters_changed = true;
     *tc.log << "quantize (" << config_.method << ", W" << config_.weight_bits << "A" << config_.activation_bits;
     for (const auto& [key, value] : config_.options.values()) *tc.log << ", " << key << " " << value.text();
@@ -125,16 +136,17 @@ class QuantizeModifier : public Modifier {
   // The learned activation parameters that start from data (LSQ's steps) from the first batch the
   // quantizers see, averaged over the ranks of a data-parallel run so that every rank starts alike.
   void initialize(TrainContext& tc) {
-    initialize_pending_ = false;
+    const std::vector<std::string> nodes = std::move(to_initialize_);
+    to_initialize_.clear();
     tc.model->to(tc.device);  // attached in this hook: not moved by the trainer yet
-    const int64_t count = quantize::initialize_learned(tc.model, *tc.input);
+    const int64_t count = quantize::initialize_learned(tc.model, *tc.input, nodes);
     if (count == 0) return;
     if (tc.replica_sum) {
       at::NoGradGuard no_grad;
       at::Tensor ranks = at::ones({1}, at::TensorOptions().device(tc.device));
       tc.replica_sum(ranks);
-      for (const Node& n : tc.model->graph().nodes()) {
-        if (n.op != "act_quant") continue;
+      for (const auto& node : nodes) {
+        const Node& n = tc.model->graph().node(node);
         for (const auto& name : quantize::activation_quantizer_of(n).params) {
           const at::Tensor* p = n.params.find(name);
           if (!p || !p->defined()) continue;
@@ -157,7 +169,7 @@ class QuantizeModifier : public Modifier {
 
   quantize::Config config_;
   bool applied_ = false;
-  bool initialize_pending_ = false;  ///< applied in this run: learned parameters to set from the first batch
+  std::vector<std::string> to_initialize_;  ///< act_quant nodes this entry made whose parameters start from data
 };
 
 }  // namespace

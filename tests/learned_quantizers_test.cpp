@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "core/error.h"
@@ -287,6 +289,20 @@ TEST(Lsq, MethodTrainsInitializesAndPacks) {
     EXPECT_NE(s, 1 / std::sqrt(7.0)) << name;
   }
 
+  // Given nodes, only those are set: a second entry leaves what the first learned.
+  {
+    at::NoGradGuard no_grad;
+    m->graph().node(acts[0]).params.at("act_step").fill_(0.125);
+    m->graph().node(acts[1]).params.at("act_step").fill_(0.25);
+  }
+  EXPECT_EQ(q::initialize_learned(m, batch, {acts[1]}), 1);
+  EXPECT_EQ(m->graph().node(acts[0]).params.at("act_step").item<double>(), 0.125);
+  EXPECT_NE(m->graph().node(acts[1]).params.at("act_step").item<double>(), 0.25);
+  std::vector<std::string> made = q::nodes_to_initialize(m->graph(), r), sorted_acts = acts;
+  std::sort(made.begin(), made.end());
+  std::sort(sorted_acts.begin(), sorted_acts.end());
+  EXPECT_EQ(made, sorted_acts);  // what the apply above made
+
   // Two SGD steps: the steps learn.
   const at::Tensor w_step0 = conv2.params.at("weight_step").detach().clone();
   std::vector<at::Tensor> params;
@@ -305,7 +321,7 @@ TEST(Lsq, MethodTrainsInitializesAndPacks) {
     at::NoGradGuard no_grad;
     m->graph().node(acts[0]).params.at("act_step").fill_(-1.0);
   }
-  EXPECT_EQ(q::after_step(m->graph(), q::resolve(c)), 1);
+  EXPECT_EQ(q::after_step(m->graph(), q::resolve(c)), 6);  // every step clamped (3 weights, 3 inputs)
   expect_close(m->graph().node(acts[0]).params.at("act_step"), {1e-8f}, 0);
 
   // The packed checkpoint: codes and steps, reloaded to bitwise the same outputs.
@@ -464,6 +480,67 @@ TEST(Lsq, ChangeBitsCarriesTheSteps) {
     FAIL() << "dorefa changed bits";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dorefa"), std::string::npos) << e.what();
+  }
+}
+
+// The fused CPU kernels (quantize/fused_quantizers.h) against the ATen-op forms: the same values
+// (== : the sign of a zero may differ), the same input gradients, and the step, offset and clip
+// gradients within float32 rounding of their terms (the fused sums accumulate in double).
+TEST(LearnedQuantizers, FusedKernelsEqualTheAtenForms) {
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({8, 16, 9, 9}) * 1.5;
+  const at::Tensor up = at::randn({8, 16, 9, 9});
+  struct Result {
+    at::Tensor y, gx, gp, gb;
+  };
+  auto run = [&](bool fused, const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& f,
+                 double p0, double b0) {
+    q::set_fused_quantizers(fused);
+    const at::Tensor xi = x.clone().set_requires_grad(true);
+    const at::Tensor p = vec({static_cast<float>(p0)}).set_requires_grad(true);
+    const at::Tensor b = vec({static_cast<float>(b0)}).set_requires_grad(true);
+    const at::Tensor y = f(xi, p, b);
+    y.backward(up);
+    Result r{y.detach(), xi.grad(), p.grad(), b.grad()};
+    q::set_fused_quantizers(true);
+    return r;
+  };
+  const double terms = up.abs().sum().item<double>();
+  auto same = [&](const Result& a, const Result& f, double g, const std::string& what) {
+    EXPECT_TRUE(at::equal(a.y == f.y, at::ones_like(a.y, at::kBool))) << what << " values";
+    EXPECT_TRUE(at::equal(a.gx, f.gx)) << what << " input gradient";
+    EXPECT_NEAR(a.gp.item<double>(), f.gp.item<double>(), 1e-6 * g * terms) << what << " parameter gradient";
+    if (a.gb.defined() || f.gb.defined())
+      EXPECT_NEAR(a.gb.item<double>(), f.gb.item<double>(), 1e-6 * g * terms) << what << " offset gradient";
+  };
+  for (int bits : {2, 4, 8}) {
+    const double g = q::lsq_gradient_scale(x.numel() / 8, (1 << bits) - 1);
+    auto signed_lsq = [&](const at::Tensor& xi, const at::Tensor& p, const at::Tensor&) {
+      return q::lsq_quantize(xi, p, q::lsq_signed_grid(bits), g);
+    };
+    auto shifted_lsq = [&](const at::Tensor& xi, const at::Tensor& p, const at::Tensor& b) {
+      return q::lsq_quantize(xi, p, q::lsq_unsigned_grid(bits), g, 0, b);
+    };
+    same(run(false, signed_lsq, 0.3, 0), run(true, signed_lsq, 0.3, 0), g, "LSQ W" + std::to_string(bits));
+    same(run(false, shifted_lsq, 0.2, -0.7), run(true, shifted_lsq, 0.2, -0.7), g, "LSQ+ A" + std::to_string(bits));
+  }
+  Graph pg = build_model("lenet5", ZooOptions{});
+  q::Config pc;
+  pc.method = "pact";
+  q::apply(pg, pc);
+  for (int bits : {2, 4}) {
+    for (bool relu : {false, true}) {
+      Node n;
+      for (const Node& m : pg.nodes())
+        if (m.op == "act_quant") n = m;
+      n.attrs["activation_bits"] = int64_t{bits};
+      n.attrs["relu"] = int64_t{relu};
+      auto pact = [&](const at::Tensor& xi, const at::Tensor& p, const at::Tensor&) {
+        n.params.set("act_clip", p);
+        return q::activation_quantizer_of(n).forward(n, xi, true);
+      };
+      same(run(false, pact, 1.3, 0), run(true, pact, 1.3, 0), 1.0, "PACT A" + std::to_string(bits));
+    }
   }
 }
 
