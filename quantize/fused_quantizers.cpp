@@ -275,12 +275,9 @@ at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const
 
 namespace {
 
-// round half to even of |v| ≤ 2^22 in float arithmetic (the sum's rounding does it), which
-// compilers vectorize where nearbyint is a call; NaN stays NaN.
-inline float round_half_even(float v) {
-  constexpr float kMagic = 12582912.0f;  // 1.5·2^23
-  return (v + kMagic) - kMagic;
-}
+// round half to even of |v| ≤ 2^22 (quantize_simd.h), which compilers vectorize where nearbyint
+// is a call.
+inline float round_half_even(float v) { return detail::round_half_even_small(v); }
 
 void check_lsq(const at::Tensor& x, int64_t q_n, int64_t q_p, const char* who) {
   check_input(x, who);
@@ -335,34 +332,16 @@ LsqGradients lsq_backward(const at::Tensor& grad_in, const at::Tensor& x, float 
   const int64_t n = x.numel();
   const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
   std::vector<double> step_sums(static_cast<size_t>(chunks)), offset_sums(static_cast<size_t>(chunks));
+  const auto& k = detail::quantize_simd();
   whittle::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
       const int64_t begin = c * kSumChunk, end = std::min(n, begin + kSumChunk);
-      // kLanes independent float sums (element i into lane i mod kLanes) over the chunk, so that the
-      // loop vectorizes, added in lane order in double at the end. b is 0 without an offset.
-      constexpr int kLanes = 8;
+      // kLanes float sums (element i into lane i mod kLanes), the instruction set's microkernel
+      // (quantize/quantize_simd.h; every variant gives the same sums), added in double in lane
+      // order. b is 0 without an offset (x − 0 is x).
+      constexpr int kLanes = detail::kLsqLanes;
       float ds_lane[kLanes] = {}, db_lane[kLanes] = {};
-      int64_t i = begin;
-      for (; i + kLanes <= end; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) {
-          const float v = (xs[i + l] - b) / s;
-          const float gi = g[i + l];
-          const bool below = v <= lo, above = v >= hi;
-          const bool inside = !(below || above);  // NaN: inside, as the ATen form's comparisons give
-          gx[i + l] = inside ? gi : 0.0f;
-          const float r = round_half_even(v) - v;  // used inside only, where |v| < 2^20
-          ds_lane[l] += gi * (inside ? r : (below ? lo : hi));
-          db_lane[l] += inside ? 0.0f : gi;
-        }
-      }
-      for (; i < end; ++i) {
-        const float v = (xs[i] - b) / s;
-        const bool below = v <= lo, above = v >= hi;
-        const bool inside = !(below || above);
-        gx[i] = inside ? g[i] : 0.0f;
-        ds_lane[0] += g[i] * (inside ? round_half_even(v) - v : (below ? lo : hi));
-        db_lane[0] += inside ? 0.0f : g[i];
-      }
+      k.lsq_backward(xs + begin, g + begin, gx + begin, end - begin, s, b, lo, hi, ds_lane, db_lane);
       double ds_sum = 0.0, db_sum = 0.0;
       for (int l = 0; l < kLanes; ++l) {
         ds_sum += ds_lane[l];

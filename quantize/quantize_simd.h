@@ -39,7 +39,44 @@ struct QuantizeSimd {
   /// dx[i] = g[i] · (mask bit i ? 1.0f : 0.0f): the product, as ATen's grad * bool mask gives it
   /// (a NaN or infinite g times 0 is NaN).
   void (*mask_multiply)(const float* g, const uint8_t* mask, float* dx, int64_t n);
+  /// The LSQ backward over n elements (quantize/lsq.h), v = (x[i] − b)/s: dx[i] = g[i] where
+  /// lo < v < hi (NaN counts inside, as the ATen form's comparisons give), 0 elsewhere; and, element
+  /// i into lane i mod kLsqLanes, ds[lane] += g[i]·(round(v) − v inside, lo at or below, hi at or
+  /// above) and db[lane] += (inside ? 0 : g[i]), in float, in element order per lane (every variant
+  /// gives the same sums).
+  void (*lsq_backward)(const float* x, const float* g, float* dx, int64_t n, float s, float b, float lo, float hi,
+                       float* ds, float* db);
 };
+
+/// Lanes of QuantizeSimd::lsq_backward's sums.
+constexpr int kLsqLanes = 8;
+
+/// round(v) half to even for |v| ≤ 2^22 by float arithmetic (the sum's rounding does it; NaN stays
+/// NaN); the values of nearbyint there.
+inline float round_half_even_small(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5·2^23
+  return (v + kMagic) - kMagic;
+}
+
+inline void lsq_backward_tail(const float* x, const float* g, float* dx, int64_t begin, int64_t n, float s, float b,
+                              float lo, float hi, float* ds, float* db) {
+  for (int64_t i = begin; i < n; ++i) {
+    const float v = (x[i] - b) / s;
+    const bool below = v <= lo, above = v >= hi;
+    const bool inside = !(below || above);
+    dx[i] = inside ? g[i] : 0.0f;
+    const int lane = static_cast<int>(i % kLsqLanes);
+    // Outside the range round_half_even_small's value (for |v| > 2^22) is not used.
+    ds[lane] += g[i] * (inside ? round_half_even_small(v) - v : (below ? lo : hi));
+    db[lane] += inside ? 0.0f : g[i];
+  }
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+/// The AVX2 lsq_backward, which the AVX-512 table uses too (eight lanes in every variant).
+void lsq_backward_avx2(const float* x, const float* g, float* dx, int64_t n, float s, float b, float lo, float hi,
+                       float* ds, float* db);
+#endif
 
 extern const QuantizeSimd kQuantizeSimdScalar;
 #if defined(__x86_64__) || defined(_M_X64)

@@ -60,6 +60,28 @@ void mask_multiply_avx2(const float* g, const uint8_t* mask, float* dx, int64_t 
 
 }  // namespace
 
-const QuantizeSimd kQuantizeSimdAvx2 = {dorefa_activation_avx2, sign_avx2, mask_multiply_avx2};
+void lsq_backward_avx2(const float* x, const float* g, float* dx, int64_t n, float s, float b, float lo, float hi,
+                       float* ds, float* db) {
+  const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 ds_acc = _mm256_loadu_ps(ds), db_acc = _mm256_loadu_ps(db);  // lane l: elements i ≡ l (mod 8)
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vb), vs);
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 below = _mm256_cmp_ps(v, vlo, _CMP_LE_OQ), above = _mm256_cmp_ps(v, vhi, _CMP_GE_OQ);
+    const __m256 outside = _mm256_or_ps(below, above);  // NaN: neither, so inside
+    _mm256_storeu_ps(dx + i, _mm256_blendv_ps(gv, zero, outside));
+    const __m256 r = _mm256_sub_ps(_mm256_round_ps(v, kRound), v);
+    const __m256 bound = _mm256_blendv_ps(vhi, vlo, below);
+    ds_acc = _mm256_add_ps(ds_acc, _mm256_mul_ps(gv, _mm256_blendv_ps(r, bound, outside)));
+    db_acc = _mm256_add_ps(db_acc, _mm256_blendv_ps(zero, gv, outside));
+  }
+  _mm256_storeu_ps(ds, ds_acc);
+  _mm256_storeu_ps(db, db_acc);
+  lsq_backward_tail(x, g, dx, i, n, s, b, lo, hi, ds, db);
+}
+
+const QuantizeSimd kQuantizeSimdAvx2 = {dorefa_activation_avx2, sign_avx2, mask_multiply_avx2, lsq_backward_avx2};
 
 }  // namespace whittle::quantize::detail

@@ -62,6 +62,8 @@ void mask_multiply_avx512(const float* g, const uint8_t* mask, float* dx, int64_
 
 }  // namespace
 
-const QuantizeSimd kQuantizeSimdAvx512 = {dorefa_activation_avx512, sign_avx512, mask_multiply_avx512};
+// LSQ's backward: the AVX2 form (eight lanes, the sums every variant gives).
+const QuantizeSimd kQuantizeSimdAvx512 = {dorefa_activation_avx512, sign_avx512, mask_multiply_avx512,
+                                          lsq_backward_avx2};
 
 }  // namespace whittle::quantize::detail

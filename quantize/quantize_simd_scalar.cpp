@@ -15,8 +15,14 @@ void mask_multiply_scalar(const float* g, const uint8_t* mask, float* dx, int64_
   mask_multiply_tail(g, mask, dx, 0, n);
 }
 
+void lsq_backward_scalar(const float* x, const float* g, float* dx, int64_t n, float s, float b, float lo, float hi,
+                         float* ds, float* db) {
+  lsq_backward_tail(x, g, dx, 0, n, s, b, lo, hi, ds, db);
+}
+
 }  // namespace
 
-const QuantizeSimd kQuantizeSimdScalar = {dorefa_activation_scalar, sign_scalar, mask_multiply_scalar};
+const QuantizeSimd kQuantizeSimdScalar = {dorefa_activation_scalar, sign_scalar, mask_multiply_scalar,
+                                          lsq_backward_scalar};
 
 }  // namespace whittle::quantize::detail

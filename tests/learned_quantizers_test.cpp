@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/isa.h"
 #include "export/checkpoint.h"
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
@@ -523,6 +524,19 @@ TEST(LearnedQuantizers, FusedKernelsEqualTheAtenForms) {
     };
     same(run(false, signed_lsq, 0.3, 0), run(true, signed_lsq, 0.3, 0), g, "LSQ W" + std::to_string(bits));
     same(run(false, shifted_lsq, 0.2, -0.7), run(true, shifted_lsq, 0.2, -0.7), g, "LSQ+ A" + std::to_string(bits));
+    // Every instruction-set variant of the backward microkernel gives the same sums, bit for bit.
+    const std::vector<Isa> isas = supported_isas();
+    std::vector<Result> per_isa;
+    for (const Isa isa : isas) {
+      set_isa(isa);
+      per_isa.push_back(run(true, shifted_lsq, 0.2, -0.7));
+    }
+    set_isa(isas.back());
+    for (size_t i = 1; i < per_isa.size(); ++i) {
+      EXPECT_TRUE(at::equal(per_isa[i].gx, per_isa[0].gx)) << isa_name(isas[i]);
+      EXPECT_EQ(per_isa[i].gp.item<float>(), per_isa[0].gp.item<float>()) << isa_name(isas[i]);
+      EXPECT_EQ(per_isa[i].gb.item<float>(), per_isa[0].gb.item<float>()) << isa_name(isas[i]);
+    }
   }
   Graph pg = build_model("lenet5", ZooOptions{});
   q::Config pc;
