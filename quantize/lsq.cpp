@@ -73,13 +73,18 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     ctx->save_for_backward({x, s, step, offset});
     ctx->saved_data["q_n"] = q_n;
     ctx->saved_data["q_p"] = q_p;
-    ctx->saved_data["g"] = gradient_scale;
+    ctx->saved_data["gradient_scale"] = gradient_scale;
     ctx->saved_data["axis"] = axis;
     // One pass on the CPU for a step per tensor (quantize/fused_quantizers.h), the ATen ops otherwise.
     const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x) && step.numel() == 1;
     ctx->saved_data["fused"] = fused;
-    if (fused)
-      return fused::lsq(x, s.item<float>(), b.defined() ? b.item<float>() : 0.0f, b.defined(), q_n, q_p);
+    if (fused) {
+      // The step and offset as the kernels take them, kept for the backward pass.
+      const float s_value = s.item<float>(), b_value = b.defined() ? b.item<float>() : 0.0f;
+      ctx->saved_data["step_value"] = static_cast<double>(s_value);
+      ctx->saved_data["offset_value"] = static_cast<double>(b_value);
+      return fused::lsq(x, s_value, b_value, b.defined(), q_n, q_p);
+    }
     const at::Tensor shifted = b.defined() ? x - b : x;
     const at::Tensor y = at::round(at::clamp(shifted / s, -static_cast<double>(q_n), static_cast<double>(q_p))) * s;
     return b.defined() ? y + b : y;
@@ -92,12 +97,13 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     const at::Tensor& offset = saved[3];
     const double q_n = static_cast<double>(ctx->saved_data["q_n"].toInt());
     const double q_p = static_cast<double>(ctx->saved_data["q_p"].toInt());
-    const double g_scale = ctx->saved_data["g"].toDouble();
+    const double g_scale = ctx->saved_data["gradient_scale"].toDouble();
     const bool has_offset = offset.numel() == 1;
     if (ctx->saved_data["fused"].toBool()) {
-      const fused::LsqGradients r =
-          fused::lsq_backward(grad[0], x, s.item<float>(), has_offset ? offset.detach().to(at::kFloat).item<float>() : 0.0f,
-                              has_offset, static_cast<int64_t>(q_n), static_cast<int64_t>(q_p));
+      const fused::LsqGradients r = fused::lsq_backward(
+          grad[0], x, static_cast<float>(ctx->saved_data["step_value"].toDouble()),
+          static_cast<float>(ctx->saved_data["offset_value"].toDouble()), has_offset, static_cast<int64_t>(q_n),
+          static_cast<int64_t>(q_p));
       at::Tensor grad_step, grad_offset;
       if (step.requires_grad()) grad_step = at::full(step.sizes(), r.step * g_scale, step.options());
       if (has_offset && offset.requires_grad()) grad_offset = at::full(offset.sizes(), r.offset * g_scale, offset.options());

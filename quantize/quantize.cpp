@@ -298,7 +298,6 @@ Report apply(Graph& graph, const Config& config_in) {
   const std::set<std::string> chosen_set(chosen.begin(), chosen.end());
   std::map<std::string, std::string> quantized_value;  // original input value → quantized value
   std::map<std::string, std::string> real_source;      // layer → real-valued value its binary input comes from ("" unknown)
-  std::vector<std::string> new_act_nodes;              // act_quant nodes made here (their learned parameters follow)
   if (quant_acts) {
     for (const auto& name : chosen) {
       const std::string v = graph.node(name).inputs.at(0);
@@ -326,7 +325,6 @@ Report apply(Graph& graph, const Config& config_in) {
             r.attrs = act_attrs;
             r.attrs["relu"] = int64_t{1};
             report.replaced.push_back(r.name);
-            new_act_nodes.push_back(r.name);
             quantized_value[v] = v;
             continue;
           }
@@ -334,7 +332,6 @@ Report apply(Graph& graph, const Config& config_in) {
         Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v}, act_attrs);
         const std::string out = graph.insert_node_before(name, q);
         report.inserted.push_back(q.name);
-        new_act_nodes.push_back(q.name);
         quantized_value[v] = out;
         graph.node(name).inputs[0] = out;
         continue;
@@ -365,7 +362,6 @@ Report apply(Graph& graph, const Config& config_in) {
           r.op = "act_quant";
           r.attrs = act_attrs;
           report.replaced.push_back(r.name);
-          new_act_nodes.push_back(r.name);
           quantized_value[v] = v;
           quantized_value[cur] = cur;
           real_source[name] = chain.empty() ? source : "";
@@ -376,7 +372,6 @@ Report apply(Graph& graph, const Config& config_in) {
           Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {source}, act_attrs);
           const std::string out = graph.insert_node_before(name, q);
           report.inserted.push_back(q.name);
-        new_act_nodes.push_back(q.name);
           quantized_value[v] = out;
           graph.node(name).inputs[0] = out;
           real_source[name] = source;
@@ -386,7 +381,6 @@ Report apply(Graph& graph, const Config& config_in) {
       Node q = make_node(graph.unique_name(name + ".act_quant"), "act_quant", {v}, act_attrs);
       const std::string out = graph.insert_node_before(name, q);
       report.inserted.push_back(q.name);
-        new_act_nodes.push_back(q.name);
       quantized_value[v] = out;
       graph.node(name).inputs[0] = out;
       real_source[name] = v;
@@ -401,7 +395,10 @@ Report apply(Graph& graph, const Config& config_in) {
       std::optional<at::Device> device;
       for (const auto& name : chosen)
         if (const at::Tensor* w = graph.node(name).params.find("weight"); w && w->defined()) device = w->device();
-      for (const auto& name : new_act_nodes) {
+      // The act_quant nodes made above: all that the report lists so far (finish() adds its own later).
+      std::vector<std::string> made = report.inserted;
+      made.insert(made.end(), report.replaced.begin(), report.replaced.end());
+      for (const auto& name : made) {
         Node& n = graph.node(name);
         aq.attach(n);
         if (!device) continue;

@@ -2,7 +2,9 @@
 // worked out by hand in the comments, the degenerate cases (an all-zero tensor, a step driven to 0
 // or below, bits 1 and 8), packed codes that decode bitwise to the forward's values, and the
 // methods through the quantize pass (learned parameters, their role, initialization from a batch,
-// the step floor after an optimizer step, PACT's penalty).
+// the step floor after an optimizer step, PACT's penalty). Every bound below holds with 1 and 2
+// intra-op threads, ATEN_CPU_CAPABILITY=default and WHITTLE_KERNEL_ISA=scalar (checked): the values
+// are exact divisions and roundings, and the gradient sums' bounds are relative to their terms.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
