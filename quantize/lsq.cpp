@@ -173,14 +173,66 @@ namespace {
 struct LsqOptions {
   /// Weights: one learned step per tensor or per output channel (unset: per_tensor, the paper's).
   std::optional<std::string> granularity;
+  /// How the steps start: "paper" (2·mean|x|/√Q_P; activations from the first batch) or a
+  /// registered calibrator (quantize/calibrate.h) over the weights and over init_batches batches.
+  std::string step_init = "paper";
+  int64_t init_batches = 1;  ///< training batches the activation statistics come from (a calibrator)
+  /// The percentile calibrator's share of the values, in percent (unset: 99.99; only with it).
+  std::optional<double> percentile;
 };
 
 const OptionsSchema<LsqOptions>& lsq_schema() {
   using O = LsqOptions;
-  static const OptionsSchema<O> schema = OptionsSchema<O>().add(
-      "granularity", &O::granularity, "one learned weight step per tensor or per output channel",
-      {"per_tensor", "per_channel"}, "per_tensor");
+  static const OptionsSchema<O> schema =
+      OptionsSchema<O>()
+          .add("granularity", &O::granularity, "one learned weight step per tensor or per output channel",
+               {"per_tensor", "per_channel"}, "per_tensor")
+          .add("step_init", &O::step_init,
+               "how the steps start: paper (2·mean|x|/√Q_P, activations from the first batch) or a calibrator "
+               "(whittle inspect --calibrators: minmax, percentile, mse) over the weights and init_batches batches")
+          .add("init_batches", &O::init_batches,
+               "training batches the activation statistics come from, with a step_init calibrator")
+          .in_range(Range::closed(1, 10000))
+          .add("percentile", &O::percentile, "step_init percentile: the share of the values the grid covers, in percent",
+               {}, "99.99")
+          .in_range(Range{0, 100, true, false});
   return schema;
+}
+
+// The calibration the options ask for; nullopt for the paper's rule.
+std::optional<Calibration> calibration_of(const LsqOptions& o) {
+  if (o.step_init == "paper") return std::nullopt;
+  Calibration c;
+  c.calibrator = o.step_init;
+  c.batches = o.init_batches;
+  if (o.percentile) c.options.percentile = *o.percentile;
+  return c;
+}
+
+// The step of `w` for the signed grid of `bits` from calibrator `c`: [1], or [C] per channel along
+// `axis`; at least the floor. No gradient.
+at::Tensor calibrated_weight_step(const Node& n, const at::Tensor& w_in, int64_t bits, const Calibration& cal,
+                                  bool per_channel, int64_t axis) {
+  at::NoGradGuard no_grad;
+  const Calibrator& c = calibrator(cal.calibrator);
+  const LsqGrid grid = lsq_signed_grid(bits);
+  const CalibrationGrid g{grid.q_n, grid.q_p, 0.0};
+  const at::Tensor w = w_in.detach().to(at::kCPU, at::kFloat);
+  std::vector<at::Tensor> rows;
+  if (per_channel) {
+    const at::Tensor by_channel = w.movedim(axis, 0).reshape({w.size(axis), -1});
+    for (int64_t i = 0; i < by_channel.size(0); ++i) rows.push_back(by_channel[i]);
+  } else {
+    rows.push_back(w);
+  }
+  std::vector<float> steps;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string what =
+        "node '" + n.name + "' (" + n.op + "): weight" + (per_channel ? " channel " + std::to_string(i) : std::string());
+    steps.push_back(static_cast<float>(
+        std::max(c.step(histogram_of(rows[i], what), g, cal.options), lsq_step_floor(at::kFloat))));
+  }
+  return at::tensor(steps, at::kFloat);
 }
 
 bool lsq_weight_bits(int64_t k) { return (k >= 2 && k <= 8) || k == 32; }
@@ -210,20 +262,37 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
     if (c.activation_bits == 0) c.activation_bits = 4;
     if (!lsq_weight_bits(c.weight_bits)) bad_bits(name(), "weight_bits", c.weight_bits, weight_bits_text());
     if (!dorefa_bits(c.activation_bits)) bad_bits(name(), "activation_bits", c.activation_bits, activation_bits_text());
-    options(c);  // checks the keys
+    const LsqOptions o = options(c);  // checks the keys
+    if (o.step_init != "paper" && !calibrators().contains(o.step_init)) {
+      std::string known = "paper";
+      for (const auto& k : calibrators().names()) known += ", " + k;
+      throw Error("quantize: method '" + name() + "', key 'step_init': unknown '" + o.step_init + "' (" + known + ")",
+                  ErrorKind::kUsage);
+    }
+    if (o.percentile && o.step_init != "percentile")
+      throw Error("quantize: method '" + name() + "', key 'percentile': read only with step_init: percentile (step_init is " +
+                      o.step_init + ")",
+                  ErrorKind::kUsage);
+    if (o.step_init == "paper" && o.init_batches != 1)
+      throw Error("quantize: method '" + name() + "', key 'init_batches': " + std::to_string(o.init_batches) +
+                      " batches need step_init to name a calibrator (the paper's rule reads the first batch)",
+                  ErrorKind::kUsage);
     return c;
   }
+  std::optional<Calibration> calibration(const Config& c) const override { return calibration_of(options(c)); }
   std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "lsq"; }
   void attach_weight(Node& n, const Config& c) const override {
     n.attrs["weight_bits"] = c.weight_bits;
     n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
     n.attrs["granularity"] = options(c).granularity.value_or("per_tensor");
-    // The paper's initial step from the weight itself: 2·mean|w|/√Q_P.
+    // The initial step from the weight itself: the paper's 2·mean|w|/√Q_P, or the calibrator's.
     const bool per_channel = node_granularity(n) == Granularity::kPerChannel;
     const at::Tensor& w = n.params.at("weight");
-    n.params.set("weight_step", lsq_initial_step(w, lsq_signed_grid(c.weight_bits), per_channel, n.attr_int("weight_axis"))
-                                    .to(w.device())
-                                    .set_requires_grad(true));
+    const int64_t axis = n.attr_int("weight_axis");
+    const std::optional<Calibration> cal = calibration(c);
+    const at::Tensor step = cal ? calibrated_weight_step(n, w, c.weight_bits, *cal, per_channel, axis)
+                                : lsq_initial_step(w, lsq_signed_grid(c.weight_bits), per_channel, axis);
+    n.params.set("weight_step", step.to(w.device()).set_requires_grad(true));
   }
   std::optional<ActivationPlan> activations(const Config& c) const override {
     if (c.activation_bits == 32) return std::nullopt;
@@ -371,6 +440,11 @@ void register_lsq() {
   a.initialize = [](const Node& n, const at::Tensor& x) {
     at::NoGradGuard no_grad;
     lsq_act_step(n).copy_(lsq_initial_step(x, lsq_unsigned_grid(n.attr_int("activation_bits"))));
+  };
+  a.calibrate = [](const Node& n, const Histogram& h, const Calibrator& c, const CalibrationOptions& o) {
+    at::NoGradGuard no_grad;
+    const CalibrationGrid g{0, lsq_unsigned_grid(n.attr_int("activation_bits")).q_p, 0.0};
+    lsq_act_step(n).fill_(std::max(c.step(h, g, o), lsq_step_floor(at::kFloat)));
   };
   register_activation_quantizer(std::move(a));
   register_quantizer_method(make_lsq_method(

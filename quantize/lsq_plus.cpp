@@ -83,6 +83,17 @@ void register_lsq_plus() {
     }
     lsq_act_step(n).copy_(lsq_initial_step(shifted, grid));
   };
+  // With a calibrator: β = the smallest value seen, s from the calibrator on the grid from β.
+  a.calibrate = [](const Node& n, const Histogram& h, const Calibrator& c, const CalibrationOptions& o) {
+    at::NoGradGuard no_grad;
+    CalibrationGrid g{0, lsq_unsigned_grid(n.attr_int("activation_bits")).q_p, 0.0};
+    const at::Tensor b = offset_of(n);
+    const bool with_offset = b.defined() && h.count > 0;
+    if (with_offset) g.offset = h.min;
+    const double s = std::max(c.step(h, g, o), lsq_step_floor(at::kFloat));  // before anything changes
+    if (with_offset) b.fill_(h.min);
+    lsq_act_step(n).fill_(s);
+  };
   register_activation_quantizer(std::move(a));
   register_quantizer_method(make_lsq_method(
       "lsq_plus", "lsq_plus",

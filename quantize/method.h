@@ -33,6 +33,7 @@
 #include "core/options.h"
 #include "core/registry.h"
 #include "graph/graph.h"
+#include "quantize/calibrate.h"
 #include "quantize/quantize.h"
 #include "quantize/quantizers.h"
 
@@ -144,6 +145,9 @@ struct ActivationQuantizer {
   /// Sets the learned parameters from one batch's input `x` to the node (no gradient), for
   /// initialize_learned(); empty: nothing to set from data.
   std::function<void(const Node& node, const at::Tensor& x)> initialize;
+  /// Sets the learned parameters from the statistics of its input over several batches with the
+  /// calibrator `c` (no gradient), for calibrate_learned(); empty: it cannot be calibrated.
+  std::function<void(const Node& node, const Histogram& h, const Calibrator& c, const CalibrationOptions& o)> calibrate;
 };
 
 /// The activation quantizer registry ("activation quantizers" in `whittle inspect`).
@@ -208,6 +212,10 @@ class QuantizerMethod {
   /// feeding them to `resolved`'s, carrying their learned parameters so that each grid keeps its
   /// range (LSQ: step·Q_P stays). Default: throws whittle::Error (usage) naming the method.
   virtual void change_bits(Graph& graph, const std::vector<std::string>& layers, const Config& resolved) const;
+  /// How its learned activation parameters start from data: a calibrator over a number of batches
+  /// (calibrate_learned()), or nullopt for its own rule from the first batch (initialize_learned();
+  /// the default).
+  virtual std::optional<Calibration> calibration(const Config& resolved) const { return std::nullopt; }
   /// A term the training loss adds (PACT's L2 penalty λ·Σα² on its clip levels), a scalar on the
   /// parameters' device; undefined when the method adds none (the default).
   virtual at::Tensor penalty(const Graph& graph, const Config& resolved) const { return {}; }

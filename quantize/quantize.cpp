@@ -25,6 +25,9 @@ namespace {
 // count themselves here.
 thread_local int64_t* t_initialized = nullptr;
 thread_local const std::set<std::string>* t_initialize_only = nullptr;
+// While set (calibrate_learned), the act_quant nodes named here add their input to their histogram
+// and pass it on unquantized (after the ReLU they stand for).
+thread_local std::map<std::string, Histogram>* t_observed = nullptr;
 
 void register_ops() {
   OpTraits aq;
@@ -47,6 +50,15 @@ void register_ops() {
   };
   aq.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool training) {
     const ActivationQuantizer& q = activation_quantizer_of(n);
+    if (t_observed) {
+      auto it = t_observed->find(n.name);
+      if (it != t_observed->end()) {
+        // What the layer reads: after the ReLU the node stands for.
+        const at::Tensor x = q.grid(n).relu ? at::relu(in[0]) : in[0];
+        observe(it->second, x, "node '" + n.name + "' (act_quant): calibration input");
+        return std::vector<at::Tensor>{x};
+      }
+    }
     if (t_initialized && q.initialize && (!t_initialize_only || t_initialize_only->empty() || t_initialize_only->count(n.name))) {
       q.initialize(n, in[0]);
       ++*t_initialized;
@@ -175,6 +187,10 @@ void register_all() {
   std::call_once(once, [] {
     register_ops();
     register_transforms();
+    // The calibrators, one file each (before the methods that start from them).
+    register_minmax_calibrator();
+    register_percentile_calibrator();
+    register_mse_calibrator();
     // The methods, one file each: their weight and activation quantizers and the method entry.
     register_dorefa();
     register_twn();
@@ -516,6 +532,51 @@ int64_t initialize_learned(GraphModule& module, const at::Tensor& batch, const s
   } scope(&count, &only);
   module->forward(batch);
   for (auto& [buffer, before] : buffers) buffer.copy_(before);
+  return count;
+}
+
+int64_t calibrate_learned(GraphModule& module, const std::function<at::Tensor(int64_t)>& batch,
+                          const Calibration& calibration, const std::vector<std::string>& nodes,
+                          const std::function<void(Histogram&)>& merge_ranks) {
+  register_all();
+  const Calibrator& calibrator = quantize::calibrator(calibration.calibrator);
+  if (calibration.batches < 1)
+    throw Error("calibrate: " + std::to_string(calibration.batches) + " batches (at least 1)", ErrorKind::kUsage);
+  // The nodes to calibrate: act_quant nodes whose quantizer can be (among `nodes`, when given).
+  const std::set<std::string> only(nodes.begin(), nodes.end());
+  std::map<std::string, Histogram> observed;
+  for (const auto& n : module->graph().nodes())
+    if (n.op == "act_quant" && activation_quantizer_of(n).calibrate && (only.empty() || only.count(n.name)))
+      observed[n.name];
+  if (observed.empty()) return 0;
+  {
+    at::NoGradGuard no_grad;
+    std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (buffer, its value before)
+    for (const auto& b : module->named_buffers())
+      if (b.value().defined()) buffers.emplace_back(b.value(), b.value().clone());
+    struct Scope {
+      std::map<std::string, Histogram>* before = t_observed;
+      explicit Scope(std::map<std::string, Histogram>* o) { t_observed = o; }
+      ~Scope() { t_observed = before; }
+    } scope(&observed);
+    try {
+      for (int64_t i = 0; i < calibration.batches; ++i) module->forward(batch(i));
+    } catch (...) {
+      for (auto& [buffer, before] : buffers) buffer.copy_(before);
+      throw;
+    }
+    for (auto& [buffer, before] : buffers) buffer.copy_(before);
+  }
+  if (merge_ranks)
+    for (auto& [name, h] : observed) merge_ranks(h);  // every rank in the same (name) order
+  // Then each node's parameters from its histogram.
+  int64_t count = 0;
+  for (const auto& [name, h] : observed) {
+    if (h.count == 0) continue;  // a node the forward did not reach keeps what it has
+    const Node& n = module->graph().node(name);
+    activation_quantizer_of(n).calibrate(n, h, calibrator, calibration.options);
+    ++count;
+  }
   return count;
 }
 

@@ -28,6 +28,7 @@
 // "xnor_scale". Weight transforms: one per weight quantizer, and "packed" (integer codes and scales
 // of a packed checkpoint, see pack_graph()).
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "core/options.h"
 #include "graph/graph.h"
 #include "graph/graph_module.h"
+#include "quantize/calibrate.h"
 #include "quantize/quantizers.h"
 
 namespace whittle::quantize {
@@ -133,6 +135,21 @@ at::Tensor penalty(const Graph& graph, const Config& resolved);
 /// only these act_quant nodes (those one apply() made: its Report's inserted and replaced), so that
 /// parameters already learned stay; empty: every one. Returns the number of act_quant nodes set.
 int64_t initialize_learned(GraphModule& module, const at::Tensor& batch, const std::vector<std::string>& nodes = {});
+
+/// Sets the learned parameters of the activation quantizers that can be calibrated (LSQ's step,
+/// LSQ+'s step and offset) with `calibration`: the inputs of `nodes` (empty: every such act_quant
+/// node) are observed over `calibration.batches` forward passes of `batch(i)` (i = 0, 1, ...;
+/// [N, ...] as the model's input), with those nodes passing their input through unquantized (after
+/// the ReLU they stand for, relu = 1), in the module's current mode and without gradient; then
+/// each node's quantizer sets its parameters from its histogram with the calibrator (a node the
+/// forward did not reach keeps its values). `merge_ranks`, when given, merges each histogram with
+/// the other ranks' of a data-parallel run before (merge_over_ranks), so that every rank sets the
+/// same values. The module's buffers are restored afterwards. Returns the number of act_quant
+/// nodes set. Throws whittle::Error (usage) for an unknown calibrator or fewer than one batch, and
+/// (runtime) for a non-finite input, before any parameter changes.
+int64_t calibrate_learned(GraphModule& module, const std::function<at::Tensor(int64_t)>& batch,
+                          const Calibration& calibration, const std::vector<std::string>& nodes = {},
+                          const std::function<void(Histogram&)>& merge_ranks = {});
 
 /// The act_quant nodes of `report` (inserted or replaced by an apply()) whose activation quantizer
 /// sets learned parameters from data: what initialize_learned() should be given after it.

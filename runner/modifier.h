@@ -39,12 +39,18 @@ struct TrainContext {
   const std::map<std::string, at::Tensor>* features = nullptr;
   /// In on_step_begin: this batch's input [N, C, H, W] on `device`, as the forward pass will see it.
   const at::Tensor* input = nullptr;
+  /// In on_step_begin: the input of training batch `i` counted from this one (i = 0 is `input`;
+  /// wrapping around the epoch) on `device`, built as the training pass builds it, for modifiers
+  /// that calibrate from several batches. Empty outside on_step_begin.
+  std::function<at::Tensor(int64_t i)> train_batch;
   /// Where modifiers print what they did (std::cout; nothing on data-parallel ranks other than 0).
   std::ostream* log = &std::cout;
   /// Data-parallel runs: sums a tensor in place over the ranks (every rank calls it with the same
   /// shapes in the same order). A modifier whose decision depends on the batches it saw (Taylor
   /// scores) sums its evidence with it, so every rank makes the same change. Empty in one process.
   std::function<void(at::Tensor&)> replica_sum;
+  /// Data-parallel runs: this process's rank (0 in one process).
+  int64_t rank = 0;
 };
 
 /// Base class of modifiers. Hooks default to doing nothing.

@@ -133,15 +133,47 @@ class QuantizeModifier : public Modifier {
     *tc.log << "): " << r.summary() << std::flush;
   }
 
-  // The learned activation parameters that start from data (LSQ's steps) from the first batch the
-  // quantizers see, averaged over the ranks of a data-parallel run so that every rank starts alike.
+  // The learned activation parameters that start from data (LSQ's steps): from the method's
+  // calibrator over its first batches (histograms merged over the ranks of a data-parallel run), or
+  // from the first batch the quantizers see (averaged over the ranks), so every rank starts alike.
   void initialize(TrainContext& tc) {
     const std::vector<std::string> nodes = std::move(to_initialize_);
     to_initialize_.clear();
     tc.model->to(tc.device);  // attached in this hook: not moved by the trainer yet
-    const int64_t count = quantize::initialize_learned(tc.model, *tc.input, nodes);
+    // The method's calibrator over its batches, or its own rule from this batch.
+    std::optional<quantize::Calibration> cal = quantize::quantizer_method(config_.method).calibration(config_);
+    const at::Tensor first = *tc.input;
+    int64_t count = 0;
+    if (cal) {
+      // Each rank observes its own batches; the histograms are merged over the ranks, so every
+      // rank computes the same values.
+      std::function<at::Tensor(int64_t)> batch = tc.train_batch;
+      if (!batch) {
+        batch = [&](int64_t) { return first; };
+        cal->batches = 1;
+      }
+      std::function<void(quantize::Histogram&)> merge;
+      if (tc.replica_sum) {
+        at::Tensor ranks = at::ones({1}, at::TensorOptions().device(tc.device));
+        tc.replica_sum(ranks);
+        const int64_t world = static_cast<int64_t>(ranks.item<double>() + 0.5);
+        merge = [&tc, world](quantize::Histogram& h) {
+          quantize::merge_over_ranks(
+              h,
+              [&tc](at::Tensor& t) {
+                at::Tensor d = t.to(tc.device);
+                tc.replica_sum(d);
+                t = d.cpu();
+              },
+              tc.rank, world);
+        };
+      }
+      count = quantize::calibrate_learned(tc.model, batch, *cal, nodes, merge);
+    } else {
+      count = quantize::initialize_learned(tc.model, first, nodes);
+    }
     if (count == 0) return;
-    if (tc.replica_sum) {
+    if (tc.replica_sum && !cal) {
       at::NoGradGuard no_grad;
       at::Tensor ranks = at::ones({1}, at::TensorOptions().device(tc.device));
       tc.replica_sum(ranks);
@@ -156,7 +188,11 @@ class QuantizeModifier : public Modifier {
         }
       }
     }
-    *tc.log << "quantize: " << count << " activation quantizer(s) initialized from the first batch\n" << std::flush;
+    *tc.log << "quantize: " << count << " activation quantizer(s) initialized "
+            << (cal ? "by the " + cal->calibrator + " calibrator over " + std::to_string(cal->batches) + " batch(es)"
+                    : std::string("from the first batch"))
+            << "\n"
+            << std::flush;
   }
 
   [[noreturn]] void refuse_nothing_quantized(const quantize::Report& r) const {

@@ -1,21 +1,55 @@
 #include "runner/report.h"
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include <iomanip>
 #include <ostream>
+#include <sstream>
 
 #include <algorithm>
 
 #include "core/file_util.h"
 #include "graph/op_registry.h"
 #include "graph/version.h"
+#include "quantize/method.h"
 
 namespace whittle::runner {
 
 namespace {
 
 std::string model_label(const Recipe& r) { return r.model.name.empty() ? r.model.file : r.model.name; }
+
+// A number in 4 significant digits, for the quantizer column.
+std::string short_number(double v) {
+  std::ostringstream os;
+  os << std::setprecision(4) << v;
+  return os.str();
+}
+
+// LayerSummary::quantizer of `n`: its weight quantizer with the range of each learned parameter,
+// or its activation quantizer's bits and the range of its grid (asked of the registries).
+std::string quantizer_text(const Node& n) {
+  if (n.op == "act_quant") {
+    const quantize::ActivationQuantizer& q = quantize::activation_quantizer_of(n);
+    const quantize::ActivationGrid g = q.grid(n);
+    if (g.sign) return q.name + " ±1";
+    if (g.bits >= 32) return q.name;
+    return q.name + " A" + std::to_string(g.bits) + " on [" + short_number(g.offset) + ", " +
+           short_number(g.offset + g.max) + "]";
+  }
+  if (n.weight_transforms.empty() || !quantize::weight_quantizers().contains(n.weight_transforms.back())) return "";
+  const quantize::WeightQuantizer& q = quantize::weight_quantizers().get(n.weight_transforms.back());
+  std::string text = q.name;
+  for (const auto& name : q.params) {
+    const at::Tensor* p = n.params.find(name);
+    if (!p || !p->defined() || p->numel() == 0) continue;
+    const at::Tensor v = p->detach().to(at::kCPU, at::kDouble);
+    const double lo = v.min().item<double>(), hi = v.max().item<double>();
+    text += ", " + name + " " + short_number(lo) + (lo == hi ? "" : " to " + short_number(hi));
+  }
+  return text;
+}
 
 // Stored bits of a node's weight: the quantized width when a quantizer set `weight_bits`,
 // otherwise the dtype's width.
@@ -88,6 +122,7 @@ nlohmann::ordered_json summary_to_json(const ModelSummary& s) {
   for (const LayerSummary& l : s.layers) {
     nlohmann::ordered_json r = {{"name", l.name},         {"op", l.op},     {"output_shape", l.output_shape},
                                 {"params", l.params},     {"macs", l.macs}, {"weight_bits", l.weight_bits}};
+    if (!l.quantizer.empty()) r["quantizer"] = l.quantizer;
     if (l.unpruned_channels >= 0) {
       r["channels"] = l.channels;
       r["unpruned_channels"] = l.unpruned_channels;
@@ -125,6 +160,7 @@ ModelSummary summarize_model(const Graph& g) {
     l.params = c.params;
     l.macs = c.macs;
     l.weight_bits = weight_bits(n);
+    l.quantizer = quantizer_text(n);
     if (n.has_attr("unpruned_channels")) {
       l.channels = l.output_shape.size() >= 2 ? l.output_shape[1] : 0;
       l.unpruned_channels = n.attr_int("unpruned_channels");

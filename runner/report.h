@@ -56,6 +56,10 @@ struct LayerSummary {
   int64_t params = 0;
   int64_t macs = 0;         ///< per image
   int64_t weight_bits = 0;  ///< stored bits per weight: the quantizer's weight_bits, else the dtype's (0: no weight)
+  /// What quantizes the node, with its learned values: "lsq, weight_step 0.0081 to 0.0452" (a weight
+  /// quantizer and its parameters' range), "lsq A4 on [0, 1.853]" (an activation quantizer, its bits
+  /// and the range its grid covers), "sign ±1"; empty when nothing does.
+  std::string quantizer;
   int64_t channels = -1;    ///< output channels of a pruned node (−1: the node was not pruned)
   int64_t unpruned_channels = -1;
   int64_t unpruned_params = -1;  ///< the node's parameters and MACs before pruning (−1: unchanged or not recorded)

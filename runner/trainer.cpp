@@ -467,7 +467,10 @@ void Trainer::start_training(SavedTrainState* saved) {
   tc_.recipe = &recipe_;
   tc_.device = device_;
   tc_.log = log_;
-  if (group_) tc_.replica_sum = replica_sum(group_);
+  if (group_) {
+    tc_.replica_sum = replica_sum(group_);
+    tc_.rank = group_->rank();
+  }
   if (saved) saved->restore_modifiers(modifiers_);
   for (auto& m : modifiers_) m->on_start(tc_);
   if (saved) saved->restore_modifier_tensors(modifiers_);
@@ -811,9 +814,23 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor x = batch.images.to(device_, true);
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-  tc_.input = &x;
-  for (auto& m : modifiers_) m->on_step_begin(tc_);
-  tc_.input = nullptr;
+  {
+    struct ClearBatch {  // tc_.input and tc_.train_batch refer to this step's locals, also when a hook throws
+      TrainContext& tc;
+      ~ClearBatch() {
+        tc.input = nullptr;
+        tc.train_batch = nullptr;
+      }
+    } clear_batch{tc_};
+    tc_.input = &x;
+    tc_.train_batch = [&](int64_t i) -> at::Tensor {
+      if (i == 0) return x;
+      at::Tensor b = train_loader_->batch(state_.epoch, (index + i) % batches).images.to(device_);
+      if (t.channels_last && device_.is_cuda()) b = b.contiguous(at::MemoryFormat::ChannelsLast);
+      return b;
+    };
+    for (auto& m : modifiers_) m->on_step_begin(tc_);
+  }
   apply_parameter_changes();
   set_learning_rate(*optimizer_,
                     learning_rate_at(t.lr_schedule, t.optimizer.lr, tc_.epoch, static_cast<double>(t.epochs)));

@@ -48,6 +48,10 @@ BUDGET = [
     ("resnet20_budget_prune_l1", None, "pruned, L1, half the MACs", "32/32"),
     ("resnet20_budget_prune_w4a4", None, "pruned, then DoReFa W4A4", "4/4"),
     ("resnet20_budget_kd_w2a2", None, "DoReFa W2A2 student, KD from FP32", "2/2"),
+    ("resnet20_budget_lsq_w4a4", None, "LSQ W4A4", "4/4"),
+    ("resnet20_budget_lsq_w4a4_kd", None, "LSQ W4A4 student, KD from FP32", "4/4"),
+    ("resnet20_budget_lsq_w3a3_kd", None, "LSQ W3A3 student, KD from FP32", "3/3"),
+    ("resnet20_budget_lsq_w2a2_kd", None, "LSQ W2A2 student, KD from FP32", "2/2"),
 ]
 # Runs each run starts from (trained first).
 NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}

@@ -25,6 +25,7 @@
 #include "quantize/lsq.h"
 #include "quantize/method.h"
 #include "quantize/quantize.h"
+#include "runner/report.h"
 #include "support.h"
 
 namespace whittle::test {
@@ -558,6 +559,58 @@ TEST(LearnedQuantizers, FusedKernelsEqualTheAtenForms) {
       same(run(false, pact, 1.3, 0), run(true, pact, 1.3, 0), 1.0, "PACT A" + std::to_string(bits));
     }
   }
+}
+
+// What `whittle inspect` and the HTML report show of the learned values: conv2's weight steps set
+// to 0.01·(1..16) give "lsq, weight_step 0.01 to 0.16"; an activation step of 0.25 on the 4-bit grid
+// [0, 15] covers [0, 3.75]; LSQ+ with β = −0.5 and s = 0.1 covers [−0.5, 1]; PACT at α = 2.5, [0, 2.5].
+TEST(Lsq, InspectShowsTheLearnedValues) {
+  auto summary_of = [](const Graph& g) {
+    std::map<std::string, std::string> out;
+    for (const auto& l : runner::summarize_model(g).layers)
+      if (!l.quantizer.empty()) out[l.name] = l.quantizer;
+    return out;
+  };
+  Graph g = build_model("lenet5", ZooOptions{});
+  q::Config c;
+  c.method = "lsq";
+  c.options["granularity"] = std::string("per_channel");
+  q::apply(g, c);
+  {
+    at::NoGradGuard no_grad;
+    g.node("conv2").params.at("weight_step").copy_(at::arange(1, 17, at::kFloat) * 0.01);
+    for (Node& n : g.nodes())
+      if (n.op == "act_quant") n.params.at("act_step").fill_(0.25);
+  }
+  std::map<std::string, std::string> s = summary_of(g);
+  EXPECT_EQ(s.at("conv2"), "lsq, weight_step 0.01 to 0.16");
+  int64_t acts = 0;
+  for (const Node& n : g.nodes())
+    if (n.op == "act_quant") {
+      EXPECT_EQ(s.at(n.name), "lsq A4 on [0, 3.75]") << n.name;
+      ++acts;
+    }
+  EXPECT_EQ(acts, 3);
+  EXPECT_EQ(s.count("conv1"), 0u);  // the first layer stays in float
+
+  Graph plus = build_model("lenet5", ZooOptions{});
+  c.method = "lsq_plus";
+  q::apply(plus, c);
+  for (Node& n : plus.nodes())
+    if (n.params.contains("act_offset")) {
+      at::NoGradGuard no_grad;
+      n.params.at("act_offset").fill_(-0.5);
+      n.params.at("act_step").fill_(0.1);
+      EXPECT_EQ(summary_of(plus).at(n.name), "lsq_plus A4 on [-0.5, 1]") << n.name;
+    }
+
+  Graph pact = build_model("lenet5", ZooOptions{});
+  q::Config p;
+  p.method = "pact";
+  p.options["clip_init"] = 2.5;
+  q::apply(pact, p);
+  for (const Node& n : pact.nodes())
+    if (n.op == "act_quant") EXPECT_EQ(summary_of(pact).at(n.name), "pact A4 on [0, 2.5]") << n.name;
 }
 
 TEST(Lsq, BitsOutsideTheMethodsRangeAreNamed) {

@@ -148,18 +148,22 @@ int run_inspect(const std::vector<std::string>& args) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  size_t wname = 4, wop = 2;
+  size_t wname = 4, wop = 2, wquant = 9;
   for (const auto& l : sum.layers) {
     wname = std::max(wname, l.name.size());
     wop = std::max(wop, l.op.size());
+    wquant = std::max(wquant, l.quantizer.size());
   }
   std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << "name" << std::setw(static_cast<int>(wop) + 2) << "op"
             << std::setw(22) << "output shape" << std::right << std::setw(12) << "params" << std::setw(15) << "MACs"
-            << std::setw(6) << "bits" << (sum.pruned ? "  before pruning: channels, params, MACs" : "") << "\n";
+            << std::setw(6) << "bits" << "  " << std::left << std::setw(sum.pruned ? static_cast<int>(wquant) : 0) << "quantizer"
+            << (sum.pruned ? "  before pruning: channels, params, MACs" : "") << "\n";
   for (const auto& l : sum.layers) {
     std::cout << std::left << std::setw(static_cast<int>(wname) + 2) << l.name << std::setw(static_cast<int>(wop) + 2)
               << l.op << std::setw(22) << shape_str(l.output_shape) << std::right << std::setw(12) << l.params
               << std::setw(15) << l.macs << std::setw(6) << (l.weight_bits ? std::to_string(l.weight_bits) : "-");
+    if (sum.pruned || !l.quantizer.empty())
+      std::cout << "  " << std::left << std::setw(sum.pruned ? static_cast<int>(wquant) : 0) << l.quantizer << std::right;
     if (l.unpruned_channels >= 0 || l.unpruned_params >= 0) {
       std::cout << "  ";
       if (l.unpruned_channels >= 0) std::cout << l.channels << " of " << l.unpruned_channels << " channels";

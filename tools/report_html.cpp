@@ -127,6 +127,7 @@ runner::ModelSummary summary_from_json(const json& j, const std::string& file) {
       l.params = json_int64(n.at("params"), file + ": model_summary params");
       l.macs = json_int64(n.at("macs"), file + ": model_summary macs");
       l.weight_bits = json_int64(n.at("weight_bits"), file + ": model_summary weight_bits");
+      if (n.contains("quantizer")) l.quantizer = n.at("quantizer").get<std::string>();
       if (n.contains("unpruned_channels")) {
         l.channels = json_int64(n.at("channels"), file + ": model_summary channels");
         l.unpruned_channels = json_int64(n.at("unpruned_channels"), file + ": model_summary unpruned_channels");
@@ -351,18 +352,19 @@ std::string pareto_chart(const std::vector<RunSummary>& runs) {
 std::string layer_table(const runner::ModelSummary& s) {
   std::ostringstream o;
   o << "<table class=\"layers\"><thead><tr><th>node</th><th>op</th><th>output shape</th><th>bits</th>"
-    << "<th>channels kept</th><th>parameters</th><th>MACs</th></tr></thead><tbody>\n";
+    << "<th>channels kept</th><th>parameters</th><th>MACs</th><th>quantizer (learned values)</th></tr></thead><tbody>\n";
   for (const auto& l : s.layers) {
     if (l.params == 0 && l.macs == 0 && l.unpruned_channels < 0) continue;  // reshapes, activations, adds
     o << "<tr><td>" << escape(l.name) << "</td><td>" << escape(l.op) << "</td><td>" << escape(shape_str(l.output_shape))
       << "</td><td class=\"n\">" << (l.weight_bits ? std::to_string(l.weight_bits) : "—") << "</td><td class=\"n\">";
     if (l.unpruned_channels >= 0) o << l.channels << " of " << l.unpruned_channels;
     else o << (l.output_shape.size() >= 2 ? std::to_string(l.output_shape[1]) : "—");
-    o << "</td><td class=\"n\">" << grouped(l.params) << "</td><td class=\"n\">" << grouped(l.macs) << "</td></tr>\n";
+    o << "</td><td class=\"n\">" << grouped(l.params) << "</td><td class=\"n\">" << grouped(l.macs) << "</td><td>"
+      << escape(l.quantizer) << "</td></tr>\n";
   }
   o << "</tbody><tfoot><tr><td colspan=\"5\">total (stored " << human_bytes(s.bytes) << ", as float32 "
     << human_bytes(s.fp32_bytes) << ")</td><td class=\"n\">" << grouped(s.params) << "</td><td class=\"n\">" << grouped(s.macs)
-    << "</td></tr></tfoot></table>\n";
+    << "</td><td></td></tr></tfoot></table>\n";
   return o.str();
 }
 
