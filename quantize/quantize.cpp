@@ -60,7 +60,8 @@ void register_ops() {
       }
     }
     if (t_initialized && q.initialize && (!t_initialize_only || t_initialize_only->empty() || t_initialize_only->count(n.name))) {
-      q.initialize(n, in[0]);
+      // From what the layer reads: after the ReLU the node stands for.
+      q.initialize(n, q.grid(n).relu ? at::relu(in[0]) : in[0]);
       ++*t_initialized;
     }
     return std::vector<at::Tensor>{q.forward(n, in[0], training)};

@@ -561,6 +561,34 @@ TEST(LearnedQuantizers, FusedKernelsEqualTheAtenForms) {
   }
 }
 
+// The paper's initial activation step 2·mean|x|/√Q_P is of what the layer reads: where the
+// act_quant stands for a ReLU (relu = 1; LeNet-5's fc2 input), of the ReLU's output, not its input
+// (a bug that started such steps 1.7 to 8 times too large on ResNet-20). Each node initializes
+// before it quantizes, so the later nodes read quantized inputs: the same forward after the
+// initialization gives the inputs each node read.
+TEST(Lsq, PaperInitReadsWhatTheLayerReads) {
+  at::manual_seed(6);
+  GraphModule m{build_model("lenet5", ZooOptions{})};
+  q::Config c;
+  c.method = "lsq";
+  q::apply(m, c);
+  m->eval();
+  const at::Tensor batch = at::randn({8, 1, 28, 28});
+  EXPECT_EQ(q::initialize_learned(m, batch), 3);
+  int64_t relus = 0;
+  for (const Node& n : m->graph().nodes()) {
+    if (n.op != "act_quant") continue;
+    std::map<std::string, at::Tensor> captured;
+    m->forward_with_intermediates({batch}, {n.inputs.at(0)}, &captured);
+    const bool relu = n.attr_bool("relu");
+    relus += relu;
+    const at::Tensor read = relu ? at::relu(captured.at(n.inputs.at(0))) : captured.at(n.inputs.at(0));
+    EXPECT_FLOAT_EQ(n.params.at("act_step").item<float>(), q::lsq_initial_step(read, q::lsq_unsigned_grid(4)).item<float>())
+        << n.name;
+  }
+  EXPECT_EQ(relus, 1);
+}
+
 // What `whittle inspect` and the HTML report show of the learned values: conv2's weight steps set
 // to 0.01·(1..16) give "lsq, weight_step 0.01 to 0.16"; an activation step of 0.25 on the 4-bit grid
 // [0, 15] covers [0, 3.75]; LSQ+ with β = −0.5 and s = 0.1 covers [−0.5, 1]; PACT at α = 2.5, [0, 2.5].

@@ -186,23 +186,27 @@ class BasicBlock(nn.Module):
 class CifarResNet(nn.Module):
     """ResNet-(6n+2) for CIFAR-10 (He et al., 2016, section 4.2): conv3x3 16 - BN - ReLU, three stages
     of n basic blocks with 16, 32, 64 channels (stride 2 at the start of stages 2 and 3), global
-    average pool, linear(64 -> num_classes)."""
+    average pool, linear(64 -> num_classes). `block(cin, cout, stride)` makes each basic block
+    (BasicBlock by default; the peer scripts of bench/ pass their own with the same keys). The stem's
+    ReLU is an nn.ReLU module (no parameters), so tools that swap ReLU modules see it."""
 
-    def __init__(self, n, num_classes=10, in_channels=3):
+    def __init__(self, n, num_classes=10, in_channels=3, block=None):
         super().__init__()
+        block = block or BasicBlock
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU()
         c = 16
         for i, (w, s) in enumerate([(16, 1), (32, 2), (64, 2)]):
             blocks = []
             for b in range(n):
-                blocks.append(BasicBlock(c, w, s if b == 0 else 1))
+                blocks.append(block(c, w, s if b == 0 else 1))
                 c = w
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
         self.linear = nn.Linear(64, num_classes)
 
     def forward(self, x):
-        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.relu(self.bn1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
         x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
         return self.linear(x)
