@@ -74,8 +74,12 @@ const at::Tensor& act_clip(const Node& n) {
 
 // The PACT options a recipe or Config may give.
 struct PactOptions {
-  /// The clip level α every quantized layer input starts from (the paper's 10).
-  double clip_init = 10.0;
+  /// The clip level α every quantized layer input starts from (unset: the paper's 10).
+  std::optional<double> clip_init;
+  /// A calibrator (quantize/calibrate.h) that sets each α from the layer's inputs over
+  /// init_batches training batches instead (α = the calibrator's step · (2^k − 1)).
+  std::optional<std::string> clip_calibrator;
+  int64_t init_batches = 1;  ///< training batches the statistics come from, with clip_calibrator
   /// λ of the L2 penalty λ·Σα² added to the training loss (0: none).
   double clip_penalty = 0.0;
   /// DoReFa weights: where the tanh maximum of k-bit weights and the 1-bit scale are computed.
@@ -86,8 +90,13 @@ const OptionsSchema<PactOptions>& pact_schema() {
   using O = PactOptions;
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
-          .add("clip_init", &O::clip_init, "the clip level α each quantized layer input starts from")
+          .add("clip_init", &O::clip_init, "the clip level α each quantized layer input starts from", {}, "10")
           .in_range(Range{0, 1e6, true, false})
+          .add("clip_calibrator", &O::clip_calibrator,
+               "a calibrator (whittle inspect --calibrators: minmax, percentile, mse) that sets each α from the layer's "
+               "inputs over init_batches training batches, instead of clip_init")
+          .add("init_batches", &O::init_batches, "training batches the clip_calibrator's statistics come from")
+          .in_range(Range::closed(1, 10000))
           .add("clip_penalty", &O::clip_penalty, "λ of the L2 penalty λ·Σα² added to the loss")
           .in_range(Range::at_least(0))
           .add("granularity", &O::granularity, "DoReFa weights: where the tanh maximum (k-bit) or scale (1-bit) is computed",
@@ -112,8 +121,27 @@ class PactMethod final : public MethodWithOptions<PactOptions> {
     if (!dorefa_bits(c.weight_bits)) bad_bits(name(), "weight_bits", c.weight_bits, weight_bits_text());
     if (c.activation_bits < 1 || c.activation_bits > 8)
       bad_bits(name(), "activation_bits", c.activation_bits, activation_bits_text());
-    options(c);
+    const PactOptions o = options(c);
+    auto refuse = [&](const std::string& key, const std::string& why) {
+      throw Error("quantize: method 'pact', key '" + key + "': " + why, ErrorKind::kUsage);
+    };
+    if (o.clip_calibrator && !calibrators().contains(*o.clip_calibrator)) {
+      std::string known;
+      for (const auto& k : calibrators().names()) known += (known.empty() ? "" : ", ") + k;
+      refuse("clip_calibrator", "unknown '" + *o.clip_calibrator + "' (" + known + ")");
+    }
+    if (o.clip_calibrator && o.clip_init) refuse("clip_init", "give clip_init or clip_calibrator, not both");
+    if (!o.clip_calibrator && o.init_batches != 1)
+      refuse("init_batches", std::to_string(o.init_batches) + " batches need a clip_calibrator");
     return c;
+  }
+  std::optional<Calibration> calibration(const Config& c) const override {
+    const PactOptions o = options(c);
+    if (!o.clip_calibrator) return std::nullopt;
+    Calibration cal;
+    cal.calibrator = *o.clip_calibrator;
+    cal.batches = o.init_batches;
+    return cal;
   }
   std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : "dorefa"; }
   void attach_weight(Node& n, const Config& c) const override {
@@ -125,7 +153,7 @@ class PactMethod final : public MethodWithOptions<PactOptions> {
     ActivationPlan p;
     p.quantizer = "pact";
     p.attrs["activation_bits"] = c.activation_bits;
-    p.attrs["clip_init"] = options(c).clip_init;
+    p.attrs["clip_init"] = options(c).clip_init.value_or(10.0);
     return p;
   }
   // α below the floor comes back to it (a clamp of every clip level, without reading it back).
@@ -195,6 +223,12 @@ void register_pact() {
   };
   a.attach = [](Node& n) {
     n.params.set("act_clip", at::full({1}, n.attr_float("clip_init"), at::kFloat).set_requires_grad(true));
+  };
+  // α = the calibrator's step for the grid [0, 2^k − 1] times 2^k − 1.
+  a.calibrate = [](const Node& n, const Histogram& h, const Calibrator& c, const CalibrationOptions& o) {
+    at::NoGradGuard no_grad;
+    const int64_t levels = (int64_t{1} << n.attr_int("activation_bits")) - 1;
+    act_clip(n).fill_(std::max(c.step(h, {0, levels, 0.0}, o) * static_cast<double>(levels), kClipFloor));
   };
   register_activation_quantizer(std::move(a));
   register_quantizer_method(std::make_unique<PactMethod>());

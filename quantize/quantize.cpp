@@ -508,7 +508,9 @@ std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& r
   for (const auto* list : {&report.inserted, &report.replaced})
     for (const auto& name : *list) {
       const Node* n = graph.find_node(name);
-      if (n && n->op == "act_quant" && activation_quantizer_of(*n).initialize) out.push_back(name);
+      if (n && n->op == "act_quant" &&
+          (activation_quantizer_of(*n).initialize || activation_quantizer_of(*n).calibrate))
+        out.push_back(name);
     }
   return out;
 }

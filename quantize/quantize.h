@@ -152,7 +152,8 @@ int64_t calibrate_learned(GraphModule& module, const std::function<at::Tensor(in
                           const std::function<void(Histogram&)>& merge_ranks = {});
 
 /// The act_quant nodes of `report` (inserted or replaced by an apply()) whose activation quantizer
-/// sets learned parameters from data: what initialize_learned() should be given after it.
+/// sets learned parameters from data (by its own rule or a calibrator): what initialize_learned()
+/// or calibrate_learned() should be given after it.
 std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& report);
 
 // ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)

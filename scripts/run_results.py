@@ -52,6 +52,8 @@ BUDGET = [
     ("resnet20_budget_lsq_w4a4_kd", None, "LSQ W4A4 student, KD from FP32", "4/4"),
     ("resnet20_budget_lsq_w3a3_kd", None, "LSQ W3A3 student, KD from FP32", "3/3"),
     ("resnet20_budget_lsq_w2a2_kd", None, "LSQ W2A2 student, KD from FP32", "2/2"),
+    ("resnet20_budget_pact_w4a4_kd", None, "PACT W4A4 student, KD from FP32", "4/4"),
+    ("resnet20_budget_pact_w2a2_kd", None, "PACT W2A2 student, KD from FP32", "2/2"),
 ]
 # Runs each run starts from (trained first).
 NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}

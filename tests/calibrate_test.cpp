@@ -8,9 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -22,6 +20,7 @@
 #include "quantize/lsq.h"
 #include "quantize/method.h"
 #include "quantize/quantize.h"
+#include "thread_sum.h"
 
 namespace whittle::test {
 namespace {
@@ -267,30 +266,54 @@ TEST(CalibratedLsq, StepsAreTheCalibratorsOnWhatTheLayersSee) {
     }
 }
 
-// Sums a tensor in place over two ranks run as two threads (every rank calls it in the same order).
-class TwoRanks {
- public:
-  void sum(at::Tensor& t) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int generation = generation_;
-    total_ = arrived_ == 0 ? t.clone() : total_ + t;
-    if (++arrived_ == 2) {
-      result_ = total_;
-      arrived_ = 0;
-      ++generation_;
-      done_.notify_all();
-    } else {
-      done_.wait(lock, [&] { return generation_ != generation; });
+// PACT with clip_calibrator: each α is the calibrator's step for [0, 15] times 15 on what the
+// layer reads (its weights are DoReFa's, so a DoReFa W4A32 model gives the same float inputs).
+TEST(CalibratedPact, ClipsAreTheCalibratorsOnWhatTheLayersSee) {
+  at::manual_seed(7);
+  const Graph base = build_model("lenet5", ZooOptions{});
+  q::Config c;
+  c.method = "pact";
+  c.options["clip_calibrator"] = std::string("mse");
+  c.options["init_batches"] = int64_t{2};
+  GraphModule m{Graph(base)};
+  const q::Report r = q::apply(m, c);
+  EXPECT_EQ(q::nodes_to_initialize(m->graph(), r).size(), 3u);  // PACT's nodes start from data too
+  const std::vector<at::Tensor> batches = {at::randn({6, 1, 28, 28}), at::randn({5, 1, 28, 28})};
+  m->eval();
+  const std::optional<q::Calibration> cal = q::quantizer_method("pact").calibration(q::resolve(c));
+  ASSERT_TRUE(cal.has_value());
+  EXPECT_EQ(q::calibrate_learned(m, [&](int64_t i) { return batches.at(static_cast<size_t>(i)); }, *cal), 3);
+  q::Config reference;
+  reference.method = "dorefa";
+  reference.weight_bits = 4;
+  reference.activation_bits = 32;
+  GraphModule f{Graph(base)};
+  q::apply(f, reference);
+  f->eval();
+  for (const Node& n : m->graph().nodes()) {
+    if (n.op != "act_quant") continue;
+    q::Histogram seen;
+    for (const auto& b : batches) {
+      std::map<std::string, at::Tensor> captured;
+      f->forward_with_intermediates({b}, {n.inputs.at(0)}, &captured);
+      const at::Tensor x = captured.at(n.inputs.at(0));
+      q::observe(seen, n.attr_bool("relu") ? at::relu(x) : x);
     }
-    t.copy_(result_);
+    EXPECT_FLOAT_EQ(n.params.at("act_clip").item<float>(), static_cast<float>(step_of("mse", seen, {0, 15, 0.0}) * 15))
+        << n.name;
   }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable done_;
-  int arrived_ = 0, generation_ = 0;
-  at::Tensor total_, result_;
-};
+  // clip_init and clip_calibrator together, an unknown calibrator, init_batches without one.
+  for (auto [key, value] : std::vector<std::pair<std::string, SettingValue>>{
+           {"clip_init", SettingValue(2.0)}, {"clip_calibrator", SettingValue(std::string("kl"))}}) {
+    q::Config bad = c;
+    bad.options[key] = value;
+    EXPECT_THROW(q::resolve(bad), Error) << key;
+  }
+  q::Config bad;
+  bad.method = "pact";
+  bad.options["init_batches"] = int64_t{3};
+  EXPECT_THROW(q::resolve(bad), Error);
+}
 
 // Two ranks' histograms merged over the ranks equal the histogram of all the values, on both ranks:
 // one rank's values reach 40, the other's only 3 (another range), and a rank that saw only zeros
@@ -302,9 +325,9 @@ TEST(Histogram, MergedOverRanksIsTheWholeHistogram) {
   for (bool zeros_only : {false, true}) {
     const at::Tensor second = zeros_only ? at::zeros({100}) : b;
     const q::Histogram whole = q::histogram_of(at::cat({a, second}));
-    TwoRanks ranks;
+    ThreadSum ranks(2);
     q::Histogram h0 = q::histogram_of(a), h1 = q::histogram_of(second);
-    auto sum = [&](at::Tensor& t) { ranks.sum(t); };
+    auto sum = [&](at::Tensor& t) { ranks(t); };
     std::thread other([&] { q::merge_over_ranks(h1, sum, 1, 2); });
     q::merge_over_ranks(h0, sum, 0, 2);
     other.join();

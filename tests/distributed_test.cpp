@@ -40,6 +40,7 @@
 #include "runner/optimizer.h"
 #include "runner/trainer.h"
 #include "support.h"
+#include "thread_sum.h"
 
 namespace whittle::test {
 namespace {
@@ -186,34 +187,6 @@ TEST(DistributedSampler, RanksShareOutEachEpochAndTheShardsChange) {
 }
 
 // ---------------------------------------------------------------- synchronized batch norm
-
-// An in-memory sum over `replicas` threads: each call waits for the others' and returns the total.
-class ThreadSum {
- public:
-  explicit ThreadSum(int replicas) : replicas_(replicas) {}
-  void operator()(at::Tensor& values) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint64_t round = round_;
-    total_ = arrived_ == 0 ? values.clone() : total_ + values;
-    if (++arrived_ == replicas_) {
-      result_ = total_;
-      arrived_ = 0;
-      ++round_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return round_ != round; });
-    }
-    values.copy_(result_);
-  }
-
- private:
-  int replicas_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t round_ = 0;
-  at::Tensor total_, result_;
-};
 
 TEST(CrossReplicaBatchNorm, TwoReplicasComputeTheBatchNormOfTheirUnion) {
   // A batch [8, 3, 4, 4] split in two halves, each on its own thread in a CrossReplicaBatchNorm
