@@ -2,7 +2,8 @@
 // Calibration: statistics collected over batches (a Histogram) and calibrators, pure functions
 // that compute a quantizer's step from them. Calibrators are entries of the calibrator registry
 // (`whittle inspect --calibrators`), one file each (calibrator_minmax.cpp, calibrator_percentile.cpp,
-// calibrator_mse.cpp); the learned-step quantizers (LSQ, LSQ+) start their steps from them.
+// calibrator_mse.cpp); the learned quantizers (LSQ's and LSQ+'s steps, PACT's clip levels) can
+// start from them.
 //
 // The histogram counts in int64 over [−r, r] in kBins equal bins, r the smallest power of two
 // above every |x| seen. When a batch goes past r, r doubles (as often as needed) and groups of

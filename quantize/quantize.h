@@ -128,7 +128,8 @@ Report change_bits(GraphModule& module, const Config& config);
 at::Tensor penalty(const Graph& graph, const Config& resolved);
 
 /// Sets the learned parameters of the activation quantizers that initialize from data (LSQ's step:
-/// 2·mean|x|/√Q_P, Esser et al. 2020) from one forward pass of `batch` ([N, ...] as the model's
+/// 2·mean|x|/√Q_P, Esser et al. 2020, of what the layer reads: after the ReLU a node stands for)
+/// from one forward pass of `batch` ([N, ...] as the model's
 /// input) in the module's current mode, without gradient; the module's buffers (batch-norm running
 /// statistics) are restored afterwards, so only those parameters change. Call it once after
 /// apply() and before the first optimizer step (the trainer does, on its first batch). `nodes`:
@@ -137,7 +138,7 @@ at::Tensor penalty(const Graph& graph, const Config& resolved);
 int64_t initialize_learned(GraphModule& module, const at::Tensor& batch, const std::vector<std::string>& nodes = {});
 
 /// Sets the learned parameters of the activation quantizers that can be calibrated (LSQ's step,
-/// LSQ+'s step and offset) with `calibration`: the inputs of `nodes` (empty: every such act_quant
+/// LSQ+'s step and offset, PACT's clip level α) with `calibration`: the inputs of `nodes` (empty: every such act_quant
 /// node) are observed over `calibration.batches` forward passes of `batch(i)` (i = 0, 1, ...;
 /// [N, ...] as the model's input), with those nodes passing their input through unquantized (after
 /// the ReLU they stand for, relu = 1), in the module's current mode and without gradient; then

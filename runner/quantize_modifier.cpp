@@ -170,7 +170,12 @@ class QuantizeModifier : public Modifier {
       }
       count = quantize::calibrate_learned(tc.model, batch, *cal, nodes, merge);
     } else {
-      count = quantize::initialize_learned(tc.model, first, nodes);
+      // Only the nodes whose quantizer has a rule of its own (PACT's start from clip_init).
+      std::vector<std::string> own_rule;
+      for (const auto& name : nodes)
+        if (quantize::activation_quantizer_of(tc.model->graph().node(name)).initialize) own_rule.push_back(name);
+      if (own_rule.empty()) return;
+      count = quantize::initialize_learned(tc.model, first, own_rule);
     }
     if (count == 0) return;
     if (tc.replica_sum && !cal) {
