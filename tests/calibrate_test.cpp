@@ -3,6 +3,9 @@
 // change on a NaN), the calibrators' steps on hand-worked cases (min-max, percentile, the MSE
 // optimum derived in the comment), and LSQ started from a calibrator: weight steps per channel
 // and activation steps over two batches, equal to the calibrator on the values the layers see.
+// No accuracy floors: counts are exact, and each step is compared with the calibrator run on the
+// same tensors in the same process; every case passes with 1 and 2 intra-op threads,
+// ATEN_CPU_CAPABILITY=default and WHITTLE_KERNEL_ISA=scalar (checked).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
