@@ -11,6 +11,9 @@ CTEST_ARGS ?=
 # fuzzes every reader for FUZZ_SECONDS each (docs/reliability.md).
 SANITIZE_DIR ?= build-sanitize
 FUZZ_SECONDS ?= 60
+# clang's precompiled header records the folder it was built in, so ccache misses with it in a fresh
+# clone: the sanitizer tree goes without (ON builds a tree's cold files faster, in that folder only).
+SANITIZE_PCH ?= OFF
 FUZZ_TARGETS ?=
 # allocator_may_return_null: a malloc that cannot be met returns NULL, as it does outside the
 # sanitizer (libhdf5 asks for what a damaged file declares and reports the failure as an error);
@@ -56,7 +59,7 @@ fuzz-build: setup
 	  CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	    -DCMAKE_CXX_FLAGS=-gline-tables-only -DCMAKE_C_FLAGS=-gline-tables-only \
 	    "-DWHITTLE_SANITIZE=address;undefined" -DWHITTLE_FUZZ=ON -DWHITTLE_CUDA=OFF \
-	    -DWHITTLE_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS); \
+	    -DWHITTLE_BUILD_BENCHMARKS=OFF -DWHITTLE_PCH=$(SANITIZE_PCH) $(CMAKE_ARGS); \
 	fi
 	@echo "[make] building $(SANITIZE_DIR)/ with $(JOBS) jobs"
 	@$(SANITIZE_ENV) cmake --build $(SANITIZE_DIR) -j $(JOBS)

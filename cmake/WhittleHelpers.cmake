@@ -42,11 +42,18 @@ function(whittle_add_module name)
     PUBLIC $<BUILD_INTERFACE:${_view}> $<BUILD_INTERFACE:${CMAKE_BINARY_DIR}/generated>
            $<INSTALL_INTERFACE:include/whittle> $<INSTALL_INTERFACE:include>
     PRIVATE "${_own}")
-  target_precompile_headers(${target} REUSE_FROM whittle_pch)
+  whittle_precompile_headers(${target} REUSE_FROM whittle_pch)
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES} ${ARG_DEPENDS})
   set_property(GLOBAL APPEND PROPERTY WHITTLE_EXPORTED_TARGETS ${target})
   install(FILES ${ARG_HEADERS} DESTINATION include/whittle/${name})
   set_property(GLOBAL APPEND PROPERTY WHITTLE_MODULES ${name})
+endfunction()
+
+# whittle_precompile_headers(<args>...): target_precompile_headers(<args>...) when WHITTLE_PCH is on.
+function(whittle_precompile_headers)
+  if(WHITTLE_PCH)
+    target_precompile_headers(${ARGN})
+  endif()
 endfunction()
 
 # whittle_use_pch(<target> [WHITE_BOX]): reuse the shared precompiled header in an executable or
@@ -58,7 +65,7 @@ function(whittle_use_pch target)
   if(ARG_WHITE_BOX)
     target_include_directories(${target} PRIVATE ${CMAKE_SOURCE_DIR})
   endif()
-  target_precompile_headers(${target} REUSE_FROM whittle_pch)
+  whittle_precompile_headers(${target} REUSE_FROM whittle_pch)
 endfunction()
 
 # whittle_add_cuda_objects(<target> <source.cu>...): an object library of torch-free CUDA kernels

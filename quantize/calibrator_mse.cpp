@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
-#include <vector>
 
 #include "quantize/calibrate.h"
 
@@ -22,21 +21,7 @@ void register_mse_calibrator() {
   c.step = [](const Histogram& h, const CalibrationGrid& grid, const CalibrationOptions&) {
     if (h.count == 0 || h.range == 0.0) return 1.0;  // no value but 0: any step is exact
     const double s_max = step_for_range(grid, h.min, h.max);
-    // The values once: the occupied bins' centres with their counts, and the zeros.
-    std::vector<std::pair<double, double>> values;
-    if (h.zeros > 0) values.emplace_back(0.0, static_cast<double>(h.zeros));
-    for (int64_t i = 0; i < static_cast<int64_t>(h.counts.size()); ++i)
-      if (h.counts[i] != 0) values.emplace_back(h.center(i), static_cast<double>(h.counts[i]));
-    const double lo_code = -static_cast<double>(grid.q_n), hi_code = static_cast<double>(grid.q_p);
-    auto squared_error = [&](double s) {  // histogram_squared_error over `values`
-      double sum = 0.0;
-      for (const auto& [x, count] : values) {
-        const double c = std::clamp(std::nearbyint((x - grid.offset) / s), lo_code, hi_code);
-        const double d = x - (grid.offset + c * s);
-        sum += count * d * d;
-      }
-      return sum;
-    };
+    auto squared_error = [&](double s) { return histogram_squared_error(h, grid, s); };
     auto search = [&](double lo, double hi, int n) {
       // The smallest error over lo + (hi − lo)·k/n, k = 1..n; ties to the larger step.
       double best = hi, best_error = HUGE_VAL;

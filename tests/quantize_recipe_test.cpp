@@ -1,5 +1,6 @@
 // The recipe modifier `quantize`: the shipped recipes validate, a short BNN run trains with
-// clipped latent weights and writes a packed checkpoint, bad settings name the key.
+// clipped latent weights and writes a packed checkpoint, bad settings name the key, and calibrated
+// starts read the first training batches.
 
 #include <gtest/gtest.h>
 
@@ -7,12 +8,20 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <map>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "export/checkpoint.h"
+#include "graph/graph_module.h"
 #include "graph/zoo.h"
 #include "core/error.h"
 #include "core/file_util.h"
+#include "data/load.h"
+#include "data/loader.h"
+#include "quantize/calibrate.h"
+#include "quantize/quantize.h"
 #include "runner/modifier.h"
 #include "runner/recipe.h"
 #include "runner/trainer.h"
@@ -145,6 +154,69 @@ TEST_F(QuantizeRecipe, ShortLsqRunInitializesStepsAndPacksUniformCodes) {
     ++steps;
   }
   EXPECT_EQ(steps, 3);
+}
+
+// Calibrated initialization through the trainer: PACT with clip_calibrator and LSQ with
+// step_init observe the first init_batches training batches of the epoch, in the loader's order.
+// The learning rate is too small to move a parameter, so the checkpoint holds the initial values;
+// the reference calibrates the reloaded checkpoint, in training mode, on the loader's batches 0
+// and 1 of epoch 0 (the 2,000 bundled t10k digits in batches of 1,000). LeNet-5's batch norms
+// normalize with each batch's statistics in training mode, so other batches would give other
+// values (one batch of all 2,000 digits moves conv2's clip by 0.6 %).
+TEST_F(QuantizeRecipe, CalibratedStartsSeeTheFirstTrainingBatches) {
+  data::LoadOptions split;
+  split.split = "t10k";
+  const data::Dataset digits = data::load_dataset("data/mnist10k", split);
+  ASSERT_EQ(digits.size(), 2000);
+  data::LoaderOptions batches;  // the trainer's: shuffled with the seed, 1,000 digits a batch
+  batches.batch_size = 1000;
+  batches.seed = 0;
+  batches.num_workers = 0;
+  batches.transform.mean = {0.1307};
+  batches.transform.stddev = {0.3081};
+  const data::DataLoader loader(digits, batches);
+  ASSERT_EQ(loader.num_batches(), 2);
+  for (const auto& [method, options, param] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"pact", "clip_calibrator: minmax", "act_clip"}, {"lsq", "step_init: mse", "act_step"}}) {
+    SCOPED_TRACE(method);
+    const std::string out = join_path(binary_dir(), "testdata/quantize/recipe_calibrated_" + method);
+    remove_tree(out);
+    const std::string text = R"(model: {name: lenet5}
+data: {train: data/mnist10k, test: data/mnist10k, train_split: t10k, test_split: t10k, test_limit: 200,
+       batch_size: 1000, mean: [0.1307], std: [0.3081], num_workers: 0}
+training: {epochs: 1, optimizer: {name: sgd, lr: 1.0e-30, momentum: 0.9}}
+modifiers:
+  - {name: quantize, method: )" + method + ", weight_bits: 4, activation_bits: 4, " + options +
+                             ", init_batches: 2}\n";
+    runner::RunOptions opt;
+    opt.out_dir = out;
+    std::ostringstream log;
+    opt.log = &log;
+    const runner::RunResult res = runner::run_recipe(runner::parse_recipe(text, method + ".yaml", source_dir()), opt);
+    EXPECT_EQ(res.epochs_done, 1) << log.str();
+    const std::string calibrator = method == "pact" ? "minmax" : "mse";
+    EXPECT_NE(log.str().find("3 activation quantizer(s) initialized by the " + calibrator + " calibrator over 2 batch(es)"),
+              std::string::npos)
+        << log.str();
+
+    Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
+    GraphModule m(std::move(ck.graph));
+    std::map<std::string, float> trained;
+    for (const Node& n : m->graph().nodes())
+      if (n.op == "act_quant") trained[n.name] = n.params.at(param).item<float>();
+    ASSERT_EQ(trained.size(), 3u);
+    quantize::Calibration cal;
+    cal.calibrator = calibrator;
+    cal.batches = 2;
+    m->train();
+    EXPECT_EQ(quantize::calibrate_learned(m, [&](int64_t i) { return loader.batch(0, i).images; }, cal), 3);
+    for (const Node& n : m->graph().nodes()) {
+      if (n.op != "act_quant") continue;
+      const float want = n.params.at(param).item<float>();
+      EXPECT_FLOAT_EQ(trained.at(n.name), want) << n.name;
+    }
+  }
 }
 
 // Progressive bit widths in a recipe: LSQ W4A4 for the first epoch, then a second entry on the
