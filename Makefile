@@ -13,6 +13,7 @@ SANITIZE_DIR ?= build-sanitize
 FUZZ_SECONDS ?= 60
 # clang's precompiled header records the folder it was built in, so ccache misses with it in a fresh
 # clone: the sanitizer tree goes without (ON builds a tree's cold files faster, in that folder only).
+# Read when the tree is first configured; `cmake -B build-sanitize -DWHITTLE_PCH=ON` changes it later.
 SANITIZE_PCH ?= OFF
 FUZZ_TARGETS ?=
 # allocator_may_return_null: a malloc that cannot be met returns NULL, as it does outside the

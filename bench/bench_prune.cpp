@@ -7,6 +7,7 @@
 //   ./bench/bench_prune --benchmark_min_time=2 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <benchmark/benchmark.h>
 
 #include <map>

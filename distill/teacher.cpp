@@ -1,6 +1,7 @@
 // The frozen teacher of distillation (distill.h).
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "core/error.h"
 #include "distill/distill.h"

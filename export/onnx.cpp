@@ -1,6 +1,7 @@
 #include "export/onnx.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstring>
 #include <stdexcept>

@@ -1,6 +1,7 @@
 #include "fuse/fold_batchnorm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "fuse/detail.h"
 #include "fuse/fold_math.h"

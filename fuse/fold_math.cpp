@@ -1,6 +1,7 @@
 #include "fuse/fold_math.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <limits>
 #include <string>

@@ -1,6 +1,7 @@
 // Importance criteria: per-channel scores of a dependency group.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,7 @@
 // Physical channel removal and the folding of removed channels' constant outputs.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <map>

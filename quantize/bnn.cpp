@@ -4,6 +4,7 @@
 // quantizers.h.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "core/error.h"
 #include "graph/op_registry.h"

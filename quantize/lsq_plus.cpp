@@ -8,6 +8,7 @@
 // is the ReLU's zero, which the unsigned grid gives already.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 

@@ -1,6 +1,7 @@
 #include "quantize/quantize.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>

@@ -3,6 +3,7 @@
 // dynamic loss scaling for fp16 (as torch.cuda.amp.GradScaler with its default constants).
 
 #include <ATen/Tensor.h>
+#include <ATen/TensorOperators.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>

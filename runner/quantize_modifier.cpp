@@ -1,6 +1,7 @@
 #include "runner/quantize_modifier.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

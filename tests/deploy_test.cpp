@@ -4,6 +4,7 @@
 // packed max pooling against ATen's.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -482,7 +482,7 @@ TEST(DataParallelRun, TwoRanksEqualOneProcessAccumulatingTheirHalfBatches) {
   EXPECT_GT(change, 1e-2);
 
   // The same run through torchrun (its agent hosts the store): the same bits.
-  const std::string torchrun = join_path(parent_directory(std::string(WHITTLE_PYTHON)), "torchrun");
+  const std::string torchrun = join_path(parent_directory(test::python_path()), "torchrun");
   const std::string tdir = join_path(dir, "torchrun");
   make_directories(tdir);
   const Child t = spawn({torchrun, "--no-python", "--nproc-per-node=2", "--master-port=" + std::to_string(free_port()),

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -48,7 +49,7 @@ std::string out_dir() {
 
 // Runs export_check.py on (file, check data) pairs; one JSON object per file.
 std::vector<Json> run_reference(const std::vector<std::pair<std::string, std::string>>& files) {
-  std::string cmd = std::string("\"") + WHITTLE_PYTHON + "\" \"" + test::source_dir() + "/tests/reference/export_check.py\"";
+  std::string cmd = "\"" + test::python_path() + "\" \"" + test::source_dir() + "/tests/reference/export_check.py\"";
   for (const auto& [f, d] : files) cmd += " \"" + f + "\" \"" + d + "\"";
   cmd += " 2>&1";
   std::FILE* p = popen(cmd.c_str(), "r");

@@ -8,6 +8,7 @@
 // options. No file outside this one knows any of these entries.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

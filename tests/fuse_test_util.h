@@ -2,6 +2,7 @@
 // Helpers shared by the fusion test suites (fuse_test.cpp, fuse_import_test.cpp).
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <string>

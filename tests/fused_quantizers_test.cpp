@@ -7,6 +7,7 @@
 // fused_quantizers.h), nothing else may differ by a single bit.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -4,6 +4,8 @@
 // 30 % of the channels globally by L1. Each still runs with the same output shape, its MACs fall,
 // and its checkpoint reloads with identical outputs.
 
+#include <ATen/core/grad_mode.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>

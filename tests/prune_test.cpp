@@ -3,6 +3,8 @@
 // channels' filters and biases zeroed); the β leak folded into the next bias; criteria and
 // targets. The values are the ones worked by hand in issue 13.
 
+#include <ATen/core/grad_mode.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -214,7 +214,7 @@ modifiers:
     for (const Node& n : m->graph().nodes()) {
       if (n.op != "act_quant") continue;
       const float want = n.params.at(param).item<float>();
-      EXPECT_FLOAT_EQ(trained.at(n.name), want) << n.name;
+      EXPECT_EQ(trained.at(n.name), want) << n.name;
     }
   }
 }

@@ -2,6 +2,7 @@
 // quantize pass on graphs: wiring, first/last layers, binary activations, residual models.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

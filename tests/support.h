@@ -63,10 +63,13 @@ std::string usage_error_message(F&& f) {
   return "";
 }
 
-/// The project's source directory (for recipes/ and data/) and the build directory (for
-/// generated test data).
-inline std::string source_dir() { return WHITTLE_SOURCE_DIR; }
-inline std::string binary_dir() { return WHITTLE_BINARY_DIR; }
+/// The project's source directory (for recipes/ and data/), the build directory (for generated
+/// test data) and the Python interpreter of the reference checks (WHITTLE_PYTHON): absolute paths,
+/// defined in the build's generated test_paths.cpp (tests/test_paths.cpp.in), so that no test
+/// source holds a path of its clone.
+std::string source_dir();
+std::string binary_dir();
+std::string python_path();
 
 }  // namespace whittle::test
 

@@ -2,6 +2,7 @@
 // BN → threshold, folding of QAT-trained layers) on a checkpoint, written as a new checkpoint.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <boost/program_options.hpp>
 
