@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-  build-essential g++ cmake ninja-build ccache pkg-config git python3 python3-venv
+  build-essential g++ cmake ninja-build ccache lld pkg-config git python3 python3-venv
   libeigen3-dev libboost-program-options-dev libhdf5-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libturbojpeg0-dev libpng-dev zlib1g-dev libarchive-dev
   libonnx-dev libprotobuf-dev
@@ -50,7 +50,8 @@ else
   log "creating or updating Python environment $VENV with $(grep -E '^torch' "$REQUIREMENTS" | head -1) (first time: a few GB of wheels)"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r "$REQUIREMENTS"
+  # No byte-compiling of every installed module (torch's thousands): Python compiles what it imports.
+  "$VENV/bin/python" -m pip install -q --no-compile -r "$REQUIREMENTS"
   echo "$want" > "$stamp"
   log "Python environment ready: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
 fi

@@ -14,6 +14,10 @@ launcher=()
 if command -v ccache >/dev/null; then
   launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$src;CCACHE_NOHASHDIR=1;ccache")
 fi
+# lld links LibTorch's programs several times faster than GNU ld (the main build uses it too).
+if command -v ld.lld >/dev/null; then
+  launcher+=("-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld")
+fi
 cmake -S "$src/examples" -B "$build/examples-test" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >/dev/null
 cmake --build "$build/examples-test" -j 2
