@@ -50,8 +50,11 @@ else
   log "creating or updating Python environment $VENV with $(grep -E '^torch' "$REQUIREMENTS" | head -1) (first time: a few GB of wheels)"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  # No byte-compiling of every installed module (torch's thousands): Python compiles what it imports.
+  # Installed without pip's byte-compiling, then compiled on every core at once (PYTHONDONTWRITEBYTECODE
+  # is common in CI: each process would otherwise compile what it imports, torch's thousands of
+  # modules, every time). A module that does not compile (a package's templates) is left as it is.
   "$VENV/bin/python" -m pip install -q --no-compile -r "$REQUIREMENTS"
+  "$VENV/bin/python" -m compileall -q -q -j 0 "$VENV"/lib/python3*/site-packages || true
   echo "$want" > "$stamp"
   log "Python environment ready: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
 fi
