@@ -114,4 +114,82 @@ at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const
   return out;
 }
 
+
+namespace {
+
+// One float32 element on t's device, or a null pointer for an undefined tensor (no offset).
+at::Tensor scalar_on(const at::Tensor& s, const at::Tensor& t, const char* who, const char* what) {
+  if (!s.defined()) return s;
+  if (s.numel() != 1)
+    throw Error(std::string(who) + ": " + what + " must have one element, got " + shape_str(s.sizes().vec()));
+  return s.to(t.device(), at::kFloat).reshape({1}).contiguous();
+}
+
+float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+}  // namespace
+
+at::Tensor lsq(const at::Tensor& x, const at::Tensor& step_in, const at::Tensor& offset_in, int64_t q_n, int64_t q_p,
+               int64_t axis) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  detail::CudaChannelView v = step_in.numel() > 1 ? view_of(x, axis) : detail::CudaChannelView{1, 1, x.numel(), false};
+  const at::Tensor step = channel_vector(step_in.reshape({-1}), x, v.channels, "fused LSQ", "the step");
+  v.per_channel = step.numel() > 1;
+  const at::Tensor offset = scalar_on(offset_in, x, "fused LSQ", "the offset");
+  at::Tensor out = at::empty_like(x);
+  check_launch(detail::lsq_cuda(x.data_ptr<float>(), step.data_ptr<float>(), data_or_null(offset), out.data_ptr<float>(),
+                                v, -static_cast<float>(q_n), static_cast<float>(q_p), stream_of(x)),
+               "fused LSQ");
+  return out;
+}
+
+LsqTerms lsq_backward(const at::Tensor& grad_in, const at::Tensor& x, const at::Tensor& step_in,
+                      const at::Tensor& offset_in, int64_t q_n, int64_t q_p, int64_t axis) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  detail::CudaChannelView v = step_in.numel() > 1 ? view_of(x, axis) : detail::CudaChannelView{1, 1, x.numel(), false};
+  const at::Tensor step = channel_vector(step_in.reshape({-1}), x, v.channels, "fused LSQ backward", "the step");
+  v.per_channel = step.numel() > 1;
+  const at::Tensor offset = scalar_on(offset_in, x, "fused LSQ backward", "the offset");
+  const at::Tensor g = grad_in.to(x.device(), at::kFloat).contiguous();
+  if (g.numel() != x.numel())
+    throw Error("fused LSQ backward: a gradient of " + std::to_string(g.numel()) + " elements for an input of " +
+                std::to_string(x.numel()));
+  LsqTerms out{at::empty_like(x), at::empty_like(x), offset.defined() ? at::empty_like(x) : at::Tensor()};
+  check_launch(detail::lsq_backward_cuda(g.data_ptr<float>(), x.data_ptr<float>(), step.data_ptr<float>(),
+                                         data_or_null(offset), out.input.data_ptr<float>(), out.step.data_ptr<float>(),
+                                         data_or_null(out.offset), v, -static_cast<float>(q_n),
+                                         static_cast<float>(q_p), stream_of(x)),
+               "fused LSQ backward");
+  return out;
+}
+
+at::Tensor pact(const at::Tensor& x, const at::Tensor& alpha_in, const at::Tensor& step_in) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor alpha = scalar_on(alpha_in, x, "fused PACT", "the clip level");
+  const at::Tensor step = scalar_on(step_in, x, "fused PACT", "the step");
+  if (!alpha.defined() || !step.defined()) throw Error("fused PACT: the clip level and the step must be given");
+  at::Tensor out = at::empty_like(x);
+  check_launch(detail::pact_cuda(x.data_ptr<float>(), alpha.data_ptr<float>(), step.data_ptr<float>(),
+                                 out.data_ptr<float>(), x.numel(), stream_of(x)),
+               "fused PACT");
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> pact_backward(const at::Tensor& grad_in, const at::Tensor& x,
+                                                const at::Tensor& alpha_in, bool after_relu) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor alpha = scalar_on(alpha_in, x, "fused PACT backward", "the clip level");
+  if (!alpha.defined()) throw Error("fused PACT backward: the clip level must be given");
+  const at::Tensor g = grad_in.to(x.device(), at::kFloat).contiguous();
+  if (g.numel() != x.numel())
+    throw Error("fused PACT backward: a gradient of " + std::to_string(g.numel()) + " elements for an input of " +
+                std::to_string(x.numel()));
+  at::Tensor dx = at::empty_like(x), terms = at::empty_like(x);
+  check_launch(detail::pact_backward_cuda(g.data_ptr<float>(), x.data_ptr<float>(), alpha.data_ptr<float>(),
+                                          dx.data_ptr<float>(), terms.data_ptr<float>(), x.numel(), after_relu,
+                                          stream_of(x)),
+               "fused PACT backward");
+  return {dx, terms};
+}
+
 }  // namespace whittle::quantize::fused::cuda

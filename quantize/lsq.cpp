@@ -15,6 +15,10 @@
 #include "graph/op_registry.h"
 #include "quantize/fused_quantizers.h"
 #include "quantize/method.h"
+#include "quantize/quantizers.h"
+#ifdef WHITTLE_WITH_CUDA
+#include "quantize/fused_quantizers_cuda.h"
+#endif
 
 namespace whittle::quantize {
 
@@ -63,6 +67,12 @@ at::Tensor effective_step(const at::Tensor& x, const at::Tensor& step, int64_t a
   return step_along(x, step.detach().to(x.scalar_type()).clamp_min(lsq_step_floor(x.scalar_type())), axis);
 }
 
+// Whether the CUDA kernels of quantize/fused_quantizers_cuda.h take x (a contiguous float32 CUDA
+// tensor, the fused kernels on, the CUDA ones asked for).
+bool on_fused_cuda(const at::Tensor& x) {
+  return x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() && fused::fused_supported(x);
+}
+
 struct LsqFn : public torch::autograd::Function<LsqFn> {
   static Variable forward(AutogradContext* ctx, const Variable& x, const Variable& step, const Variable& offset,
                           int64_t q_n, int64_t q_p, double gradient_scale, int64_t axis) {
@@ -75,9 +85,15 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     ctx->saved_data["q_p"] = q_p;
     ctx->saved_data["gradient_scale"] = gradient_scale;
     ctx->saved_data["axis"] = axis;
-    // One pass on the CPU for a step per tensor (quantize/fused_quantizers.h), the ATen ops otherwise.
+    // One pass on the CPU for a step per tensor (quantize/fused_quantizers.h), one CUDA kernel for
+    // any step when the CUDA kernels are on, the ATen ops otherwise.
     const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x) && step.numel() == 1;
     ctx->saved_data["fused"] = fused;
+    const bool fused_cuda = on_fused_cuda(x);
+    ctx->saved_data["fused_cuda"] = fused_cuda;
+#ifdef WHITTLE_WITH_CUDA
+    if (fused_cuda) return fused::cuda::lsq(x, s, b, q_n, q_p, axis);
+#endif
     if (fused) {
       // The step and offset as the kernels take them, kept for the backward pass.
       const float s_value = s.item<float>(), b_value = b.defined() ? b.item<float>() : 0.0f;
@@ -109,6 +125,20 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
       if (has_offset && offset.requires_grad()) grad_offset = at::full(offset.sizes(), r.offset * g_scale, offset.options());
       return {r.input, grad_step, grad_offset, Variable(), Variable(), Variable(), Variable()};
     }
+#ifdef WHITTLE_WITH_CUDA
+    if (ctx->saved_data["fused_cuda"].toBool()) {
+      // The kernel's per-element terms are the ATen form's products; summed as it sums them.
+      const at::Tensor b = has_offset ? offset.detach().to(x.scalar_type()).reshape({}) : at::Tensor();
+      const fused::cuda::LsqTerms t = fused::cuda::lsq_backward(grad[0], x, s, b, static_cast<int64_t>(q_n),
+                                                                static_cast<int64_t>(q_p), ctx->saved_data["axis"].toInt());
+      at::Tensor grad_step, grad_offset;
+      if (step.requires_grad())
+        grad_step = (sum_to_step(t.step, step, ctx->saved_data["axis"].toInt()) * g_scale).to(step.scalar_type());
+      if (has_offset && offset.requires_grad())
+        grad_offset = (t.offset.sum() * g_scale).reshape(offset.sizes()).to(offset.scalar_type());
+      return {t.input, grad_step, grad_offset, Variable(), Variable(), Variable(), Variable()};
+    }
+#endif
     const at::Tensor v = (has_offset ? x - offset.detach().to(x.scalar_type()).reshape({}) : x) / s;
     const at::Tensor below = v <= -q_n, above = v >= q_p;
     const at::Tensor inside = at::logical_not(at::logical_or(below, above));

@@ -19,6 +19,10 @@
 #include "quantize/fused_quantizers.h"
 #include "quantize/method.h"
 #include "quantize/quantize.h"
+#include "quantize/quantizers.h"
+#ifdef WHITTLE_WITH_CUDA
+#include "quantize/fused_quantizers_cuda.h"
+#endif
 
 namespace whittle::quantize {
 
@@ -44,10 +48,17 @@ struct PactFn : public torch::autograd::Function<PactFn> {
     const at::Tensor ax = a.to(x.scalar_type());
     ctx->save_for_backward({x, ax});
     ctx->saved_data["after_relu"] = after_relu;
-    // One pass on the CPU (quantize/fused_quantizers.h), the ATen ops otherwise.
+    // One pass on the CPU (quantize/fused_quantizers.h), one CUDA kernel when the CUDA kernels are
+    // on (quantize/fused_quantizers_cuda.h), the ATen ops otherwise.
     const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x);
+    const bool fused_cuda = x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() &&
+                            fused::fused_supported(x);
     ctx->saved_data["fused"] = fused;
+    ctx->saved_data["fused_cuda"] = fused_cuda;
     if (fused) return fused::pact(x, ax.item<float>(), s.item<float>());
+#ifdef WHITTLE_WITH_CUDA
+    if (fused_cuda) return fused::cuda::pact(x, ax, s);
+#endif
     return at::round(at::minimum(at::clamp_min(x, 0.0), ax) / s) * s;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -58,6 +69,13 @@ struct PactFn : public torch::autograd::Function<PactFn> {
       auto [grad_x, sum] = fused::pact_backward(grad[0], x, a.item<float>(), ctx->saved_data["after_relu"].toBool());
       return {grad_x, at::full({1}, sum, at::TensorOptions().dtype(at::kFloat)), Variable(), Variable()};
     }
+#ifdef WHITTLE_WITH_CUDA
+    if (ctx->saved_data["fused_cuda"].toBool()) {
+      // The kernel's terms are the ATen form's products, summed as it sums them.
+      auto [grad_x, terms] = fused::cuda::pact_backward(grad[0], x, a, ctx->saved_data["after_relu"].toBool());
+      return {grad_x, terms.sum().reshape({1}), Variable(), Variable()};
+    }
+#endif
     const at::Tensor low = ctx->saved_data["after_relu"].toBool() ? x > 0 : x >= 0;
     const at::Tensor above = x >= a;
     const at::Tensor grad_x = grad[0] * at::logical_and(low, at::logical_not(above));

@@ -63,6 +63,38 @@ __global__ void ternary_values_kernel(const float* __restrict__ w, const float* 
   dst[i] = ternary_value(w, delta, alpha, v, per_channel_delta, per_channel_alpha, i);
 }
 
+__global__ void lsq_kernel(const float* __restrict__ x, const float* __restrict__ steps, const float* __restrict__ offset,
+                           float* __restrict__ y, ChannelView v, float lo, float hi) {
+  WHITTLE_QUANTIZE_GRID_LOOP(i, v.outer * v.channels * v.inner) y[i] = lsq_value(x, steps, offset, v, lo, hi, i);
+}
+
+__global__ void lsq_backward_kernel(const float* __restrict__ g, const float* __restrict__ x,
+                                    const float* __restrict__ steps, const float* __restrict__ offset,
+                                    float* __restrict__ dx, float* __restrict__ step_terms,
+                                    float* __restrict__ offset_terms, ChannelView v, float lo, float hi) {
+  WHITTLE_QUANTIZE_GRID_LOOP(i, v.outer * v.channels * v.inner) {
+    const LsqGradTerms t = lsq_grad_terms(g, x, steps, offset, v, lo, hi, i);
+    dx[i] = t.input;
+    step_terms[i] = t.step;
+    if (offset_terms != nullptr) offset_terms[i] = t.offset;
+  }
+}
+
+__global__ void pact_kernel(const float* __restrict__ x, const float* __restrict__ alpha, const float* __restrict__ step,
+                            float* __restrict__ y, int64_t n) {
+  WHITTLE_QUANTIZE_GRID_LOOP(i, n) y[i] = pact_value(x, alpha, step, i);
+}
+
+__global__ void pact_backward_kernel(const float* __restrict__ g, const float* __restrict__ x,
+                                     const float* __restrict__ alpha, float* __restrict__ dx,
+                                     float* __restrict__ alpha_terms, int64_t n, bool after_relu) {
+  WHITTLE_QUANTIZE_GRID_LOOP(i, n) {
+    const PactGradTerms t = pact_grad_terms(g, x, alpha, after_relu, i);
+    dx[i] = t.input;
+    alpha_terms[i] = t.alpha;
+  }
+}
+
 #undef WHITTLE_QUANTIZE_GRID_LOOP
 
 int launched() { return static_cast<int>(cudaGetLastError()); }
@@ -111,6 +143,37 @@ int ternary_values_cuda(const float* w, const float* delta, const float* alpha, 
   if (n <= 0) return 0;
   ternary_values_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       w, delta, alpha, dst, v, per_channel_delta, per_channel_alpha);
+  return launched();
+}
+
+int lsq_cuda(const float* x, const float* steps, const float* offset, float* y, CudaChannelView v, float lo, float hi,
+             void* stream) {
+  const int64_t n = v.outer * v.channels * v.inner;
+  if (n <= 0) return 0;
+  lsq_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(x, steps, offset, y, v, lo, hi);
+  return launched();
+}
+
+int lsq_backward_cuda(const float* g, const float* x, const float* steps, const float* offset, float* dx,
+                      float* step_terms, float* offset_terms, CudaChannelView v, float lo, float hi, void* stream) {
+  const int64_t n = v.outer * v.channels * v.inner;
+  if (n <= 0) return 0;
+  lsq_backward_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+      g, x, steps, offset, dx, step_terms, offset_terms, v, lo, hi);
+  return launched();
+}
+
+int pact_cuda(const float* x, const float* alpha, const float* step, float* y, int64_t n, void* stream) {
+  if (n <= 0) return 0;
+  pact_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(x, alpha, step, y, n);
+  return launched();
+}
+
+int pact_backward_cuda(const float* g, const float* x, const float* alpha, float* dx, float* alpha_terms, int64_t n,
+                       bool after_relu, void* stream) {
+  if (n <= 0) return 0;
+  pact_backward_kernel<<<blocks_for(n), kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(g, x, alpha, dx,
+                                                                                          alpha_terms, n, after_relu);
   return launched();
 }
 

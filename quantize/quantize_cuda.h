@@ -44,6 +44,24 @@ int dorefa_weight_grad_cuda(const float* g, const float* t, const float* m, floa
 int ternary_values_cuda(const float* w, const float* delta, const float* alpha, float* dst, CudaChannelView v,
                         bool per_channel_delta, bool per_channel_alpha, void* stream);
 
+/// y[i] = LSQ value of x[i] (cuda_body::lsq_value): `steps` on the device, one element or one per
+/// channel of v (v.per_channel), already at their floor; `offset` a device pointer to one element
+/// (LSQ+) or null; grid [lo, hi] = [−q_n, q_p].
+int lsq_cuda(const float* x, const float* steps, const float* offset, float* y, CudaChannelView v, float lo, float hi,
+             void* stream);
+
+/// LSQ's backward terms (cuda_body::lsq_grad_terms) for the upstream gradient g: dx, the step's
+/// terms and, when `offset_terms` is non-null, the offset's; all x's element count.
+int lsq_backward_cuda(const float* g, const float* x, const float* steps, const float* offset, float* dx,
+                      float* step_terms, float* offset_terms, CudaChannelView v, float lo, float hi, void* stream);
+
+/// y[i] = PACT value of x[i] (cuda_body::pact_value); α and s one device element each.
+int pact_cuda(const float* x, const float* alpha, const float* step, float* y, int64_t n, void* stream);
+
+/// PACT's backward terms (cuda_body::pact_grad_terms): dx and α's terms, n elements each.
+int pact_backward_cuda(const float* g, const float* x, const float* alpha, float* dx, float* alpha_terms, int64_t n,
+                       bool after_relu, void* stream);
+
 /// Caps the blocks of every launch at `max_blocks` (0, or more than 2^31 − 1, restores the default
 /// 2^31 − 1, CUDA's largest grid) and returns the previous cap: a test with a small cap runs every
 /// grid-stride loop more than once. Not thread-safe; for tests.

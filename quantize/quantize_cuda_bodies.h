@@ -181,4 +181,73 @@ WHITTLE_HD float ternary_value(const float* w, const float* delta, const float* 
   return mul_rn(code - 1.0f, a);
 }
 
+/// std::min(std::max(v, lo), hi) with ATen's NaN behaviour for clamp and minimum (NaN stays NaN).
+WHITTLE_HD float clamp_keep_nan(float v, float lo, float hi) {
+  if (v != v) return v;
+  const float t = (v < lo) ? lo : v;
+  return (hi < t) ? hi : t;
+}
+
+/// The step (and channel) of element i: steps[c] for a step per channel, steps[0] otherwise.
+WHITTLE_HD float step_of(const float* steps, const ChannelView& v, int64_t i) {
+  return steps[v.per_channel ? channel_of(i, v) : 0];
+}
+
+/// (x − b)/s of LSQ, or x/s without an offset (`offset` null): the ATen form's quotient by a step
+/// tensor on the device, a true division on CUDA as on the CPU.
+WHITTLE_HD float lsq_scaled(float x, float s, const float* offset) {
+  return div_rn(offset != nullptr ? sub_rn(x, offset[0]) : x, s);
+}
+
+/// LSQ (Esser et al. 2020) value of element i, as quantize::lsq_quantize's ATen form computes it:
+/// round(clamp((x − b)/s, −q_n, q_p))·s (+ b with an offset, LSQ+), rounding half to even; s the
+/// step of i's channel (already at its floor), b = offset[0] or none (`offset` null);
+/// lo = −q_n, hi = q_p.
+WHITTLE_HD float lsq_value(const float* x, const float* steps, const float* offset, const ChannelView& v, float lo,
+                           float hi, int64_t i) {
+  const float s = step_of(steps, v, i);
+  const float y = mul_rn(round_even(clamp_keep_nan(lsq_scaled(x[i], s, offset), lo, hi)), s);
+  return offset != nullptr ? add_rn(y, offset[0]) : y;
+}
+
+/// LSQ's backward at element i for the upstream gradient g, the terms of the ATen form (each
+/// rounded as its own product): the input's g·[−q_n < v < q_p]; the step's g·(round(v) − v) inside,
+/// g·(−q_n) below, g·q_p above; the offset's g·[outside]. The step and offset gradients are the
+/// sums of those terms over the step's channel (or the tensor), before LSQ's gradient scale.
+struct LsqGradTerms {
+  float input, step, offset;
+};
+WHITTLE_HD LsqGradTerms lsq_grad_terms(const float* g, const float* x, const float* steps, const float* offset,
+                                       const ChannelView& v, float lo, float hi, int64_t i) {
+  const float s = step_of(steps, v, i);
+  const float q = lsq_scaled(x[i], s, offset);
+  const bool below = q <= lo, above = q >= hi, inside = !below && !above;
+  const float ds = inside ? sub_rn(round_even(q), q) : (below ? lo : hi);
+  return {mul_rn(g[i], inside ? 1.0f : 0.0f), mul_rn(g[i], ds), mul_rn(g[i], inside ? 0.0f : 1.0f)};
+}
+
+/// PACT (Choi et al. 2018) value of element i as its ATen form computes it:
+/// round(min(max(x, 0), α)/s)·s, NaN kept; α = alpha[0], s = step[0] = α/(2^k − 1) in float.
+WHITTLE_HD float pact_value(const float* x, const float* alpha, const float* step, int64_t i) {
+  const float v = x[i];
+  float t = (v != v) ? v : ((v < 0.0f) ? 0.0f : v);  // clamp_min(x, 0)
+  const float a = alpha[0];
+  t = (t != t) ? t : ((a < t) ? a : t);  // minimum(·, α)
+  return mul_rn(round_even(div_rn(t, step[0])), step[0]);
+}
+
+/// PACT's backward at element i for the upstream gradient g: the input's g·[0 ≤ x < α] (0 < x
+/// with `after_relu`: the ReLU's gradient at 0 is 0) and α's term g·[x ≥ α], each a product as in
+/// the ATen form; α's gradient is the sum of the terms.
+struct PactGradTerms {
+  float input, alpha;
+};
+WHITTLE_HD PactGradTerms pact_grad_terms(const float* g, const float* x, const float* alpha, bool after_relu,
+                                         int64_t i) {
+  const float v = x[i];
+  const bool low = after_relu ? v > 0.0f : v >= 0.0f;
+  const bool above = v >= alpha[0];
+  return {mul_rn(g[i], (low && !above) ? 1.0f : 0.0f), mul_rn(g[i], above ? 1.0f : 0.0f)};
+}
+
 }  // namespace whittle::quantize::cuda_body

@@ -21,7 +21,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "graph/graph.h"
 #include "quantize/fused_quantizers.h"
+#include "quantize/lsq.h"
+#include "quantize/quantize.h"
 #include "quantize/quantize_cuda_bodies.h"
 #include "quantize/quantizers.h"
 #ifdef WHITTLE_WITH_CUDA
@@ -519,6 +522,194 @@ TEST(CudaQuantizerBodies, MaskWordsAndChannelsByHand) {
   EXPECT_FALSE(body::SignOp{}.pass(std::nanf("")));
 }
 
+// ---- LSQ and PACT (the learned quantizers): cases shared by the host runs of their CUDA bodies
+// and the GPU comparisons below. Each case is one quantizer call with a learned parameter p (LSQ's
+// step, PACT's clip level α) and, for LSQ+, an offset b, through the quantizers' own entry points
+// (quantize::lsq_quantize, the "pact" act_quant quantizer), so the fused-off run is the ATen form.
+
+struct LearnedCase {
+  std::string name;
+  at::Tensor x, p, b;  // b undefined: no offset
+  bool lsq = true;
+  q::LsqGrid grid{};
+  double gradient_scale = 1.0;
+  int64_t axis = 0, bits = 0;
+  bool after_relu = false;
+};
+
+// The cases for activations and weights of n elements: LSQ per tensor (signed and unsigned grid,
+// the unsigned one with an offset), per channel along axis 0 of [3, n] and axis 1 of [n, 3], at 2,
+// 4 and 8 bits; PACT at 2 and 4 bits with and without the folded ReLU. Grid points, rounding ties
+// and the bounds are planted where there is room.
+std::vector<LearnedCase> learned_cases(int64_t n) {
+  std::vector<LearnedCase> cases;
+  for (const int64_t bits : {2, 4, 8}) {
+    const q::LsqGrid sg = q::lsq_signed_grid(bits), ug = q::lsq_unsigned_grid(bits);
+    at::Tensor x = at::randn({n}) * 0.4;
+    const float s = 0.1f;
+    const std::vector<float> planted = {0.0f, -0.0f, s * 0.5f, s * 1.5f, -s * 2.5f, s * static_cast<float>(sg.q_p),
+                                        -s * static_cast<float>(sg.q_n), s * (static_cast<float>(sg.q_p) + 0.5f)};
+    for (int64_t i = 0; i < n && i < static_cast<int64_t>(planted.size()); ++i) x[i * 3 % n] = planted[static_cast<size_t>(i)];
+    const std::string b = std::to_string(bits) + " bits";
+    cases.push_back({"LSQ per tensor, " + b, x, at::full({1}, s), {}, true, sg, q::lsq_gradient_scale(n, sg.q_p), 0, bits});
+    cases.push_back({"LSQ+ per tensor, " + b, x, at::full({1}, 0.05f), at::full({1}, -0.3f), true, ug,
+                     q::lsq_gradient_scale(n, ug.q_p), 0, bits});
+    if (n > 1) {
+      const at::Tensor rows = at::randn({3, n}) * at::tensor({0.05f, 0.3f, 1.0f}).reshape({3, 1});
+      cases.push_back({"LSQ per channel, axis 0, " + b, rows, at::tensor({0.01f, 0.07f, 0.2f}), {}, true, sg, 1.0, 0, bits});
+      cases.push_back({"LSQ per channel, axis 1, " + b, rows.t().contiguous(), at::tensor({0.02f, 0.05f, 0.3f}), {}, true,
+                       sg, 1.0, 1, bits});
+    }
+    if (bits <= 4)
+      for (const bool relu : {false, true}) {
+        const float alpha = 0.9f;
+        at::Tensor a = at::randn({n}) * 0.6 + 0.3;
+        const std::vector<float> edges = {0.0f, -0.0f, alpha, alpha * 0.5f, 2.0f * alpha, -1.0f};
+        for (int64_t i = 0; i < n && i < static_cast<int64_t>(edges.size()); ++i) a[i * 5 % n] = edges[static_cast<size_t>(i)];
+        LearnedCase c{"PACT " + b + (relu ? ", after ReLU" : ""), a, at::full({1}, alpha), {}, false};
+        c.bits = bits;
+        c.after_relu = relu;
+        cases.push_back(c);
+      }
+  }
+  return cases;
+}
+
+struct LearnedResult {
+  at::Tensor y, gx, gp, gb;  // gb undefined without an offset
+};
+
+// The case's quantizer on `device` with the fused kernels on or off, backward with `up`.
+LearnedResult run_learned(const LearnedCase& c, const at::Tensor& up, bool fused, at::Device device) {
+  FusedSetting setting(fused);
+  // Fresh leaves (cases share tensors; a leaf's gradient would accumulate over runs).
+  const auto leaf = [&](const at::Tensor& t) { return t.detach().clone().to(device).set_requires_grad(true); };
+  const at::Tensor x = leaf(c.x), p = leaf(c.p);
+  const at::Tensor b = c.b.defined() ? leaf(c.b) : at::Tensor();
+  at::Tensor y;
+  if (c.lsq) {
+    y = q::lsq_quantize(x, p, c.grid, c.gradient_scale, c.axis, b);
+  } else {
+    Node node;
+    node.name = "act";
+    node.op = "act_quant";
+    node.attrs["method"] = std::string("pact");
+    node.attrs["activation_bits"] = c.bits;
+    node.attrs["relu"] = int64_t{c.after_relu};
+    node.params.set("act_clip", p);
+    y = q::activation_quantizer_of(node).forward(node, x, true);
+  }
+  y.backward(up.to(device));
+  const auto cpu = [](const at::Tensor& t) { return t.defined() ? t.detach().cpu() : t; };
+  return {cpu(y), cpu(x.grad()), cpu(p.grad()), b.defined() ? cpu(b.grad()) : at::Tensor()};
+}
+
+void expect_same_learned(const LearnedResult& actual, const LearnedResult& expected) {
+  EXPECT_TRUE(same_values(actual.y, expected.y)) << "values";
+  EXPECT_TRUE(same_values(actual.gx, expected.gx)) << "input gradient";
+  EXPECT_TRUE(same_values(actual.gp, expected.gp)) << "parameter gradient";
+  ASSERT_EQ(actual.gb.defined(), expected.gb.defined());
+  if (expected.gb.defined()) {
+    EXPECT_TRUE(same_values(actual.gb, expected.gb)) << "offset gradient";
+  }
+}
+
+// LSQ's and PACT's CUDA bodies (lsq_value, lsq_grad_terms, pact_value, pact_grad_terms) over every
+// element on the host, against the ATen forms on the CPU (the fused kernels off): values, input
+// gradients and the parameter gradients (the bodies' terms summed as the ATen forms sum their
+// products, times LSQ's gradient scale), bit for bit. The ATen forms divide by a step tensor, not
+// a host scalar, which ATen does as a true division on CUDA as on the CPU: the CPU ATen form is
+// the CUDA one.
+TEST(CudaQuantizerBodies, LsqAndPactAreTheAtenForms) {
+  q::register_all();
+  at::manual_seed(29);
+  for (const int64_t n : {1, 31, 33, 4099})
+    for (const LearnedCase& c : learned_cases(n)) {
+      SCOPED_TRACE(c.name + ", n " + std::to_string(n));
+      const at::Tensor up = at::randn(c.x.sizes());
+      const LearnedResult aten = run_learned(c, up, false, at::kCPU);
+      const at::Tensor x = c.x.contiguous(), g = up.contiguous();
+      const int64_t numel = x.numel();
+      at::Tensor y = at::empty(x.sizes()), gx = at::empty(x.sizes()), tp = at::empty(x.sizes()), tb = at::empty(x.sizes());
+      float *yp = y.data_ptr<float>(), *gxp = gx.data_ptr<float>(), *tpp = tp.data_ptr<float>(), *tbp = tb.data_ptr<float>();
+      const Grid grid = grids_for(numel)[1];
+      LearnedResult body_result;
+      if (c.lsq) {
+        const at::Tensor steps = c.p.clamp_min(q::lsq_step_floor(at::kFloat)).contiguous();  // the step at its floor
+        const at::Tensor offset = c.b.defined() ? c.b.contiguous() : at::Tensor();
+        const float* bp = offset.defined() ? offset.data_ptr<float>() : nullptr;
+        const body::ChannelView v = steps.numel() > 1 ? body::channel_view(x.sizes().data(), x.dim(), c.axis, true)
+                                                      : body::ChannelView{1, 1, numel, false};
+        const float lo = -static_cast<float>(c.grid.q_n), hi = static_cast<float>(c.grid.q_p);
+        emulate_elementwise(numel, grid, [&](int64_t i) {
+          yp[i] = body::lsq_value(x.data_ptr<float>(), steps.data_ptr<float>(), bp, v, lo, hi, i);
+          const body::LsqGradTerms t =
+              body::lsq_grad_terms(g.data_ptr<float>(), x.data_ptr<float>(), steps.data_ptr<float>(), bp, v, lo, hi, i);
+          gxp[i] = t.input;
+          tpp[i] = t.step;
+          tbp[i] = t.offset;
+        });
+        const at::Tensor summed = steps.numel() == 1 ? tp.sum()
+                                                     : tp.movedim(c.axis, 0).reshape({steps.numel(), -1}).sum(1);
+        body_result = {y, gx, (summed.reshape(c.p.sizes()) * c.gradient_scale).to(at::kFloat),
+                       c.b.defined() ? (tb.sum() * c.gradient_scale).reshape(c.b.sizes()).to(at::kFloat) : at::Tensor()};
+      } else {
+        // α at its floor, s = α/(2^k − 1) in double rounded to float (pact.cpp).
+        const at::Tensor alpha = c.p.clamp_min(1e-6).reshape({1}).contiguous();
+        const at::Tensor step = (alpha.to(at::kDouble) / static_cast<double>((int64_t{1} << c.bits) - 1)).to(at::kFloat);
+        emulate_elementwise(numel, grid, [&](int64_t i) {
+          yp[i] = body::pact_value(x.data_ptr<float>(), alpha.data_ptr<float>(), step.data_ptr<float>(), i);
+          const body::PactGradTerms t =
+              body::pact_grad_terms(g.data_ptr<float>(), x.data_ptr<float>(), alpha.data_ptr<float>(), c.after_relu, i);
+          gxp[i] = t.input;
+          tpp[i] = t.alpha;
+        });
+        body_result = {y, gx, tp.sum().reshape({1}), at::Tensor()};
+      }
+      expect_same_learned(body_result, aten);
+    }
+}
+
+// Hand-worked LSQ and PACT bodies: step 0.5 on the 2-bit signed grid [−2, 1], offset 0.25
+// (LSQ+), α = 1.5 at 2 bits (s = 0.5); NaN stays NaN.
+TEST(CudaQuantizerBodies, LsqAndPactByHand) {
+  const float x[] = {0.3f, 0.25f, 0.75f, -1.4f, 2.0f, std::nanf("")};
+  const float step[] = {0.5f}, offset[] = {0.25f};
+  const body::ChannelView v{1, 1, 6, false};
+  // x/s = 0.6, 0.5 (a tie: to 0), 1.5 (clamped to 1), −2.8 (to −2), 4 (to 1).
+  EXPECT_EQ(body::lsq_value(x, step, nullptr, v, -2.0f, 1.0f, 0), 0.5f);
+  EXPECT_EQ(body::lsq_value(x, step, nullptr, v, -2.0f, 1.0f, 1), 0.0f);
+  EXPECT_EQ(body::lsq_value(x, step, nullptr, v, -2.0f, 1.0f, 2), 0.5f);
+  EXPECT_EQ(body::lsq_value(x, step, nullptr, v, -2.0f, 1.0f, 3), -1.0f);
+  EXPECT_EQ(body::lsq_value(x, step, nullptr, v, -2.0f, 1.0f, 4), 0.5f);
+  EXPECT_TRUE(std::isnan(body::lsq_value(x, step, nullptr, v, -2.0f, 1.0f, 5)));
+  // With the offset: (0.75 − 0.25)/0.5 = 1 → 1·0.5 + 0.25 = 0.75.
+  EXPECT_EQ(body::lsq_value(x, step, offset, v, -2.0f, 1.0f, 2), 0.75f);
+  const float g[] = {2.0f, 2.0f, 2.0f, 2.0f, 2.0f, 2.0f};
+  // Inside (v = 0.6): input 2, step 2·(round(0.6) − 0.6) = 2·0.4, offset 0.
+  body::LsqGradTerms t = body::lsq_grad_terms(g, x, step, offset, v, -2.0f, 1.0f, 0);  // (0.3 − 0.25)/0.5 = 0.1
+  EXPECT_EQ(t.input, 2.0f);
+  EXPECT_FLOAT_EQ(t.step, 2.0f * (0.0f - 0.1f));
+  EXPECT_EQ(t.offset, 0.0f);
+  t = body::lsq_grad_terms(g, x, step, nullptr, v, -2.0f, 1.0f, 3);  // below: v = −2.8
+  EXPECT_EQ(t.input, 0.0f);
+  EXPECT_EQ(t.step, -4.0f);
+  EXPECT_EQ(t.offset, 2.0f);
+  t = body::lsq_grad_terms(g, x, step, nullptr, v, -2.0f, 1.0f, 2);  // v = 1.5: at or above q_p
+  EXPECT_EQ(t.input, 0.0f);
+  EXPECT_EQ(t.step, 2.0f);
+  const float alpha[] = {1.5f}, s[] = {0.5f};
+  EXPECT_EQ(body::pact_value(x, alpha, s, 0), 0.5f);  // 0.6 → 1
+  EXPECT_EQ(body::pact_value(x, alpha, s, 3), 0.0f);  // clipped at 0
+  EXPECT_EQ(body::pact_value(x, alpha, s, 4), 1.5f);  // clipped at α
+  EXPECT_TRUE(std::isnan(body::pact_value(x, alpha, s, 5)));
+  const float edge[] = {0.0f, 1.5f};
+  EXPECT_EQ(body::pact_grad_terms(g, edge, alpha, false, 0).input, 2.0f);  // x = 0 passes
+  EXPECT_EQ(body::pact_grad_terms(g, edge, alpha, true, 0).input, 0.0f);   // not after a ReLU
+  EXPECT_EQ(body::pact_grad_terms(g, edge, alpha, false, 1).input, 0.0f);  // x = α goes to α
+  EXPECT_EQ(body::pact_grad_terms(g, edge, alpha, false, 1).alpha, 2.0f);
+}
+
 // ---- CUDA: the same comparisons on the GPU (FusedQuantizersCuda), against the ATen-op forms on the
 // GPU: ATen's CUDA division by a scalar multiplies by its float reciprocal, which the CUDA kernels
 // follow (quantize/quantize_cuda.cu), so CPU and CUDA values may differ in the last bits where the
@@ -690,6 +881,20 @@ TEST_F(FusedQuantizersCuda, GridStrideLoopsCoverEveryElement) {
                             q::fused::ternary_values(w, delta, alpha, 0)));
   }
 #endif
+}
+
+// LSQ (per tensor and per channel, with and without the offset) and PACT: the CUDA kernels against
+// the ATen forms on the GPU, values and every gradient bit for bit (the kernels' per-element terms
+// are the ATen forms' products, summed by the same ATen reductions).
+TEST_F(FusedQuantizersCuda, LsqAndPactEqualTheAtenForm) {
+  q::register_all();
+  at::manual_seed(31);
+  for (const int64_t n : {1, 31, 33, 1000003})
+    for (const LearnedCase& c : learned_cases(n)) {
+      SCOPED_TRACE(c.name + ", n " + std::to_string(n));
+      const at::Tensor up = at::randn(c.x.sizes());
+      expect_same_learned(run_learned(c, up, true, at::kCUDA), run_learned(c, up, false, at::kCUDA));
+    }
 }
 
 TEST(FusedQuantizers, CudaKernelsAreOffUntilAsked) {
