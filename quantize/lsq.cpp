@@ -68,9 +68,12 @@ at::Tensor effective_step(const at::Tensor& x, const at::Tensor& step, int64_t a
 }
 
 // Whether the CUDA kernels of quantize/fused_quantizers_cuda.h take x (a contiguous float32 CUDA
-// tensor, the fused kernels on, the CUDA ones asked for).
-bool on_fused_cuda(const at::Tensor& x) {
-  return x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() && fused::fused_supported(x);
+// tensor, the fused kernels on, the CUDA ones asked for) with the step s and offset b (undefined:
+// none) on its device. (On the host, a 0-dim step is a scalar that ATen's CUDA division multiplies
+// by as a reciprocal: the ATen form then keeps it.)
+bool on_fused_cuda(const at::Tensor& x, const at::Tensor& s, const at::Tensor& b) {
+  return x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() && fused::fused_supported(x) &&
+         s.device() == x.device() && (!b.defined() || b.device() == x.device());
 }
 
 struct LsqFn : public torch::autograd::Function<LsqFn> {
@@ -89,7 +92,7 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     // any step when the CUDA kernels are on, the ATen ops otherwise.
     const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x) && step.numel() == 1;
     ctx->saved_data["fused"] = fused;
-    const bool fused_cuda = on_fused_cuda(x);
+    const bool fused_cuda = on_fused_cuda(x, s, b);
     ctx->saved_data["fused_cuda"] = fused_cuda;
 #ifdef WHITTLE_WITH_CUDA
     if (fused_cuda) return fused::cuda::lsq(x, s, b, q_n, q_p, axis);
@@ -126,7 +129,8 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
       return {r.input, grad_step, grad_offset, Variable(), Variable(), Variable(), Variable()};
     }
 #ifdef WHITTLE_WITH_CUDA
-    if (ctx->saved_data["fused_cuda"].toBool()) {
+    // (A gradient in another layout would order the ATen form's sums otherwise: it takes that.)
+    if (ctx->saved_data["fused_cuda"].toBool() && grad[0].is_contiguous()) {
       // The kernel's per-element terms are the ATen form's products; summed as it sums them.
       const at::Tensor b = has_offset ? offset.detach().to(x.scalar_type()).reshape({}) : at::Tensor();
       const fused::cuda::LsqTerms t = fused::cuda::lsq_backward(grad[0], x, s, b, static_cast<int64_t>(q_n),

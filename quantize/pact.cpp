@@ -52,7 +52,7 @@ struct PactFn : public torch::autograd::Function<PactFn> {
     // on (quantize/fused_quantizers_cuda.h), the ATen ops otherwise.
     const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x);
     const bool fused_cuda = x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() &&
-                            fused::fused_supported(x);
+                            fused::fused_supported(x) && ax.device() == x.device();
     ctx->saved_data["fused"] = fused;
     ctx->saved_data["fused_cuda"] = fused_cuda;
     if (fused) return fused::pact(x, ax.item<float>(), s.item<float>());
@@ -70,7 +70,8 @@ struct PactFn : public torch::autograd::Function<PactFn> {
       return {grad_x, at::full({1}, sum, at::TensorOptions().dtype(at::kFloat)), Variable(), Variable()};
     }
 #ifdef WHITTLE_WITH_CUDA
-    if (ctx->saved_data["fused_cuda"].toBool()) {
+    // (A gradient in another layout would order the ATen form's sum otherwise: it takes that.)
+    if (ctx->saved_data["fused_cuda"].toBool() && grad[0].is_contiguous()) {
       // The kernel's terms are the ATen form's products, summed as it sums them.
       auto [grad_x, terms] = fused::cuda::pact_backward(grad[0], x, a, ctx->saved_data["after_relu"].toBool());
       return {grad_x, terms.sum().reshape({1}), Variable(), Variable()};

@@ -181,11 +181,29 @@ WHITTLE_HD float ternary_value(const float* w, const float* delta, const float* 
   return mul_rn(code - 1.0f, a);
 }
 
-/// std::min(std::max(v, lo), hi) with ATen's NaN behaviour for clamp and minimum (NaN stays NaN).
+/// max(v, lo) and min(v, hi) as ATen's clamp, clamp_min and minimum compute them after their NaN
+/// checks: ::fmaxf/::fminf on the device (ATen's CUDA ::max/::min, for which −0 < +0 may hold),
+/// std::max/std::min on the host (ATen's CPU forms, which keep v's zero on a tie of zeros). The two
+/// differ only in the sign of a zero result.
+WHITTLE_HD float max_like_aten(float v, float lo) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(v, lo);
+#else
+  return (v < lo) ? lo : v;
+#endif
+}
+WHITTLE_HD float min_like_aten(float v, float hi) {
+#if defined(__CUDA_ARCH__)
+  return fminf(v, hi);
+#else
+  return (hi < v) ? hi : v;
+#endif
+}
+
+/// ATen's clamp(v, lo, hi): NaN stays NaN, else min(max(v, lo), hi) as above.
 WHITTLE_HD float clamp_keep_nan(float v, float lo, float hi) {
   if (v != v) return v;
-  const float t = (v < lo) ? lo : v;
-  return (hi < t) ? hi : t;
+  return min_like_aten(max_like_aten(v, lo), hi);
 }
 
 /// The step (and channel) of element i: steps[c] for a step per channel, steps[0] otherwise.
@@ -227,12 +245,13 @@ WHITTLE_HD LsqGradTerms lsq_grad_terms(const float* g, const float* x, const flo
 }
 
 /// PACT (Choi et al. 2018) value of element i as its ATen form computes it:
-/// round(min(max(x, 0), α)/s)·s, NaN kept; α = alpha[0], s = step[0] = α/(2^k − 1) in float.
+/// round(minimum(clamp_min(x, 0), α)/s)·s, NaN kept (from x or α); α = alpha[0], s = step[0] (the
+/// forward's α/(2^k − 1) in float).
 WHITTLE_HD float pact_value(const float* x, const float* alpha, const float* step, int64_t i) {
   const float v = x[i];
-  float t = (v != v) ? v : ((v < 0.0f) ? 0.0f : v);  // clamp_min(x, 0)
+  float t = (v != v) ? v : max_like_aten(v, 0.0f);  // clamp_min(x, 0)
   const float a = alpha[0];
-  t = (t != t) ? t : ((a < t) ? a : t);  // minimum(·, α)
+  t = (t != t) ? t : ((a != a) ? a : min_like_aten(t, a));  // minimum(·, α)
   return mul_rn(round_even(div_rn(t, step[0])), step[0]);
 }
 

@@ -537,39 +537,75 @@ struct LearnedCase {
   bool after_relu = false;
 };
 
+// The points of an LSQ grid of step s and offset b worth planting: ±0, b, values at and next to
+// rounding ties b + (k + 1/2)·s, the bounds b − q_n·s and b + q_p·s, and past them.
+std::vector<float> grid_points(float s, float b, q::LsqGrid g) {
+  const auto qn = static_cast<float>(g.q_n), qp = static_cast<float>(g.q_p);
+  return {0.0f,           -0.0f,          b,
+          b + 0.5f * s,   b + 1.5f * s,   b - 2.5f * s,
+          b + qp * s,     b - qn * s,     b + (qp + 0.5f) * s,
+          b - (qn + 0.5f) * s, b + (qp - 0.5f) * s, b - (qn - 0.5f) * s};
+}
+
+// Writes `points` into the elements first, first + stride, … of the flat contiguous t, as many as fit.
+void plant(at::Tensor& t, const std::vector<float>& points, int64_t first = 0, int64_t stride = 1) {
+  float* p = t.data_ptr<float>();
+  for (size_t k = 0; k < points.size() && first + static_cast<int64_t>(k) * stride < t.numel(); ++k)
+    p[first + static_cast<int64_t>(k) * stride] = points[k];
+}
+
 // The cases for activations and weights of n elements: LSQ per tensor (signed and unsigned grid,
 // the unsigned one with an offset), per channel along axis 0 of [3, n] and axis 1 of [n, 3], at 2,
-// 4 and 8 bits; PACT at 2 and 4 bits with and without the folded ReLU. Grid points, rounding ties
-// and the bounds are planted where there is room.
+// 4 and 8 bits; PACT at 2 and 4 bits with and without the folded ReLU. Each case's own grid points,
+// rounding ties and bounds are planted where there is room (per channel: each channel's); one case
+// of each kind also has NaN and ±inf (their gradient sums are NaN: values and input gradients are
+// what they check).
 std::vector<LearnedCase> learned_cases(int64_t n) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   std::vector<LearnedCase> cases;
   for (const int64_t bits : {2, 4, 8}) {
     const q::LsqGrid sg = q::lsq_signed_grid(bits), ug = q::lsq_unsigned_grid(bits);
-    at::Tensor x = at::randn({n}) * 0.4;
-    const float s = 0.1f;
-    const std::vector<float> planted = {0.0f, -0.0f, s * 0.5f, s * 1.5f, -s * 2.5f, s * static_cast<float>(sg.q_p),
-                                        -s * static_cast<float>(sg.q_n), s * (static_cast<float>(sg.q_p) + 0.5f)};
-    for (int64_t i = 0; i < n && i < static_cast<int64_t>(planted.size()); ++i) x[i * 3 % n] = planted[static_cast<size_t>(i)];
     const std::string b = std::to_string(bits) + " bits";
+    const float s = 0.1f, s_plus = 0.05f, b_plus = -0.3f;
+    at::Tensor x = (at::randn({n}) * 0.4).contiguous();
+    plant(x, grid_points(s, 0.0f, sg));
     cases.push_back({"LSQ per tensor, " + b, x, at::full({1}, s), {}, true, sg, q::lsq_gradient_scale(n, sg.q_p), 0, bits});
-    cases.push_back({"LSQ+ per tensor, " + b, x, at::full({1}, 0.05f), at::full({1}, -0.3f), true, ug,
+    at::Tensor x_plus = (at::randn({n}) * 0.4).contiguous();
+    plant(x_plus, grid_points(s_plus, b_plus, ug));
+    cases.push_back({"LSQ+ per tensor, " + b, x_plus, at::full({1}, s_plus), at::full({1}, b_plus), true, ug,
                      q::lsq_gradient_scale(n, ug.q_p), 0, bits});
+    if (bits == 4) {
+      at::Tensor special = x.clone();
+      plant(special, {nan, inf, -inf, -0.0f}, 0, 2);
+      cases.push_back({"LSQ per tensor, NaN and ±inf, " + b, special, at::full({1}, s), {}, true, sg, 1.0, 0, bits});
+    }
     if (n > 1) {
-      const at::Tensor rows = at::randn({3, n}) * at::tensor({0.05f, 0.3f, 1.0f}).reshape({3, 1});
-      cases.push_back({"LSQ per channel, axis 0, " + b, rows, at::tensor({0.01f, 0.07f, 0.2f}), {}, true, sg, 1.0, 0, bits});
-      cases.push_back({"LSQ per channel, axis 1, " + b, rows.t().contiguous(), at::tensor({0.02f, 0.05f, 0.3f}), {}, true,
-                       sg, 1.0, 1, bits});
+      const std::vector<float> steps0 = {0.01f, 0.07f, 0.2f}, steps1 = {0.02f, 0.05f, 0.3f};
+      at::Tensor rows = (at::randn({3, n}) * at::tensor({0.05f, 0.3f, 1.0f}).reshape({3, 1})).contiguous();
+      at::Tensor cols = (at::randn({n, 3}) * at::tensor({0.05f, 0.3f, 1.0f})).contiguous();
+      for (int64_t c = 0; c < 3; ++c) {
+        plant(rows, grid_points(steps0[static_cast<size_t>(c)], 0.0f, sg), c * n);  // row c
+        plant(cols, grid_points(steps1[static_cast<size_t>(c)], 0.0f, sg), c, 3);   // column c
+      }
+      cases.push_back({"LSQ per channel, axis 0, " + b, rows, at::tensor(steps0), {}, true, sg, 1.0, 0, bits});
+      cases.push_back({"LSQ per channel, axis 1, " + b, cols, at::tensor(steps1), {}, true, sg, 1.0, 1, bits});
     }
     if (bits <= 4)
       for (const bool relu : {false, true}) {
         const float alpha = 0.9f;
-        at::Tensor a = at::randn({n}) * 0.6 + 0.3;
-        const std::vector<float> edges = {0.0f, -0.0f, alpha, alpha * 0.5f, 2.0f * alpha, -1.0f};
-        for (int64_t i = 0; i < n && i < static_cast<int64_t>(edges.size()); ++i) a[i * 5 % n] = edges[static_cast<size_t>(i)];
+        at::Tensor a = (at::randn({n}) * 0.6 + 0.3).contiguous();
+        plant(a, {0.0f, -0.0f, alpha, alpha * 0.5f, 2.0f * alpha, -1.0f, alpha / 3.0f * 0.5f}, 0, 5);
         LearnedCase c{"PACT " + b + (relu ? ", after ReLU" : ""), a, at::full({1}, alpha), {}, false};
         c.bits = bits;
         c.after_relu = relu;
         cases.push_back(c);
+        if (bits == 2 && !relu) {
+          at::Tensor special = a.clone();
+          plant(special, {nan, inf, -inf}, 1, 5);
+          LearnedCase sc{"PACT, NaN and ±inf, " + b, special, at::full({1}, alpha), {}, false};
+          sc.bits = bits;
+          cases.push_back(sc);
+        }
       }
   }
   return cases;
@@ -604,13 +640,25 @@ LearnedResult run_learned(const LearnedCase& c, const at::Tensor& up, bool fused
   return {cpu(y), cpu(x.grad()), cpu(p.grad()), b.defined() ? cpu(b.grad()) : at::Tensor()};
 }
 
+// Bit for bit (the sign of a zero included); any NaN matches any NaN.
+::testing::AssertionResult same_bits(const at::Tensor& actual, const at::Tensor& expected) {
+  const ::testing::AssertionResult values = same_values(actual, expected);
+  if (!values) return values;
+  const at::Tensor a = actual.detach().contiguous().flatten(), e = expected.detach().contiguous().flatten();
+  const at::Tensor ok = (a.view(at::kInt) == e.view(at::kInt)) | (a.isnan() & e.isnan());
+  if (ok.all().item<bool>()) return ::testing::AssertionSuccess();
+  const int64_t i = (~ok).nonzero()[0][0].item<int64_t>();
+  return ::testing::AssertionFailure() << (~ok).sum().item<int64_t>() << " of " << a.numel()
+                                       << " elements differ in the sign of a zero; first at flat index " << i;
+}
+
 void expect_same_learned(const LearnedResult& actual, const LearnedResult& expected) {
-  EXPECT_TRUE(same_values(actual.y, expected.y)) << "values";
-  EXPECT_TRUE(same_values(actual.gx, expected.gx)) << "input gradient";
-  EXPECT_TRUE(same_values(actual.gp, expected.gp)) << "parameter gradient";
+  EXPECT_TRUE(same_bits(actual.y, expected.y)) << "values";
+  EXPECT_TRUE(same_bits(actual.gx, expected.gx)) << "input gradient";
+  EXPECT_TRUE(same_bits(actual.gp, expected.gp)) << "parameter gradient";
   ASSERT_EQ(actual.gb.defined(), expected.gb.defined());
   if (expected.gb.defined()) {
-    EXPECT_TRUE(same_values(actual.gb, expected.gb)) << "offset gradient";
+    EXPECT_TRUE(same_bits(actual.gb, expected.gb)) << "offset gradient";
   }
 }
 
