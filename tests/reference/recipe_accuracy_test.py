@@ -4,7 +4,7 @@ test top-1 (2,000 digits) of each against the floor the project promises.
 One run's accuracy moves with the seed, the intra-op thread count and the CPU instruction set
 (docs/reproducibility.md), by up to a point for the binary networks, so a method whose runs spread
 widely (DoReFa W2A2, BNN, XNOR-Net) is checked on the mean of seeds 0 and 1, and one whose runs
-agree within a few digits (FP32, W8A8, W4A4, TWN) on its seed-0 run, each against a floor for that
+agree within a few digits (FP32, W8A8, W4A4, TWN, LSQ W4A4 and W2A2) on its seed-0 run, each against a floor for that
 many runs; in this process's thread setting (measured with 1 and 2 threads: OMP_NUM_THREADS=1 and
 the default of a 2-core machine; other thread counts draw other samples of the same spread). The
 rule that sets each floor from the 12 runs measured (6 on each of two machines) is written above
@@ -42,6 +42,10 @@ FLOORS = {
     "lenet5_twn": (ONE, 98.2, "TWN: mean 98.67, sd 0.14, 98.45-99.05; seed 0: 98.60-98.70"),
     "lenet5_bnn": (PAIR, 95.8, "BNN: mean 96.70, sd 0.41, 96.10-97.35, lowest pair 96.18"),
     "lenet5_xnor": (PAIR, 95.9, "XNOR-Net: mean 96.77, sd 0.37, 96.15-97.25, lowest pair 96.18"),
+    # The learned-step recipes: 12 runs on one AVX-512 Xeon, 6 with its AVX-512 kernels and 6 held to
+    # AVX2 (ATEN_CPU_CAPABILITY=avx2 WHITTLE_KERNEL_ISA=avx2), as the two machines above.
+    "lenet5_lsq_w4a4": (ONE, 98.0, "LSQ W4A4: mean 98.60, sd 0.17, 98.35-98.90; seed 0: 98.35-98.70"),
+    "lenet5_lsq_w2a2": (ONE, 97.7, "LSQ W2A2: mean 98.30, sd 0.13, 97.95-98.45; seed 0: 97.95-98.40"),
 }
 # What starts from the seed-0 FP32 checkpoint: one run each.
 BASE_SEED = 0

@@ -31,8 +31,10 @@
   from that checkpoint). The test prints the 89 % target as not met while it is not. Each whittle
   checkpoint is smaller than the file micronet saves for the same method. Runs not yet in the
   summaries are listed, not checked. A committed row below its floor would be held to what it
-  reached (REACHED) and its floor printed as not met, as the FP32 one; none is now (W2A2, once
-  82.07 %, reaches 84.11 % against its 84.02 %).
+  reached (REACHED) and its floor printed as not met, as the FP32 one. None of the DoReFa rows is
+  (W2A2, once 82.07 %, reaches 84.11 % against its 84.02 %). The three LSQ students are: their
+  issue targets are drops of 0.2, 1.0 and 2.0 points (W4A4, W3A3, W2A2), and they ended 0.45, 1.03
+  and 2.50 points below the FP32 row.
 """
 import json
 import os
@@ -49,10 +51,12 @@ FP32_TARGET = 89.0
 FP32_REACHED = 88.0  # the committed FP32 run: 88.02 % (docs/results.md)
 # Allowed drop from the FP32 start, in points.
 DROPS = {"resnet20_budget_dorefa_w8a8": 0.5, "resnet20_budget_dorefa_w4a4": 1.0, "resnet20_budget_dorefa_w2a2": 4.0,
-         "resnet20_budget_twn": 2.0}
+         "resnet20_budget_twn": 2.0,
+         # The learned-step students (issue targets 87.8, 87.0 and 86.0 % from 88.02 %).
+         "resnet20_budget_lsq_w4a4_kd": 0.2, "resnet20_budget_lsq_w3a3_kd": 1.0, "resnet20_budget_lsq_w2a2_kd": 2.0}
 # Rows whose committed run ended below its floor (docs/results.md explains and tracks the gap):
 # held to what they reached, the floor printed as not met.
-REACHED = {}
+REACHED = {"resnet20_budget_lsq_w4a4_kd": 87.5, "resnet20_budget_lsq_w3a3_kd": 86.9, "resnet20_budget_lsq_w2a2_kd": 85.5}
 
 if os.path.exists(CIFAR):
     run = out_dir("budget_subset")
