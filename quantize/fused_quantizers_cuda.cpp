@@ -114,10 +114,9 @@ at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta_in, const
   return out;
 }
 
-
 namespace {
 
-// One float32 element on t's device, or a null pointer for an undefined tensor (no offset).
+// The one-element float32 tensor `s` on t's device, contiguous; an undefined `s` (no offset) as it is.
 at::Tensor scalar_on(const at::Tensor& s, const at::Tensor& t, const char* who, const char* what) {
   if (!s.defined()) return s;
   if (s.numel() != 1)
@@ -127,38 +126,54 @@ at::Tensor scalar_on(const at::Tensor& s, const at::Tensor& t, const char* who, 
 
 float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
+// The upstream gradient as contiguous float32 on x's device; throws unless it has x's element count.
+at::Tensor gradient_for(const at::Tensor& grad, const at::Tensor& x, const char* who) {
+  const at::Tensor g = grad.to(x.device(), at::kFloat).contiguous();
+  if (g.numel() != x.numel())
+    throw Error(std::string(who) + ": a gradient of " + std::to_string(g.numel()) + " elements for an input of " +
+                std::to_string(x.numel()));
+  return g;
+}
+
+// LSQ's step ([1] or [C] along `axis`), offset and x's channel view, as the kernels take them.
+struct LsqOperands {
+  at::Tensor step, offset;
+  detail::CudaChannelView view;
+};
+LsqOperands lsq_operands(const at::Tensor& x, const at::Tensor& step, const at::Tensor& offset, int64_t axis,
+                         const char* who) {
+  LsqOperands o;
+  o.view = step.numel() > 1 ? view_of(x, axis) : detail::CudaChannelView{1, 1, x.numel(), false};
+  o.step = channel_vector(step.reshape({-1}), x, o.view.channels, who, "the step");
+  o.view.per_channel = o.step.numel() > 1;
+  o.offset = scalar_on(offset, x, who, "the offset");
+  return o;
+}
+
 }  // namespace
 
-at::Tensor lsq(const at::Tensor& x, const at::Tensor& step_in, const at::Tensor& offset_in, int64_t q_n, int64_t q_p,
+at::Tensor lsq(const at::Tensor& x, const at::Tensor& step, const at::Tensor& offset, int64_t q_n, int64_t q_p,
                int64_t axis) {
   const c10::cuda::CUDAGuard guard(x.device());
-  detail::CudaChannelView v = step_in.numel() > 1 ? view_of(x, axis) : detail::CudaChannelView{1, 1, x.numel(), false};
-  const at::Tensor step = channel_vector(step_in.reshape({-1}), x, v.channels, "fused LSQ", "the step");
-  v.per_channel = step.numel() > 1;
-  const at::Tensor offset = scalar_on(offset_in, x, "fused LSQ", "the offset");
+  const LsqOperands o = lsq_operands(x, step, offset, axis, "fused LSQ");
   at::Tensor out = at::empty_like(x);
-  check_launch(detail::lsq_cuda(x.data_ptr<float>(), step.data_ptr<float>(), data_or_null(offset), out.data_ptr<float>(),
-                                v, -static_cast<float>(q_n), static_cast<float>(q_p), stream_of(x)),
+  check_launch(detail::lsq_cuda(x.data_ptr<float>(), o.step.data_ptr<float>(), data_or_null(o.offset),
+                                out.data_ptr<float>(), o.view, -static_cast<float>(q_n), static_cast<float>(q_p),
+                                stream_of(x)),
                "fused LSQ");
   return out;
 }
 
-LsqTerms lsq_backward(const at::Tensor& grad_in, const at::Tensor& x, const at::Tensor& step_in,
-                      const at::Tensor& offset_in, int64_t q_n, int64_t q_p, int64_t axis) {
+LsqTerms lsq_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& step, const at::Tensor& offset,
+                      int64_t q_n, int64_t q_p, int64_t axis) {
   const c10::cuda::CUDAGuard guard(x.device());
-  detail::CudaChannelView v = step_in.numel() > 1 ? view_of(x, axis) : detail::CudaChannelView{1, 1, x.numel(), false};
-  const at::Tensor step = channel_vector(step_in.reshape({-1}), x, v.channels, "fused LSQ backward", "the step");
-  v.per_channel = step.numel() > 1;
-  const at::Tensor offset = scalar_on(offset_in, x, "fused LSQ backward", "the offset");
-  const at::Tensor g = grad_in.to(x.device(), at::kFloat).contiguous();
-  if (g.numel() != x.numel())
-    throw Error("fused LSQ backward: a gradient of " + std::to_string(g.numel()) + " elements for an input of " +
-                std::to_string(x.numel()));
-  LsqTerms out{at::empty_like(x), at::empty_like(x), offset.defined() ? at::empty_like(x) : at::Tensor()};
-  check_launch(detail::lsq_backward_cuda(g.data_ptr<float>(), x.data_ptr<float>(), step.data_ptr<float>(),
-                                         data_or_null(offset), out.input.data_ptr<float>(), out.step.data_ptr<float>(),
-                                         data_or_null(out.offset), v, -static_cast<float>(q_n),
-                                         static_cast<float>(q_p), stream_of(x)),
+  const LsqOperands o = lsq_operands(x, step, offset, axis, "fused LSQ backward");
+  const at::Tensor g = gradient_for(grad, x, "fused LSQ backward");
+  LsqTerms out{at::empty_like(x), at::empty_like(x), o.offset.defined() ? at::empty_like(x) : at::Tensor()};
+  check_launch(detail::lsq_backward_cuda(g.data_ptr<float>(), x.data_ptr<float>(), o.step.data_ptr<float>(),
+                                         data_or_null(o.offset), out.input.data_ptr<float>(),
+                                         out.step.data_ptr<float>(), data_or_null(out.offset), o.view,
+                                         -static_cast<float>(q_n), static_cast<float>(q_p), stream_of(x)),
                "fused LSQ backward");
   return out;
 }
@@ -180,10 +195,7 @@ std::pair<at::Tensor, at::Tensor> pact_backward(const at::Tensor& grad_in, const
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor alpha = scalar_on(alpha_in, x, "fused PACT backward", "the clip level");
   if (!alpha.defined()) throw Error("fused PACT backward: the clip level must be given");
-  const at::Tensor g = grad_in.to(x.device(), at::kFloat).contiguous();
-  if (g.numel() != x.numel())
-    throw Error("fused PACT backward: a gradient of " + std::to_string(g.numel()) + " elements for an input of " +
-                std::to_string(x.numel()));
+  const at::Tensor g = gradient_for(grad_in, x, "fused PACT backward");
   at::Tensor dx = at::empty_like(x), terms = at::empty_like(x);
   check_launch(detail::pact_backward_cuda(g.data_ptr<float>(), x.data_ptr<float>(), alpha.data_ptr<float>(),
                                           dx.data_ptr<float>(), terms.data_ptr<float>(), x.numel(), after_relu,

@@ -20,7 +20,6 @@ at::Tensor dorefa_weight_values(const at::Tensor& t, const at::Tensor& m, int64_
 at::Tensor dorefa_weight_grad(const at::Tensor& grad, const at::Tensor& t, const at::Tensor& m, int64_t axis);
 at::Tensor ternary_values(const at::Tensor& w, const at::Tensor& delta, const at::Tensor& alpha, int64_t axis);
 
-
 /// LSQ (Esser et al. 2020) on a CUDA tensor, the values of quantize::lsq_quantize's ATen form on
 /// the GPU: x contiguous float32; `step` float32 on x's device with 1 element or x.size(axis) (a
 /// step per channel along `axis`), already at its floor; `offset` one float32 element (LSQ+) or

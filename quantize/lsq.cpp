@@ -67,13 +67,11 @@ at::Tensor effective_step(const at::Tensor& x, const at::Tensor& step, int64_t a
   return step_along(x, step.detach().to(x.scalar_type()).clamp_min(lsq_step_floor(x.scalar_type())), axis);
 }
 
-// Whether the CUDA kernels of quantize/fused_quantizers_cuda.h take x (a contiguous float32 CUDA
-// tensor, the fused kernels on, the CUDA ones asked for) with the step s and offset b (undefined:
-// none) on its device. (On the host, a 0-dim step is a scalar that ATen's CUDA division multiplies
-// by as a reciprocal: the ATen form then keeps it.)
+// Whether the CUDA kernels of quantize/fused_quantizers_cuda.h take x with the step s and offset b
+// (undefined: none) on its device. (On the host, a 0-dim step is a scalar that ATen's CUDA division
+// multiplies by as a reciprocal: the ATen form then keeps it.)
 bool on_fused_cuda(const at::Tensor& x, const at::Tensor& s, const at::Tensor& b) {
-  return x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() && fused::fused_supported(x) &&
-         s.device() == x.device() && (!b.defined() || b.device() == x.device());
+  return x.is_cuda() && fused_quantizers_take(x) && s.device() == x.device() && (!b.defined() || b.device() == x.device());
 }
 
 struct LsqFn : public torch::autograd::Function<LsqFn> {
@@ -90,7 +88,7 @@ struct LsqFn : public torch::autograd::Function<LsqFn> {
     ctx->saved_data["axis"] = axis;
     // One pass on the CPU for a step per tensor (quantize/fused_quantizers.h), one CUDA kernel for
     // any step when the CUDA kernels are on, the ATen ops otherwise.
-    const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x) && step.numel() == 1;
+    const bool fused = x.is_cpu() && fused_quantizers_take(x) && step.numel() == 1;
     ctx->saved_data["fused"] = fused;
     const bool fused_cuda = on_fused_cuda(x, s, b);
     ctx->saved_data["fused_cuda"] = fused_cuda;

@@ -50,9 +50,8 @@ struct PactFn : public torch::autograd::Function<PactFn> {
     ctx->saved_data["after_relu"] = after_relu;
     // One pass on the CPU (quantize/fused_quantizers.h), one CUDA kernel when the CUDA kernels are
     // on (quantize/fused_quantizers_cuda.h), the ATen ops otherwise.
-    const bool fused = fused_quantizers_enabled() && x.is_cpu() && fused::fused_supported(x);
-    const bool fused_cuda = x.is_cuda() && fused_quantizers_enabled() && fused_quantizers_cuda_enabled() &&
-                            fused::fused_supported(x) && ax.device() == x.device();
+    const bool fused = x.is_cpu() && fused_quantizers_take(x);
+    const bool fused_cuda = x.is_cuda() && fused_quantizers_take(x) && ax.device() == x.device();
     ctx->saved_data["fused"] = fused;
     ctx->saved_data["fused_cuda"] = fused_cuda;
     if (fused) return fused::pact(x, ax.item<float>(), s.item<float>());

@@ -151,12 +151,18 @@ WHITTLE_HD ChannelView channel_view(const int64_t* sizes, int64_t dim, int64_t a
 /// The channel of flat element i of a contiguous weight seen through v.
 WHITTLE_HD int64_t channel_of(int64_t i, const ChannelView& v) { return (i / v.inner) % v.channels; }
 
+/// The entry of a per-channel vector for element i: values[c] of i's channel c when v.per_channel,
+/// values[0] otherwise.
+WHITTLE_HD float channel_value(const float* values, const ChannelView& v, int64_t i) {
+  return values[v.per_channel ? channel_of(i, v) : 0];
+}
+
 /// DoReFa weight value of element i (Zhou et al. 2016, eq. 9): t = tanh(w), m_c = max|t| of its
 /// channel (or of the tensor); clamp(round((t/(2m_c) + 1/2)·n), 0, n)·(1/n)·2 − 1 with
 /// n = levels = 2^bits − 1 and `inv_levels` = 1/n in float.
 WHITTLE_HD float dorefa_weight_value(const float* t, const float* m, const ChannelView& v, float levels,
                                       float inv_levels, int64_t i) {
-  const float m2 = mul_rn(m[v.per_channel ? channel_of(i, v) : 0], 2.0f);
+  const float m2 = mul_rn(channel_value(m, v, i), 2.0f);
   float code = round_even(mul_rn(add_rn(div_rn(t[i], m2), 0.5f), levels));
   code = (code < 0.0f) ? 0.0f : code;  // std::max(code, 0), then std::min(·, levels)
   code = (levels < code) ? levels : code;
@@ -167,7 +173,7 @@ WHITTLE_HD float dorefa_weight_value(const float* t, const float* m, const Chann
 /// straight-through rounding: g·(1 − t²)/m_c.
 WHITTLE_HD float dorefa_weight_grad_value(const float* g, const float* t, const float* m, const ChannelView& v,
                                            int64_t i) {
-  const float mc = m[v.per_channel ? channel_of(i, v) : 0];
+  const float mc = channel_value(m, v, i);
   return div_rn(mul_rn(g[i], sub_rn(1.0f, mul_rn(t[i], t[i]))), mc);
 }
 
@@ -206,11 +212,6 @@ WHITTLE_HD float clamp_keep_nan(float v, float lo, float hi) {
   return min_like_aten(max_like_aten(v, lo), hi);
 }
 
-/// The step (and channel) of element i: steps[c] for a step per channel, steps[0] otherwise.
-WHITTLE_HD float step_of(const float* steps, const ChannelView& v, int64_t i) {
-  return steps[v.per_channel ? channel_of(i, v) : 0];
-}
-
 /// (x − b)/s of LSQ, or x/s without an offset (`offset` null): the ATen form's quotient by a step
 /// tensor on the device, a true division on CUDA as on the CPU.
 WHITTLE_HD float lsq_scaled(float x, float s, const float* offset) {
@@ -223,7 +224,7 @@ WHITTLE_HD float lsq_scaled(float x, float s, const float* offset) {
 /// lo = −q_n, hi = q_p.
 WHITTLE_HD float lsq_value(const float* x, const float* steps, const float* offset, const ChannelView& v, float lo,
                            float hi, int64_t i) {
-  const float s = step_of(steps, v, i);
+  const float s = channel_value(steps, v, i);
   const float y = mul_rn(round_even(clamp_keep_nan(lsq_scaled(x[i], s, offset), lo, hi)), s);
   return offset != nullptr ? add_rn(y, offset[0]) : y;
 }
@@ -237,7 +238,7 @@ struct LsqGradTerms {
 };
 WHITTLE_HD LsqGradTerms lsq_grad_terms(const float* g, const float* x, const float* steps, const float* offset,
                                        const ChannelView& v, float lo, float hi, int64_t i) {
-  const float s = step_of(steps, v, i);
+  const float s = channel_value(steps, v, i);
   const float q = lsq_scaled(x[i], s, offset);
   const bool below = q <= lo, above = q >= hi, inside = !below && !above;
   const float ds = inside ? sub_rn(round_even(q), q) : (below ? lo : hi);

@@ -69,12 +69,11 @@ bool read_setting(std::atomic<int>& flag, const char* name, bool default_on) {
   return v == 1;
 }
 
-// Whether the quantizers run the fused kernels on `t`.
-bool use_fused(const at::Tensor& t) {
+}  // namespace
+
+bool fused_quantizers_take(const at::Tensor& t) {
   return fused_quantizers_enabled() && fused::fused_supported(t) && (!t.is_cuda() || fused_quantizers_cuda_enabled());
 }
-
-}  // namespace
 
 bool fused_quantizers_enabled() { return read_setting(g_fused, "WHITTLE_FUSED_QUANTIZERS", true); }
 
@@ -166,7 +165,7 @@ struct DoReFaWeightFn : public torch::autograd::Function<DoReFaWeightFn> {
     ctx->saved_data["bits"] = bits;
     ctx->saved_data["granularity"] = granularity;
     ctx->saved_data["axis"] = axis;
-    const bool fused = bits >= 2 && w.numel() > 0 && use_fused(w);
+    const bool fused = bits >= 2 && w.numel() > 0 && fused_quantizers_take(w);
     ctx->saved_data["fused"] = fused;
     if (fused) {
       // Saves tanh(w) and the max, which the backward needs, instead of w (recomputing them).
@@ -200,7 +199,7 @@ struct DoReFaActivationFn : public torch::autograd::Function<DoReFaActivationFn>
   static Variable forward(AutogradContext* ctx, const Variable& x, int64_t bits, double clip, bool after_relu) {
     ctx->saved_data["clip"] = clip;
     ctx->saved_data["after_relu"] = after_relu;
-    const bool fused = use_fused(x);
+    const bool fused = fused_quantizers_take(x);
     ctx->saved_data["fused"] = fused;
     if (fused) {  // one pass; keeps one bit an element for the backward instead of x
       fused::MaskedOutput r = fused::dorefa_activation(x, bits, clip, /*with_mask=*/true, after_relu);
@@ -231,7 +230,7 @@ struct TwnFn : public torch::autograd::Function<TwnFn> {
 // BNN sign: +1 for x ≥ 0, −1 otherwise; gradient 1 where |x| ≤ 1.
 struct SignFn : public torch::autograd::Function<SignFn> {
   static Variable forward(AutogradContext* ctx, const Variable& x) {
-    const bool fused = use_fused(x);
+    const bool fused = fused_quantizers_take(x);
     ctx->saved_data["fused"] = fused;
     if (fused) {  // one pass; keeps the bits of |x| ≤ 1 instead of x
       fused::MaskedOutput r = fused::sign(x, /*with_mask=*/true);
@@ -305,7 +304,7 @@ at::Tensor dorefa_weight(const at::Tensor& w, int64_t bits, Granularity granular
   check_bits(bits, 1, 8, true, "DoReFa weights");
   if (bits == 32) return w;
   if (!needs_grad(w)) {
-    if (bits >= 2 && w.numel() > 0 && use_fused(w)) return fused_dorefa_weight(w, bits, granularity, axis).values;
+    if (bits >= 2 && w.numel() > 0 && fused_quantizers_take(w)) return fused_dorefa_weight(w, bits, granularity, axis).values;
     EncodedWeight e = dorefa_encode(w, bits, granularity, axis);
     return decode_weight(e.codes, e.scale, e.encoding, e.bits, e.axis, w.scalar_type());
   }
@@ -317,7 +316,7 @@ at::Tensor dorefa_activation(const at::Tensor& x, int64_t bits, double clip, boo
   check_activation_clip(clip);
   if (bits == 32) return after_relu ? at::relu(x) : x;
   if (!needs_grad(x)) {
-    if (use_fused(x)) return fused::dorefa_activation(x, bits, clip, /*with_mask=*/false).output;
+    if (fused_quantizers_take(x)) return fused::dorefa_activation(x, bits, clip, /*with_mask=*/false).output;
     return dorefa_activation_values(x, bits, clip);
   }
   return DoReFaActivationFn::apply(x, bits, clip, after_relu);
@@ -360,7 +359,7 @@ namespace {
 
 // decode_weight(twn_encode(w)): fused after the threshold where the kernels take w.
 at::Tensor twn_values(const at::Tensor& w, Granularity g, int64_t axis) {
-  if (w.numel() > 0 && use_fused(w)) {
+  if (w.numel() > 0 && fused_quantizers_take(w)) {
     check_axis(w, axis, "TWN");
     TwnThreshold th = twn_threshold(w, g, axis);
     at::NoGradGuard no_grad;
@@ -395,7 +394,7 @@ EncodedWeight bnn_encode(const at::Tensor& w, int64_t axis) {
 }
 
 at::Tensor bnn_sign(const at::Tensor& x) {
-  if (!needs_grad(x)) return use_fused(x) ? fused::sign(x, /*with_mask=*/false).output : sign_values(x);
+  if (!needs_grad(x)) return fused_quantizers_take(x) ? fused::sign(x, /*with_mask=*/false).output : sign_values(x);
   return SignFn::apply(x);
 }
 

@@ -53,6 +53,10 @@ void set_fused_quantizers(bool on);
 bool fused_quantizers_cuda_enabled();
 /// Turns the CUDA fused kernels on or off for every thread from now on.
 void set_fused_quantizers_cuda(bool on);
+/// Whether the fused kernels take `t` under the two switches above: a tensor fused::fused_supported
+/// takes (contiguous float32, CPU or, in a CUDA build, CUDA), with the fused kernels on and, for a
+/// CUDA tensor, the CUDA ones too.
+bool fused_quantizers_take(const at::Tensor& t);
 
 /// Where a scale (or DoReFa's max) is computed: over the whole tensor, or per output channel.
 enum class Granularity { kPerTensor, kPerChannel };
