@@ -23,6 +23,7 @@
 #include "graph/serialize.h"
 #include "graph/version.h"
 #include "fuse/fuse.h"
+#include "quantize/pack.h"
 #include "quantize/quantize.h"
 
 namespace whittle {
@@ -262,6 +263,7 @@ struct Reader {
     Shape shape;
     uint64_t offset = 0, nbytes = 0;
     uint32_t crc = 0;
+    int64_t packed_bits = 0;  ///< the width packed codes were written at (index entry `packed`); 0 when not packed
   };
   std::map<std::pair<std::string, std::string>, Stored> index;
   mutable std::set<std::pair<std::string, std::string>> used;  // the entries read_tensor returned
@@ -300,6 +302,11 @@ struct Reader {
         st.offset = json_uint64(e.at("offset"), where + ": offset");
         st.nbytes = json_uint64(e.at("nbytes"), where + ": nbytes");
         st.crc = static_cast<uint32_t>(json_uint64(e.at("crc32"), where + ": crc32", std::numeric_limits<uint32_t>::max()));
+        if (e.contains("packed"))
+        {
+          st.packed_bits = static_cast<int64_t>(json_uint64(e.at("packed").at("packed_bits"), where + ": packed_bits", 8));
+          if (st.packed_bits < 1) fail(where + ": packed_bits 0 (1 to 8)");
+        }
         if (st.offset > data.size() || st.nbytes > data.size() - st.offset)
           fail("tensor '" + node + "." + name + "' lies outside the tensor data (file damaged)");
         // One entry a tensor: with two, which one was meant cannot be told.
@@ -311,6 +318,26 @@ struct Reader {
     } catch (const Error& ex) {
       if (std::string(ex.what()).rfind(path, 0) == 0) throw;  // already named by fail()
       fail(std::string("malformed tensor index: ") + ex.what());
+    }
+  }
+
+  // Packed codes stored at another width than storage_bits gives today (3-bit codes in 4-bit fields,
+  // 5..7-bit codes in bytes, as whittle wrote them before its packing had no gaps) are repacked, so
+  // that every packed node in memory has one layout.
+  void repack_codes(Graph& graph) const {
+    for (Node& n : graph.nodes()) {
+      auto it = index.find({n.name, "weight_codes"});
+      if (it == index.end() || it->second.packed_bits == 0 || !n.has_attr("weight_bits") || !n.has_attr("weight_shape"))
+        continue;
+      const int64_t stored = it->second.packed_bits, want = quantize::storage_bits(n.attr_int("weight_bits"));
+      if (stored == want) continue;
+      int64_t count = 1;
+      for (int64_t d : n.attr_ints("weight_shape")) count *= d;
+      try {
+        n.buffers.set("weight_codes", quantize::pack_codes(quantize::unpack_codes(n.buffers.at("weight_codes"), stored, count), want));
+      } catch (const Error& e) {
+        fail("tensor '" + n.name + ".weight_codes': " + e.what());
+      }
     }
   }
 
@@ -473,6 +500,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   TensorSource source = [&](const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
                             at::ScalarType dtype) { return r.read_tensor(node, role, name, shape, dtype); };
   ck.graph = graph_from_json(structure, source, path);
+  r.repack_codes(ck.graph);
   // Every stored tensor belongs to the graph: one it does not read was not written for it.
   for (const auto& [key, st] : r.index)
     if (!r.used.count(key))

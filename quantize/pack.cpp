@@ -10,8 +10,8 @@ namespace whittle::quantize {
 namespace {
 
 void check_bits(int64_t bits, const char* who) {
-  if (bits != 1 && bits != 2 && bits != 4 && bits != 8)
-    throw Error(std::string(who) + ": cannot pack " + std::to_string(bits) + "-bit codes (1, 2, 4 or 8)");
+  if (bits < 1 || bits > 8)
+    throw Error(std::string(who) + ": cannot pack " + std::to_string(bits) + "-bit codes (1 to 8 bits)");
 }
 
 at::Tensor checked_codes(const at::Tensor& codes, int64_t bits, const char* who) {
@@ -41,44 +41,55 @@ int64_t packed_size(int64_t count, int64_t bits) { return (count * bits + 7) / 8
 
 at::Tensor pack_codes(const at::Tensor& codes, int64_t bits) {
   at::Tensor c = checked_codes(codes, bits, "pack_codes");
-  const int64_t per = 8 / bits, n = c.numel(), bytes = packed_size(n, bits);
-  if (per == 1) return c.clone();
-  // Pad to a whole number of bytes, lay codes out as [bytes, per], shift column j by j·bits, and sum.
-  at::Tensor padded = at::zeros({bytes * per}, c.options().dtype(at::kInt));
-  padded.narrow(0, 0, n).copy_(c);
-  at::Tensor shifts = at::arange(per, c.options().dtype(at::kInt)) * static_cast<int>(bits);
-  return at::bitwise_left_shift(padded.reshape({bytes, per}), shifts).sum(1).to(at::kByte);
+  const int64_t n = c.numel(), bytes = packed_size(n, bits);
+  if (bits == 8) return c.clone();
+  // The bitstream, one uint8 per bit: row i holds code i's bits, lowest first. Then each byte is the
+  // OR of its eight stream bits shifted into place.
+  at::Tensor stream = at::zeros({bytes * 8}, c.options());
+  at::Tensor rows = stream.narrow(0, 0, n * bits).view({n, bits});
+  for (int64_t j = 0; j < bits; ++j) rows.select(1, j).copy_(at::bitwise_and(at::bitwise_right_shift(c, j), 1));
+  at::Tensor by_byte = stream.view({bytes, 8});
+  at::Tensor out = by_byte.select(1, 0).clone();
+  for (int64_t k = 1; k < 8; ++k) out.bitwise_or_(at::bitwise_left_shift(by_byte.select(1, k), k));
+  return out;
 }
 
 at::Tensor unpack_codes(const at::Tensor& bytes, int64_t bits, int64_t count) {
   check_bytes(bytes, bits, count, "unpack_codes");
-  const int64_t per = 8 / bits;
-  if (per == 1) return bytes.clone();
-  at::Tensor b = bytes.to(at::kInt).unsqueeze(1);
-  at::Tensor shifts = at::arange(per, b.options()) * static_cast<int>(bits);
-  at::Tensor all = at::bitwise_and(at::bitwise_right_shift(b, shifts), (1 << bits) - 1).reshape({-1});
-  return all.narrow(0, 0, count).to(at::kByte);
+  if (bits == 8) return bytes.clone();
+  at::Tensor stream = at::empty({bytes.numel(), 8}, bytes.options());
+  for (int64_t k = 0; k < 8; ++k) stream.select(1, k).copy_(at::bitwise_and(at::bitwise_right_shift(bytes, k), 1));
+  at::Tensor rows = stream.view({-1}).narrow(0, 0, count * bits).view({count, bits});
+  at::Tensor out = rows.select(1, 0).clone();
+  for (int64_t j = 1; j < bits; ++j) out.bitwise_or_(at::bitwise_left_shift(rows.select(1, j), j));
+  return out;
 }
 
 at::Tensor pack_codes_reference(const at::Tensor& codes, int64_t bits) {
   at::Tensor c = checked_codes(codes, bits, "pack_codes").cpu().contiguous();
-  const int64_t per = 8 / bits, n = c.numel();
+  const int64_t n = c.numel();
   at::Tensor out = at::zeros({packed_size(n, bits)}, at::kByte);
   const uint8_t* in = c.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < n; ++i) o[i / per] = static_cast<uint8_t>(o[i / per] | (in[i] << ((i % per) * bits)));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < bits; ++j) {
+      const int64_t k = i * bits + j;
+      o[k / 8] = static_cast<uint8_t>(o[k / 8] | (((in[i] >> j) & 1) << (k % 8)));
+    }
   return out;
 }
 
 at::Tensor unpack_codes_reference(const at::Tensor& bytes, int64_t bits, int64_t count) {
   check_bytes(bytes, bits, count, "unpack_codes");
   at::Tensor b = bytes.cpu().contiguous();
-  const int64_t per = 8 / bits;
-  at::Tensor out = at::empty({count}, at::kByte);
+  at::Tensor out = at::zeros({count}, at::kByte);
   const uint8_t* in = b.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
-  const int mask = (1 << bits) - 1;
-  for (int64_t i = 0; i < count; ++i) o[i] = static_cast<uint8_t>((in[i / per] >> ((i % per) * bits)) & mask);
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t j = 0; j < bits; ++j) {
+      const int64_t k = i * bits + j;
+      o[i] = static_cast<uint8_t>(o[i] | (((in[k / 8] >> (k % 8)) & 1) << j));
+    }
   return out;
 }
 

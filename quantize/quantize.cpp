@@ -584,12 +584,7 @@ int64_t calibrate_learned(GraphModule& module, const std::function<at::Tensor(in
   return count;
 }
 
-int64_t storage_bits(int64_t bits) {
-  if (bits <= 1) return 1;
-  if (bits == 2) return 2;
-  if (bits <= 4) return 4;
-  return 8;
-}
+int64_t storage_bits(int64_t bits) { return std::clamp<int64_t>(bits, 1, 8); }
 
 bool has_quantized_weight(const Node& n) {
   // The stack must end in a quantizer with only masks before it (they are baked into the codes);

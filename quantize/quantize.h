@@ -159,7 +159,9 @@ std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& r
 
 // ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)
 
-/// Bits a `bits`-wide code occupies when packed: 1, 2, 4 or 8 (3 → 4, 5..7 → 8).
+/// Bits a `bits`-wide code occupies when packed (pack_codes' gapless bitstream): `bits` itself,
+/// clamped to 1..8. Checkpoints written before 3- and 5..7-bit codes were packed densely hold them
+/// in 4- and 8-bit fields; their index entry says so (`packed_bits`) and load_checkpoint repacks them.
 int64_t storage_bits(int64_t bits);
 
 /// True when `node` runs with a quantized weight computed from a latent float weight

@@ -85,9 +85,11 @@ class PackedCheckpoint : public SeededTest, public ::testing::WithParamInterface
 TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
   const std::string method = GetParam();
   GraphModule m(build_model("lenet5"));
-  q::Config c = method == "dorefa_w4a4" ? config("dorefa", 4, 4)
-                : method.rfind("dorefa_w2a2", 0) == 0 ? config("dorefa", 2, 2)
-                                                      : config(method);
+  // "<method>" alone, or "<method>_w<W>a<A>[_suffix]".
+  const size_t w = method.find("_w");
+  q::Config c = w == std::string::npos
+                    ? config(method)
+                    : config(method.substr(0, w), std::stoll(method.substr(w + 2)), std::stoll(method.substr(method.find('a', w) + 1)));
   if (method == "dorefa_w2a2_clip2") c.options["activation_clip"] = 2.0;
   q::apply(m, c);
   train_a_little(m, {1, 1, 28, 28}, c);
@@ -131,7 +133,8 @@ TEST_P(PackedCheckpoint, ReloadsBitwiseAndStoresNoFloatWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, PackedCheckpoint,
-                         ::testing::Values("dorefa", "dorefa_w4a4", "dorefa_w2a2", "dorefa_w2a2_clip2", "twn", "bnn", "xnor"),
+                         ::testing::Values("dorefa", "dorefa_w4a4", "dorefa_w2a2", "dorefa_w2a2_clip2", "twn", "bnn", "xnor",
+                                           "lsq_w3a3", "lsq_w5a5", "dorefa_w6a6"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // The weight a packed node decodes to is the trained model's quantized weight, bit for bit; for
@@ -157,12 +160,13 @@ double tensor_data_bytes(const std::string& path) {
   return total;
 }
 
-// ResNet-20, W2A2 and BNN: the stored tensor data is the theoretical size (packing really packs:
+// ResNet-20, W2A2, BNN and LSQ W3A3 (3-bit codes packed without gaps): the stored tensor data is the theoretical size (packing really packs:
 // ≤ 1.05×, the slack being int64 counters and 8-byte alignment), the whole file (graph, index,
 // HDF5 metadata included) is ≤ 1.3× theoretical, and the file reloads bitwise.
 TEST(PackedCheckpointTest, ResNet20FileSize) {
   for (const auto& [name, cfg] : {std::pair<std::string, q::Config>{"resnet20_w2a2", config("dorefa", 2, 2)},
-                                  std::pair<std::string, q::Config>{"resnet20_bnn", config("bnn")}}) {
+                                  std::pair<std::string, q::Config>{"resnet20_bnn", config("bnn")},
+                                  std::pair<std::string, q::Config>{"resnet20_lsq_w3a3", config("lsq", 3, 3)}}) {
     GraphModule m(build_model("resnet20"));
     q::apply(m, cfg);
     train_a_little(m, {1, 3, 32, 32}, cfg, 1);
@@ -184,6 +188,49 @@ TEST(PackedCheckpointTest, ResNet20FileSize) {
   }
 }
 
+// Checkpoints written when 3-bit codes were stored in 4-bit fields and 5- to 7-bit codes in whole
+// bytes (tests/fixtures/: LeNet-5 LSQ, their index entries say packed_bits 4 and 8) load with the
+// codes repacked without gaps, run, and re-save smaller with the same codes and the same outputs.
+// tests/reference/quantize_h5py_check.py checks the values against numpy's decoding of the files.
+TEST(PackedCheckpointTest, LoadsCodesWrittenInWiderFields) {
+  for (const auto& [file, bits] : {std::pair<std::string, int64_t>{"lenet5_lsq_w3_packed4.h5", 3},
+                                   std::pair<std::string, int64_t>{"lenet5_lsq_w5_packed8.h5", 5}}) {
+    const std::string path = join_path(source_dir(), "tests/fixtures/" + file);
+    Checkpoint ck = load_checkpoint(path);
+    const int64_t old_width = bits == 3 ? 4 : 8;
+    int64_t packed_nodes = 0;
+    double saving = 0;  // bytes the dense codes save over the fixture's fields
+    for (const auto& n : ck.graph.nodes()) {
+      if (!n.buffers.contains("weight_codes")) continue;
+      ++packed_nodes;
+      int64_t count = 1;
+      for (int64_t d : n.attr_ints("weight_shape")) count *= d;
+      EXPECT_EQ(n.attr_int("weight_bits"), bits) << file << " " << n.name;
+      EXPECT_EQ(n.buffers.at("weight_codes").numel(), q::packed_size(count, bits)) << file << " " << n.name;
+      saving += static_cast<double>(q::packed_size(count, old_width) - q::packed_size(count, bits));
+    }
+    EXPECT_EQ(packed_nodes, 3) << file;  // conv2, fc1, fc2
+    GraphModule loaded(ck.graph);
+    loaded->eval();
+    at::NoGradGuard ng;
+    at::Tensor x = at::randn({16, 1, 28, 28});
+    at::Tensor expected = loaded->forward(x);
+    const std::string again = scratch("resaved_" + file);
+    save_checkpoint(again, loaded->graph());
+    const double before = tensor_data_bytes(path), after = tensor_data_bytes(again);
+    // Tensors start at 8-byte offsets: up to 7 bytes of padding each may come or go.
+    EXPECT_NEAR(before - after, saving, 7.0 * static_cast<double>(packed_nodes)) << file << ": " << before << " → " << after;
+    Checkpoint ck2 = load_checkpoint(again);
+    for (const auto& n : ck.graph.nodes()) {
+      if (!n.buffers.contains("weight_codes")) continue;
+      EXPECT_TRUE(ck2.graph.node(n.name).buffers.at("weight_codes").equal(n.buffers.at("weight_codes"))) << n.name;
+    }
+    GraphModule reloaded(ck2.graph);
+    reloaded->eval();
+    EXPECT_TRUE(reloaded->forward(x).equal(expected)) << file;
+  }
+}
+
 // Run by tests/reference/quantize_h5py_check.py: writes, for each method, a packed checkpoint
 // <method>.h5 and <method>_decoded.h5 holding the decoded weights as plain float32 tensors (the
 // weights the model runs with), into $WHITTLE_QUANT_H5PY_DIR.
@@ -197,21 +244,35 @@ TEST(PackedCheckpointTest, WriteForPython) {
   std::vector<Case> cases{{"dorefa_w2a2", config("dorefa", 2, 2)}, {"dorefa_w3a3", config("dorefa", 3, 3)},
                           {"dorefa_w4a4", config("dorefa", 4, 4)}, {"dorefa_w8a8", config("dorefa", 8, 8)},
                           {"dorefa_w1a2", config("dorefa", 1, 2)}, {"twn", config("twn")},
-                          {"bnn", config("bnn")}, {"xnor", config("xnor")}};
+                          {"bnn", config("bnn")}, {"xnor", config("xnor")},
+                          {"lsq_w3a3", config("lsq", 3, 3)}, {"lsq_w2a2", config("lsq", 2, 2)},
+                          {"lsq_w6a6", config("lsq", 6, 6)}};
+  auto write_decoded = [&](const Graph& g, const std::string& stem) {
+    Graph decoded = g.clone();
+    for (auto& n : decoded.nodes()) {
+      if (n.weight_transforms.empty()) continue;
+      at::NoGradGuard ng;
+      at::Tensor w = transformed_weight(g.node(n.name), false).detach().clone();
+      n.weight_transforms.clear();
+      n.params.set("weight", w);
+      n.buffers.erase("weight_codes");  // a loaded checkpoint's packed node
+      n.buffers.erase("weight_scale");
+    }
+    save_checkpoint(join_path(dir, stem + "_decoded.h5"), decoded);
+  };
   for (const auto& c : cases) {
     GraphModule m(build_model("resnet20"));
     q::apply(m, c.cfg);
     train_a_little(m, {1, 3, 32, 32}, c.cfg, 1);
     save_checkpoint(join_path(dir, c.name + ".h5"), m->graph());
-    Graph decoded = m->graph().clone();
-    for (auto& n : decoded.nodes()) {
-      if (n.weight_transforms.empty()) continue;
-      at::NoGradGuard ng;
-      at::Tensor w = transformed_weight(m->graph().node(n.name), false).detach().clone();
-      n.weight_transforms.clear();
-      n.params.set("weight", w);
-    }
-    save_checkpoint(join_path(dir, c.name + "_decoded.h5"), decoded);
+    write_decoded(m->graph(), c.name);
+  }
+  // The fixtures of LoadsCodesWrittenInWiderFields, as loaded and written again (the script also
+  // decodes the fixture files themselves).
+  for (const std::string stem : {"lenet5_lsq_w3_packed4", "lenet5_lsq_w5_packed8"}) {
+    Checkpoint ck = load_checkpoint(join_path(source_dir(), "tests/fixtures/" + stem + ".h5"));
+    save_checkpoint(join_path(dir, "fixture_" + stem + ".h5"), ck.graph);
+    write_decoded(ck.graph, "fixture_" + stem);
   }
 }
 

@@ -2,12 +2,17 @@
 
 1. Runs quantize_checkpoint_test's WriteForPython case, which writes, for each method, a packed
    ResNet-20 checkpoint <method>.h5 and <method>_decoded.h5 with the weights the model runs with,
-   as plain float32 tensors.
-2. For every node of <method>.h5 with a packed weight: unpacks the bytes (little-endian within a
-   byte), maps codes to values by the documented encoding, and compares with the decoded file.
-   Values must agree to float32 rounding of the documented formulas (a few ulp).
-3. Checks that no float weight of a quantized layer is stored and that the packed dataset's byte
-   count is ceil(count * packed_bits / 8).
+   as plain float32 tensors; and for each checkpoint of tests/fixtures/ (written when 3-bit codes
+   took 4-bit fields and 5..7-bit codes whole bytes) the checkpoint as whittle loads and writes it
+   again, fixture_<stem>.h5, with fixture_<stem>_decoded.h5.
+2. For every node of <method>.h5 with a packed weight: unpacks the bytes (a little-endian bitstream
+   of packed_bits-wide codes), maps codes to values by the documented encoding, and compares with
+   the decoded file. Values must agree to float32 rounding of the documented formulas (a few ulp).
+   The fixture files themselves are decoded too (at their own packed_bits) and must agree with
+   the same decoded file: loading repacks, it does not change a code.
+3. Checks that no float weight of a quantized layer is stored, that the packed dataset's byte
+   count is ceil(count * packed_bits / 8), and that files whittle writes pack without gaps
+   (packed_bits = bits).
 
 Usage: quantize_h5py_check.py <path to quantize_checkpoint_test>
 """
@@ -23,16 +28,17 @@ import h5py
 import numpy as np
 
 
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
+
+
 def fail(message):
     print("FAIL: " + message)
     sys.exit(1)
 
 
 def unpack(data, packed_bits, count):
-    per = 8 // packed_bits
-    shifts = np.arange(per, dtype=np.uint8) * packed_bits
-    codes = (data[:, None] >> shifts[None, :]) & ((1 << packed_bits) - 1)
-    return codes.reshape(-1)[:count].astype(np.uint8)
+    stream = np.unpackbits(data, bitorder="little")[:count * packed_bits].reshape(count, packed_bits)
+    return (stream.astype(np.uint16) << np.arange(packed_bits, dtype=np.uint16)).sum(1).astype(np.uint8)
 
 
 def decode(codes, scale, encoding, bits, axis, shape):
@@ -47,6 +53,8 @@ def decode(codes, scale, encoding, bits, axis, shape):
         return (c * np.float32(2) - np.float32(1)) * s
     if encoding == "ternary":
         return (c - np.float32(1)) * s
+    if encoding == "uniform":
+        return (c - np.float32(1 << (bits - 1))) * s
     fail("unknown encoding " + encoding)
 
 
@@ -67,7 +75,7 @@ def read_tensors(f):
     return out
 
 
-def check(packed_path, decoded_path):
+def check(packed_path, decoded_path, dense=True):
     checked = 0
     with h5py.File(packed_path, "r") as f, h5py.File(decoded_path, "r") as ref:
         graph = json.loads(f["graph"][()].tobytes().decode())
@@ -91,6 +99,8 @@ def check(packed_path, decoded_path):
             if data.dtype != np.uint8:
                 fail(f"{node['name']}: codes are {data.dtype}, expected uint8")
             count = int(np.prod(shape))
+            if dense and packed_bits != bits:
+                fail(f"{packed_path}: {node['name']}: {bits}-bit codes written at packed_bits {packed_bits}")
             if data.size != (count * packed_bits + 7) // 8:
                 fail(f"{node['name']}: {data.size} bytes for {count} codes of {packed_bits} bits")
             scale = tensors[(node["name"], "weight_scale")][0]
@@ -121,11 +131,15 @@ def main():
         if r.returncode != 0 or "[  PASSED  ] 1 test" not in r.stdout:
             fail("WriteForPython failed:\n" + r.stdout + r.stderr)
         names = sorted(n[:-3] for n in os.listdir(out) if n.endswith(".h5") and not n.endswith("_decoded.h5"))
-        if len(names) < 8:
-            fail("expected 8 checkpoints, got " + ", ".join(names))
+        if len(names) < 13:
+            fail("expected 13 checkpoints, got " + ", ".join(names))
         for name in names:
             n = check(os.path.join(out, name + ".h5"), os.path.join(out, name + "_decoded.h5"))
             print(f"{name}: {n} packed layers decoded with h5py + numpy match")
+            if name.startswith("fixture_"):
+                original = os.path.join(FIXTURES, name[len("fixture_"):] + ".h5")
+                n = check(original, os.path.join(out, name + "_decoded.h5"), dense=False)
+                print(f"{original}: {n} packed layers (wider fields) decode to the same weights")
     finally:
         shutil.rmtree(out, ignore_errors=True)
     print("OK")
