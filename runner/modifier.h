@@ -112,6 +112,10 @@ class Modifier {
   /// Whether this entry may claim layers `earlier` (an entry of the same modifier kind) claims too:
   /// a later stage of the same method that takes them over (progressive bit widths). Default: no.
   virtual bool takes_over(const Modifier& /*earlier*/) const { return false; }
+  /// When this entry would be a later stage of `earlier` but for its other settings: what it lacks,
+  /// for the refusal (e.g. "the same settings as it (…)"); "" when it is a stage, or no candidate for
+  /// one. Default: "".
+  virtual std::string stage_mismatch(const Modifier& /*earlier*/) const { return ""; }
 
   /// The modifier's own state as JSON text (what it has done so far: applied, frozen, pruned
   /// fraction...), saved with the training state; "" (the default) when it has none.

@@ -88,18 +88,30 @@ class QuantizeModifier : public Modifier {
   // Only the bits may differ: the same method, targets, ignore and options, weights and
   // activations quantized (or not) in both, and a later window.
   bool takes_over(const Modifier& earlier) const override {
-    const auto* e = dynamic_cast<const QuantizeModifier*>(&earlier);
-    if (!e || e->config_.method != config_.method || !quantize::quantizer_method(config_.method).changes_bits())
-      return false;
-    const quantize::Config &a = e->config_, &b = config_;
+    return stage_candidate(earlier) && stage_mismatch(earlier).empty();
+  }
+
+  std::string stage_mismatch(const Modifier& earlier) const override {
+    if (!stage_candidate(earlier)) return "";
+    const auto& e = static_cast<const QuantizeModifier&>(earlier);
+    const quantize::Config &a = e.config_, &b = config_;
     auto options_text = [](const quantize::Config& c) {
       std::string t;
-      for (const auto& [key, value] : c.options.values()) t += key + "=" + value.text() + ";";
-      return t;
+      for (const auto& [key, value] : c.options.values()) t += (t.empty() ? "" : ", ") + key + " " + value.text();
+      return t.empty() ? std::string("none") : t;
     };
-    return spec().start_epoch > e->spec().start_epoch && a.targets == b.targets && a.ignore == b.ignore &&
-           options_text(a) == options_text(b) && (a.weight_bits == 32) == (b.weight_bits == 32) &&
-           (a.activation_bits == 32) == (b.activation_bits == 32);
+    std::vector<std::string> lacks;
+    if (spec().start_epoch <= e.spec().start_epoch)
+      lacks.push_back("a start_epoch later than " + number_text(e.spec().start_epoch));
+    if (a.targets != b.targets) lacks.push_back("the same targets");
+    if (a.ignore != b.ignore) lacks.push_back("the same ignore");
+    if (options_text(a) != options_text(b))
+      lacks.push_back("the same settings (that entry: " + options_text(a) + "; this one: " + options_text(b) + ")");
+    if ((a.weight_bits == 32) != (b.weight_bits == 32) || (a.activation_bits == 32) != (b.activation_bits == 32))
+      lacks.push_back("weights and activations quantized (or left float) as there");
+    std::string out;
+    for (size_t i = 0; i < lacks.size(); ++i) out += (i == 0 ? "" : i + 1 == lacks.size() ? " and " : ", ") + lacks[i];
+    return out;
   }
 
   std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
@@ -112,6 +124,12 @@ class QuantizeModifier : public Modifier {
   }
 
  private:
+  // A later entry of the same method, which changes bits: a stage when its other settings agree.
+  bool stage_candidate(const Modifier& earlier) const {
+    const auto* e = dynamic_cast<const QuantizeModifier*>(&earlier);
+    return e && e->config_.method == config_.method && quantize::quantizer_method(config_.method).changes_bits();
+  }
+
   void attach(TrainContext& tc) {
     // A later stage of progressive bit widths changes the bits of the layers an earlier entry
     // quantized, carrying their learned parameters; otherwise the quantizers are attached.

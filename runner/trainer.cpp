@@ -743,6 +743,7 @@ void Trainer::check_modifier_targets() const {
   for (const auto& m : modifiers_) {
     std::vector<std::string> shared;
     const Modifier* first = nullptr;
+    std::string mismatch;  // why `m` is no later stage of `first`, when it looks like one
     for (const std::string& layer : m->claimed_layers(g)) {
       auto [it, fresh] = owner.emplace(std::make_pair(m->spec().name, layer), m.get());
       if (fresh) continue;
@@ -750,7 +751,10 @@ void Trainer::check_modifier_targets() const {
         it->second = m.get();
         continue;
       }
-      if (!first) first = it->second;
+      if (!first) {
+        first = it->second;
+        mismatch = m->stage_mismatch(*first);
+      }
       if (it->second == first) shared.push_back(layer);
     }
     if (!first) continue;
@@ -759,7 +763,8 @@ void Trainer::check_modifier_targets() const {
     if (shared.size() > 6) list += ", ... (" + std::to_string(shared.size()) + " layers)";
     throw Error(m->spec().location + ": modifier '" + m->spec().name + "' selects " + list + ", which " +
                     first->spec().location + " already " + m->spec().name + "s: give the entries disjoint "
-                    "targets (or ignore) so that each layer has one",
+                    "targets (or ignore) so that each layer has one" +
+                    (mismatch.empty() ? "" : "; as a later stage of progressive bit widths it needs " + mismatch),
                 ErrorKind::kUsage);
   }
 }

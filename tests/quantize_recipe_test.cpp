@@ -256,6 +256,17 @@ modifiers:
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("already quantizes"), std::string::npos) << e.what();
   }
+
+  // A later LSQ entry whose settings differ from the first's is no stage: the refusal says what a
+  // stage needs (it used to say only "give the entries disjoint targets").
+  std::string other = text;
+  const std::string first = "weight_bits: 4, activation_bits: 4}";
+  other.replace(other.find(first), first.size(), "weight_bits: 4, activation_bits: 4, step_init: mse, init_batches: 2}");
+  remove_tree(out);
+  const std::string msg = usage_error_message([&] { runner::run_recipe(runner::parse_recipe(other, "stages.yaml", source_dir()), opt); });
+  EXPECT_NE(msg.find("already quantizes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("as a later stage of progressive bit widths it needs the same settings (that entry: "
+                     "init_batches 2, step_init mse; this one: none)"), std::string::npos) << msg;
 }
 
 TEST_F(QuantizeRecipe, BadSettingsNameTheKey) {
