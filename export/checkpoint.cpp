@@ -302,10 +302,12 @@ struct Reader {
         st.offset = json_uint64(e.at("offset"), where + ": offset");
         st.nbytes = json_uint64(e.at("nbytes"), where + ": nbytes");
         st.crc = static_cast<uint32_t>(json_uint64(e.at("crc32"), where + ": crc32", std::numeric_limits<uint32_t>::max()));
-        if (e.contains("packed"))
-        {
-          st.packed_bits = static_cast<int64_t>(json_uint64(e.at("packed").at("packed_bits"), where + ": packed_bits", 8));
-          if (st.packed_bits < 1) fail(where + ": packed_bits 0 (1 to 8)");
+        if (e.contains("packed")) {
+          const auto& packed = e.at("packed");
+          if (!packed.is_object() || !packed.contains("packed_bits")) fail(where + ": 'packed' without packed_bits (file damaged)");
+          const uint64_t bits = json_uint64(packed.at("packed_bits"), where + ": packed_bits");
+          if (bits < 1 || bits > 8) fail(where + ": packed_bits " + std::to_string(bits) + ", not 1 to 8 (file damaged)");
+          st.packed_bits = static_cast<int64_t>(bits);
         }
         if (st.offset > data.size() || st.nbytes > data.size() - st.offset)
           fail("tensor '" + node + "." + name + "' lies outside the tensor data (file damaged)");
@@ -321,22 +323,35 @@ struct Reader {
     }
   }
 
-  // Packed codes stored at another width than storage_bits gives today (3-bit codes in 4-bit fields,
-  // 5..7-bit codes in bytes, as whittle wrote them before its packing had no gaps) are repacked, so
-  // that every packed node in memory has one layout.
-  void repack_codes(Graph& graph) const {
+  // Every packed node's codes checked against their index entry's packing: the width is the one
+  // this whittle writes (storage_bits) or the wider field of format version 3 (3-bit codes in 4
+  // bits, 5..7-bit codes in 8), and the byte count is that width's. Codes in the wider fields are
+  // repacked, so that every packed node in memory has one layout.
+  void check_packed_codes(Graph& graph) const {
     for (Node& n : graph.nodes()) {
+      if (n.weight_transforms != std::vector<std::string>{"packed"}) continue;
+      const std::string where = "tensor '" + n.name + ".weight_codes'";
       auto it = index.find({n.name, "weight_codes"});
-      if (it == index.end() || it->second.packed_bits == 0 || !n.has_attr("weight_bits") || !n.has_attr("weight_shape"))
-        continue;
-      const int64_t stored = it->second.packed_bits, want = quantize::storage_bits(n.attr_int("weight_bits"));
-      if (stored == want) continue;
+      if (it == index.end() || it->second.packed_bits == 0) fail(where + ": no packing in its index entry (file damaged)");
+      if (!n.has_attr("weight_bits") || !n.has_attr("weight_shape") || !n.buffers.contains("weight_codes"))
+        fail("node '" + n.name + "': packed weight without weight_bits, weight_shape or weight_codes (file damaged)");
+      const int64_t bits = n.attr_int("weight_bits"), stored = it->second.packed_bits;
+      const int64_t want = quantize::storage_bits(bits), version3 = bits == 3 ? 4 : bits >= 5 && bits <= 7 ? 8 : want;
+      if (stored != want && stored != version3)
+        fail(where + ": " + std::to_string(bits) + "-bit codes stored at packed_bits " + std::to_string(stored) +
+             " (file damaged)");
       int64_t count = 1;
       for (int64_t d : n.attr_ints("weight_shape")) count *= d;
+      const at::Tensor& codes = n.buffers.at("weight_codes");
+      if (codes.dim() != 1 || codes.numel() != quantize::packed_size(count, stored))
+        fail(where + ": " + std::to_string(codes.numel()) + " bytes for " + std::to_string(count) + " codes of " +
+             std::to_string(stored) + " bits, which take " + std::to_string(quantize::packed_size(count, stored)) +
+             " (file damaged)");
+      if (stored == want) continue;
       try {
-        n.buffers.set("weight_codes", quantize::pack_codes(quantize::unpack_codes(n.buffers.at("weight_codes"), stored, count), want));
+        n.buffers.set("weight_codes", quantize::pack_codes(quantize::unpack_codes(codes, stored, count), want));
       } catch (const Error& e) {
-        fail("tensor '" + n.name + ".weight_codes': " + e.what());
+        fail(where + ": " + e.what());
       }
     }
   }
@@ -487,7 +502,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (ck.format_version > kCheckpointFormatVersion)
     r.fail("checkpoint format version " + std::to_string(ck.format_version) + " is newer than this whittle reads (" +
            std::to_string(kCheckpointFormatVersion) + "); upgrade whittle");
-  if (ck.format_version < kCheckpointFormatVersion)
+  if (ck.format_version < kCheckpointOldestReadableVersion)
     r.fail("checkpoint format version " + std::to_string(ck.format_version) +
            " was written by a development version of whittle with another layout; write it again");
   ck.whittle_version = r.read_attr_string(file.get(), "whittle_version", "file");
@@ -500,7 +515,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   TensorSource source = [&](const std::string& node, TensorRole role, const std::string& name, const Shape& shape,
                             at::ScalarType dtype) { return r.read_tensor(node, role, name, shape, dtype); };
   ck.graph = graph_from_json(structure, source, path);
-  r.repack_codes(ck.graph);
+  r.check_packed_codes(ck.graph);
   // Every stored tensor belongs to the graph: one it does not read was not written for it.
   for (const auto& [key, st] : r.index)
     if (!r.used.count(key))

@@ -25,9 +25,13 @@
 namespace whittle {
 
 /// The checkpoint format version this whittle writes; files with a higher version are refused.
-/// Version 3: every tensor in one /tensors/data dataset described by /tensors/index; quantized
-/// weights as packed codes. Earlier development layouts are refused with a clear error.
-constexpr int kCheckpointFormatVersion = 3;
+/// Version 4: every tensor in one /tensors/data dataset described by /tensors/index; quantized
+/// weights as packed codes of any width 1..8 without gaps. Version 3 is the same but for 3-bit
+/// codes in 4-bit fields and 5..7-bit codes in bytes (its index says so); whittle reads it and
+/// repacks. Earlier development layouts are refused with a clear error.
+constexpr int kCheckpointFormatVersion = 4;
+/// The oldest checkpoint format version this whittle reads.
+constexpr int kCheckpointOldestReadableVersion = 3;
 
 /// Everything a checkpoint holds.
 struct Checkpoint {

@@ -5,7 +5,7 @@
 // bit j of code i is bit i·bits + j of the stream, and bit k of the stream is bit k mod 8 of byte
 // k / 8. The last byte is zero-padded. So 1-bit codes [1,0,1,1] pack to 0b00001101 = 13, 2-bit
 // codes [1,2,3,0] to 0b00111001 = 57, and 3-bit codes [5,3,7] to 0b11011101, 0b00000001 = 221, 1
-// (code 1 straddles the two bytes). For 1, 2, 4 and 8 bits no code straddles a byte: code i is in
+// (code 2 straddles the two bytes). For 1, 2, 4 and 8 bits no code straddles a byte: code i is in
 // byte i / (8/bits) at bit offset (i mod (8/bits))·bits. numpy reads any width back with
 //   s = np.unpackbits(b, bitorder="little")[:count * bits].reshape(count, bits)
 //   codes = (s << np.arange(bits)).sum(1)

@@ -113,8 +113,8 @@ class Modifier {
   /// a later stage of the same method that takes them over (progressive bit widths). Default: no.
   virtual bool takes_over(const Modifier& /*earlier*/) const { return false; }
   /// When this entry would be a later stage of `earlier` but for its other settings: what it lacks,
-  /// for the refusal (e.g. "the same settings as it (…)"); "" when it is a stage, or no candidate for
-  /// one. Default: "".
+  /// for the refusal, items separated by "; " (e.g. "the same targets; the same settings (that
+  /// entry: …; this one: …)"); "" when it is a stage, or no candidate for one. Default: "".
   virtual std::string stage_mismatch(const Modifier& /*earlier*/) const { return ""; }
 
   /// The modifier's own state as JSON text (what it has done so far: applied, frozen, pruned

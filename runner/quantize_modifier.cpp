@@ -95,7 +95,7 @@ class QuantizeModifier : public Modifier {
     if (!stage_candidate(earlier)) return "";
     const auto& e = static_cast<const QuantizeModifier&>(earlier);
     const quantize::Config &a = e.config_, &b = config_;
-    auto options_text = [](const quantize::Config& c) {
+    auto shown = [](const quantize::Config& c) {  // the settings as the message lists them
       std::string t;
       for (const auto& [key, value] : c.options.values()) t += (t.empty() ? "" : ", ") + key + " " + value.text();
       return t.empty() ? std::string("none") : t;
@@ -104,13 +104,13 @@ class QuantizeModifier : public Modifier {
     if (spec().start_epoch <= e.spec().start_epoch)
       lacks.push_back("a start_epoch later than " + number_text(e.spec().start_epoch));
     if (a.targets != b.targets) lacks.push_back("the same targets");
-    if (a.ignore != b.ignore) lacks.push_back("the same ignore");
-    if (options_text(a) != options_text(b))
-      lacks.push_back("the same settings (that entry: " + options_text(a) + "; this one: " + options_text(b) + ")");
+    if (a.ignore != b.ignore) lacks.push_back("the same ignore list");
+    if (options_key(a) != options_key(b))
+      lacks.push_back("the same settings (that entry: " + shown(a) + "; this one: " + shown(b) + ")");
     if ((a.weight_bits == 32) != (b.weight_bits == 32) || (a.activation_bits == 32) != (b.activation_bits == 32))
-      lacks.push_back("weights and activations quantized (or left float) as there");
+      lacks.push_back("weights and activations quantized (or left float) as that entry does");
     std::string out;
-    for (size_t i = 0; i < lacks.size(); ++i) out += (i == 0 ? "" : i + 1 == lacks.size() ? " and " : ", ") + lacks[i];
+    for (size_t i = 0; i < lacks.size(); ++i) out += (i == 0 ? "" : "; ") + lacks[i];
     return out;
   }
 
@@ -124,6 +124,13 @@ class QuantizeModifier : public Modifier {
   }
 
  private:
+  // The options compared for a stage: each key=value; (unambiguous where values hold ", ").
+  static std::string options_key(const quantize::Config& c) {
+    std::string t;
+    for (const auto& [key, value] : c.options.values()) t += key + "=" + value.text() + ";";
+    return t;
+  }
+
   // A later entry of the same method, which changes bits: a stage when its other settings agree.
   bool stage_candidate(const Modifier& earlier) const {
     const auto* e = dynamic_cast<const QuantizeModifier*>(&earlier);

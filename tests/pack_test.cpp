@@ -74,6 +74,15 @@ TEST(Pack, Errors) {
   EXPECT_THROW(q::unpack_codes(at::zeros({2}, at::kByte), 1, 17), Error);  // 17 codes need 3 bytes
   EXPECT_THROW(q::unpack_codes(at::zeros({2}, at::kInt), 8, 2), Error);
   EXPECT_EQ(q::pack_codes(at::zeros({0}, at::kByte), 4).numel(), 0);
+  EXPECT_EQ(q::unpack_codes(at::zeros({0}, at::kByte), 3, 0).numel(), 0);
+}
+
+// A strided view (every other code; every other byte) packs and unpacks as its contiguous copy.
+TEST(Pack, StridedInput) {
+  at::Tensor codes = at::tensor({5, 0, 3, 0, 7, 0}, at::kByte).slice(0, 0, 6, 2);  // 5, 3, 7
+  EXPECT_TRUE(q::pack_codes(codes, 3).equal(at::tensor({221, 1}, at::kByte)));
+  at::Tensor bytes = at::tensor({221, 9, 1, 9}, at::kByte).slice(0, 0, 4, 2);  // 221, 1
+  EXPECT_TRUE(q::unpack_codes(bytes, 3, 3).equal(at::tensor({5, 3, 7}, at::kByte)));
 }
 
 }  // namespace

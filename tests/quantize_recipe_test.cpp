@@ -255,6 +255,7 @@ modifiers:
     FAIL() << "two dorefa entries on one layer ran";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("already quantizes"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("as a later stage"), std::string::npos) << e.what();  // DoReFa has none
   }
 
   // A later LSQ entry whose settings differ from the first's is no stage: the refusal says what a

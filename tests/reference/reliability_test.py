@@ -63,6 +63,25 @@ def edited(name, edit):
     return name
 
 
+PACKED = open(os.path.join(SRC, "tests", "fixtures", "lenet5_lsq_w3_packed4.h5"), "rb").read()
+
+
+def edited_packed(name, edit):
+    """A copy of a packed checkpoint (LeNet-5 LSQ W3A3, format version 3) with `edit(h5py.File)` applied."""
+    write(name, PACKED)
+    with h5py.File(os.path.join(W, name), "r+") as f:
+        edit(f)
+    return name
+
+
+def narrower_packing(f, index):
+    entry(index, "fc1", "weight_codes")["packed"]["packed_bits"] = 2
+
+
+def packing_removed(f, index):
+    del entry(index, "conv2", "weight_codes")["packed"]
+
+
 def set_text(f, key, text):
     """Replaces the deflated uint8 text dataset `key` (with its crc32 attribute, as whittle writes it)."""
     data = text.encode()
@@ -243,6 +262,8 @@ CASES = [
     ("wrong dtype", "index says int32 for a float32 weight", ["inspect", edited("dtype.h5", edit_index(wrong_dtype))], 1),
     ("wrong shape", "graph says [6, 1, 3, 3] for conv1's [6, 1, 5, 5] weight", ["inspect", edited("shape.h5", edit_graph(wrong_shape))], 1),
     ("inconsistent index", "fc3.bias indexed twice, the second at other bytes (CRC-32 right)", ["inspect", edited("twice.h5", edit_index(duplicated_entry))], 1),
+    ("inconsistent index", "fc1's 3-bit codes declared as packed at 2 bits (CRC-32 right)", ["inspect", edited_packed("packed2.h5", edit_index(narrower_packing))], 1),
+    ("inconsistent index", "conv2's packed codes without their packing entry", ["inspect", edited_packed("unpacked.h5", edit_index(packing_removed))], 1),
     ("inconsistent index", "an index entry for a node 'fc9' the graph does not have", ["eval", edited("stray.h5", edit_index(stray_entry))], 1),
     ("huge declared size", "index declares a 1 TiB tensor", ["inspect", edited("huge.h5", edit_index(huge))], 1),
     ("NaN/Inf weights", "conv1's weight all NaN, CRC-32 updated", ["eval", edited("nan.h5", edit_index(nan_weights))], 1),
