@@ -334,19 +334,31 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
     return p;
   }
   bool changes_bits() const override { return true; }
-  // Each grid keeps its range s·Q_P: the step is multiplied by Q_P(old)/Q_P(new).
+  // Each grid keeps its range s·Q_P: the step is multiplied by Q_P(old)/Q_P(new). With a calibrator
+  // (step_init), the weight steps start from it again instead, on the weights as trained so far and
+  // for the new grid (at fewer bits the MSE-best step clips more than the range-keeping one); the
+  // activation steps are carried here and calibrated again by the caller over the stage's first
+  // batches (quantize::input_quantizers).
   void change_bits(Graph& graph, const std::vector<std::string>& layers, const Config& c) const override {
     if (c.weight_bits == 32 || c.activation_bits == 32)
       throw Error("quantize: " + name() + " cannot return quantized layers to 32 bits (weight_bits " +
                       std::to_string(c.weight_bits) + ", activation_bits " + std::to_string(c.activation_bits) + ")",
                   ErrorKind::kUsage);
     at::NoGradGuard no_grad;
+    const std::optional<Calibration> cal = calibration(c);
     std::set<std::string> inputs_done;
     for (const auto& name : layers) {
       Node& n = graph.node(name);
       const int64_t old_bits = n.attr_int("weight_bits");
       const at::Tensor& step = n.params.at("weight_step");
-      step.mul_(static_cast<double>(lsq_signed_grid(old_bits).q_p) / static_cast<double>(lsq_signed_grid(c.weight_bits).q_p));
+      if (cal) {
+        const bool per_channel = node_granularity(n) == Granularity::kPerChannel;
+        const at::Tensor fresh = calibrated_weight_step(n, n.params.at("weight"), c.weight_bits, *cal, per_channel,
+                                                        n.attr_int("weight_axis"));
+        step.copy_(fresh.to(step.device(), step.scalar_type()).view_as(step));
+      } else {
+        step.mul_(static_cast<double>(lsq_signed_grid(old_bits).q_p) / static_cast<double>(lsq_signed_grid(c.weight_bits).q_p));
+      }
       n.attrs["weight_bits"] = c.weight_bits;
       // The act_quant feeding it, when it is this method's.
       const std::string& producer = graph.value(n.inputs.at(0)).producer;

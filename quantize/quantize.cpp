@@ -516,6 +516,22 @@ std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& r
   return out;
 }
 
+std::vector<std::string> input_quantizers(const Graph& graph, const std::vector<std::string>& layers) {
+  register_all();
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& name : layers) {
+    const Node* n = graph.find_node(name);
+    if (!n || n->inputs.empty()) continue;
+    const std::string& producer = graph.value(n->inputs.at(0)).producer;
+    const Node* a = producer.empty() ? nullptr : graph.find_node(producer);
+    if (a && a->op == "act_quant" && (activation_quantizer_of(*a).initialize || activation_quantizer_of(*a).calibrate) &&
+        seen.insert(producer).second)
+      out.push_back(producer);
+  }
+  return out;
+}
+
 int64_t initialize_learned(GraphModule& module, const at::Tensor& batch, const std::vector<std::string>& nodes) {
   register_all();
   at::NoGradGuard no_grad;

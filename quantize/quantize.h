@@ -157,6 +157,11 @@ int64_t calibrate_learned(GraphModule& module, const std::function<at::Tensor(in
 /// or calibrate_learned() should be given after it.
 std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& report);
 
+/// The act_quant nodes feeding `layers` (their first input) whose activation quantizer sets learned
+/// parameters from data, in the order of `layers`, each once: what a later stage of progressive bit
+/// widths calibrates again when its method has a calibrator (QuantizerMethod::calibration).
+std::vector<std::string> input_quantizers(const Graph& graph, const std::vector<std::string>& layers);
+
 // ---- packed weights (used by export/checkpoint.cpp; layout in docs/checkpoint-format.md)
 
 /// Bits a `bits`-wide code occupies when packed (pack_codes' gapless bitstream): `bits` itself,

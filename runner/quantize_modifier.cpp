@@ -144,8 +144,13 @@ class QuantizeModifier : public Modifier {
       const quantize::Report r = quantize::change_bits(tc.model, config_);
       applied_ = true;
       tc.parameters_changed = true;
+      // With a calibrator the steps start from it again: the weights' in change_bits, the
+      // activations' over this stage's first batches.
+      const bool recalibrate = quantize::quantizer_method(config_.method).calibration(config_).has_value();
+      if (recalibrate) to_initialize_ = quantize::input_quantizers(tc.model->graph(), r.quantized);
       *tc.log << "quantize (" << config_.method << "): " << r.quantized.size() << " layers now W" << config_.weight_bits
-              << "A" << config_.activation_bits << ", their learned steps carried\n"
+              << "A" << config_.activation_bits
+              << (recalibrate ? ", their steps from the calibrator again\n" : ", their learned steps carried\n")
               << std::flush;
       return;
     }

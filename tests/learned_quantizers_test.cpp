@@ -487,6 +487,46 @@ TEST(Lsq, ChangeBitsCarriesTheSteps) {
   }
 }
 
+// With a calibrator (step_init: mse), a stage starts the weight steps from it again, on the weights
+// as they are: the step of each channel is the one a fresh W2 quantization of the same weights gets
+// (not the range-keeping ×7); the activation steps are carried (the trainer calibrates them again
+// over the stage's first batches) and input_quantizers names them.
+TEST(Lsq, ChangeBitsWithACalibratorStartsTheWeightStepsAgain) {
+  q::Config c;
+  c.method = "lsq";
+  c.options["step_init"] = std::string("mse");
+  c.options["granularity"] = std::string("per_channel");
+  GraphModule m(build_model("lenet5", ZooOptions{}));
+  q::apply(m, c);  // W4A4
+  {
+    at::NoGradGuard ng;  // the weights move, as training would move them
+    for (const char* layer : {"conv2", "fc1"}) m->graph().node(layer).params.at("weight").mul_(1.5);
+  }
+  std::map<std::string, at::Tensor> act_before;
+  for (const Node& n : m->graph().nodes())
+    if (n.params.contains("act_step")) act_before[n.name] = n.params.at("act_step").detach().clone();
+  c.weight_bits = 2;
+  c.activation_bits = 2;
+  const q::Report r = q::change_bits(m, c);
+  // The oracle: the same (moved) weights quantized at W2 from the start.
+  Graph fresh = build_model("lenet5", ZooOptions{});
+  for (Node& n : fresh.nodes())
+    if (n.params.contains("weight")) n.params.set("weight", m->graph().node(n.name).params.at("weight").detach().clone());
+  q::apply(fresh, c);
+  for (const std::string layer : {"conv2", "fc1", "fc2"}) {
+    const at::Tensor got = m->graph().node(layer).params.at("weight_step");
+    ASSERT_EQ(got.numel(), m->graph().node(layer).params.at("weight").size(0)) << layer;  // per channel
+    EXPECT_TRUE(got.equal(fresh.node(layer).params.at("weight_step"))) << layer;
+  }
+  for (const auto& [name, step] : act_before)
+    EXPECT_TRUE(at::allclose(m->graph().node(name).params.at("act_step"), step * 5)) << name;
+  std::vector<std::string> inputs = q::input_quantizers(m->graph(), r.quantized);
+  std::vector<std::string> want;
+  for (const auto& [name, step] : act_before) want.push_back(name);
+  std::sort(inputs.begin(), inputs.end());
+  EXPECT_EQ(inputs, want);
+}
+
 // The fused CPU kernels (quantize/fused_quantizers.h) against the ATen-op forms: the same values
 // (== : the sign of a zero may differ), the same input gradients, and the step, offset and clip
 // gradients within float32 rounding of their terms (the fused sums accumulate in double).
