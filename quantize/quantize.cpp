@@ -503,15 +503,22 @@ at::Tensor penalty(const Graph& graph, const Config& resolved) {
   return quantizer_method(resolved.method).penalty(graph, resolved);
 }
 
+namespace {
+// An act_quant node whose quantizer sets learned parameters from data (its own rule or a calibrator).
+bool learns_from_data(const Node& n) {
+  if (n.op != "act_quant") return false;
+  const auto& q = activation_quantizer_of(n);
+  return q.initialize || q.calibrate;
+}
+}  // namespace
+
 std::vector<std::string> nodes_to_initialize(const Graph& graph, const Report& report) {
   register_all();
   std::vector<std::string> out;
   for (const auto* list : {&report.inserted, &report.replaced})
     for (const auto& name : *list) {
       const Node* n = graph.find_node(name);
-      if (n && n->op == "act_quant" &&
-          (activation_quantizer_of(*n).initialize || activation_quantizer_of(*n).calibrate))
-        out.push_back(name);
+      if (n && learns_from_data(*n)) out.push_back(name);
     }
   return out;
 }
@@ -525,9 +532,7 @@ std::vector<std::string> input_quantizers(const Graph& graph, const std::vector<
     if (!n || n->inputs.empty()) continue;
     const std::string& producer = graph.value(n->inputs.at(0)).producer;
     const Node* a = producer.empty() ? nullptr : graph.find_node(producer);
-    if (a && a->op == "act_quant" && (activation_quantizer_of(*a).initialize || activation_quantizer_of(*a).calibrate) &&
-        seen.insert(producer).second)
-      out.push_back(producer);
+    if (a && learns_from_data(*a) && seen.insert(producer).second) out.push_back(producer);
   }
   return out;
 }
