@@ -175,7 +175,8 @@ bool lower_act_quant(const Node& n, Lowering& l) {
   const quantize::ActivationGrid g = quantize::activation_quantizer_of(n).grid(n);
   if (!g.sign) {
     // Grid activations run through ATen; their output holds codes the bit-plane layers read.
-    if (g.bits < 1 || g.bits > 8 || g.offset != 0.0) return false;  // a shifted grid (LSQ+) stays float
+    // A shifted grid (LSQ+) or an affine one (int8) stays float.
+    if (g.bits < 1 || g.bits > 8 || g.offset != 0.0 || g.affine) return false;
     l.add_generic_step(n);
     Form f;
     f.code_bits = g.bits;

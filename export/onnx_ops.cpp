@@ -357,6 +357,24 @@ void attach_quantized() {
     // relu: the quantizer stands for a ReLU then itself (same values below 32 bits).
     if (g.bits == 32) return e.node(n, g.relu ? "Relu" : "Identity", {n.inputs[0]}, {n.outputs[0]});
     if (g.bits < 1 || g.bits > 8) e.unsupported(n, "an activation grid of " + std::to_string(g.bits) + " bits");
+    if (g.affine) {
+      // (clamp(round(x/s) + z, a_min, a_max) − z)·s is QuantizeLinear then DequantizeLinear with
+      // that zero point (uint8, or int8 for signed codes), which saturate at the code range: only
+      // 8-bit grids are written so (ONNX's integer types).
+      if (g.bits != 8) e.unsupported(n, "an affine activation grid of " + std::to_string(g.bits) + " bits");
+      std::string x = n.inputs[0];
+      if (g.relu) {
+        const std::string r = e.temp(n, "relu");
+        e.node(n, "Relu", {x}, {r}, {}, "relu");
+        x = r;
+      }
+      const std::string scale = e.scalar(n, "scale", static_cast<float>(g.max / 255.0));
+      const std::string zp = e.initializer(n, "zero_point", g.signed_codes ? at::full({}, g.zero_point, at::kChar)
+                                                                           : at::full({}, g.zero_point, at::kByte));
+      const std::string q = e.temp(n, "quantized");
+      e.node(n, "QuantizeLinear", {x, scale, zp}, {q}, {}, "quantize");
+      return e.node(n, "DequantizeLinear", {q, scale, zp}, {n.outputs[0]});
+    }
     // c·round(clip(x, 0, c)/c·(2^k − 1))/(2^k − 1) = DequantizeLinear(QuantizeLinear(clip(x, 0, c))) with
     // scale c/(2^k − 1), uint8 codes 0..2^k − 1, zero point 0. QuantizeLinear saturates at 255, so
     // 8 bits need no Clip.

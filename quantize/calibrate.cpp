@@ -79,6 +79,14 @@ void observe(Histogram& h, const at::Tensor& x_in, const std::string& what) {
   h.min = std::min(h.min, lo);
   h.max = std::max(h.max, hi);
   h.abs_sum += abs_sum;
+  if (h.batches == 0) {
+    h.moving_min = lo;
+    h.moving_max = hi;
+  } else {
+    h.moving_min += Histogram::kMovingAverage * (lo - h.moving_min);
+    h.moving_max += Histogram::kMovingAverage * (hi - h.moving_max);
+  }
+  ++h.batches;
 }
 
 Histogram histogram_of(const at::Tensor& x, const std::string& what) {
@@ -104,6 +112,13 @@ void merge(Histogram& h, const Histogram& other) {
   h.min = std::min(h.min, other.min);
   h.max = std::max(h.max, other.max);
   h.abs_sum += other.abs_sum;
+  if (other.batches > 0) {
+    const double total = static_cast<double>(h.batches + other.batches);
+    const double mine = static_cast<double>(h.batches) / total, theirs = static_cast<double>(other.batches) / total;
+    h.moving_min = mine * h.moving_min + theirs * other.moving_min;
+    h.moving_max = mine * h.moving_max + theirs * other.moving_max;
+    h.batches += other.batches;
+  }
 }
 
 void merge_over_ranks(Histogram& h, const std::function<void(at::Tensor&)>& sum, int64_t rank, int64_t ranks) {
@@ -129,15 +144,19 @@ void merge_over_ranks(Histogram& h, const std::function<void(at::Tensor&)>& sum,
     }
     grow(h, range);
   }
-  // Counts, zeros and count in int64; Σ|x|; each rank's min and max in its own slots.
-  at::Tensor counts = at::zeros({Histogram::kBins + 2}, at::kLong);
+  // Counts, zeros, count and batches in int64; Σ|x| and the batch-weighted moving averages; each
+  // rank's min and max in its own slots.
+  at::Tensor counts = at::zeros({Histogram::kBins + 3}, at::kLong);
   if (!h.counts.empty()) std::copy(h.counts.begin(), h.counts.end(), counts.data_ptr<int64_t>());
   counts[Histogram::kBins] = h.zeros;
   counts[Histogram::kBins + 1] = h.count;
-  at::Tensor reals = at::zeros({2 * ranks + 1}, f64);
+  counts[Histogram::kBins + 2] = h.batches;
+  at::Tensor reals = at::zeros({2 * ranks + 3}, f64);
   reals[2 * rank] = h.min;
   reals[2 * rank + 1] = h.max;
   reals[2 * ranks] = h.abs_sum;
+  reals[2 * ranks + 1] = h.moving_min * static_cast<double>(h.batches);
+  reals[2 * ranks + 2] = h.moving_max * static_cast<double>(h.batches);
   sum(counts);
   sum(reals);
   counts = counts.cpu().contiguous();
@@ -146,12 +165,17 @@ void merge_over_ranks(Histogram& h, const std::function<void(at::Tensor&)>& sum,
   if (range > 0.0) h.counts.assign(c, c + Histogram::kBins);
   h.zeros = c[Histogram::kBins];
   h.count = c[Histogram::kBins + 1];
+  h.batches = c[Histogram::kBins + 2];
   const double* r = reals.data_ptr<double>();
   for (int64_t i = 0; i < ranks; ++i) {
     h.min = std::min(h.min, r[2 * i]);
     h.max = std::max(h.max, r[2 * i + 1]);
   }
   h.abs_sum = r[2 * ranks];
+  if (h.batches > 0) {
+    h.moving_min = r[2 * ranks + 1] / static_cast<double>(h.batches);
+    h.moving_max = r[2 * ranks + 2] / static_cast<double>(h.batches);
+  }
 }
 
 double histogram_squared_error(const Histogram& h, const CalibrationGrid& grid, double step) {

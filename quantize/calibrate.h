@@ -2,7 +2,7 @@
 // Calibration: statistics collected over batches (a Histogram) and calibrators, pure functions
 // that compute a quantizer's step from them. Calibrators are entries of the calibrator registry
 // (`whittle inspect --calibrators`), one file each (calibrator_minmax.cpp, calibrator_percentile.cpp,
-// calibrator_mse.cpp); the learned quantizers (LSQ's and LSQ+'s steps, PACT's clip levels) can
+// calibrator_mse.cpp, calibrator_entropy.cpp, calibrator_moving_minmax.cpp); the learned quantizers (LSQ's and LSQ+'s steps, PACT's clip levels) can
 // start from them.
 //
 // The histogram counts in int64 over [−r, r] in kBins equal bins, r the smallest power of two
@@ -38,6 +38,13 @@ struct Histogram {
   double min = std::numeric_limits<double>::infinity();
   double max = -std::numeric_limits<double>::infinity();
   double abs_sum = 0.0;  ///< Σ|x|, for the paper's LSQ step
+  /// The averaging constant c of the moving averages below (torch.ao's MovingAverageMinMaxObserver).
+  static constexpr double kMovingAverage = 0.01;
+  /// Moving averages of each batch's min and max (observe() calls with values): the first batch's,
+  /// then m ← m + c·(batch − m). Unlike the rest, they depend on how the values were split.
+  double moving_min = 0.0;
+  double moving_max = 0.0;
+  int64_t batches = 0;  ///< observe() calls that saw values
 
   /// The bin width 2r/kBins (0 while range is 0).
   double bin_width() const { return range > 0 ? 2.0 * range / static_cast<double>(kBins) : 0.0; }
@@ -53,7 +60,8 @@ void observe(Histogram& h, const at::Tensor& x, const std::string& what = "calib
 /// The histogram of the values of `x` alone.
 Histogram histogram_of(const at::Tensor& x, const std::string& what = "calibration input");
 
-/// Merges `other` into `h` (the same values seen by two observers).
+/// Merges `other` into `h` (the same values seen by two observers). The moving averages become
+/// the batch-weighted mean of both.
 void merge(Histogram& h, const Histogram& other);
 
 /// Merges the histograms of every rank of a data-parallel run into `h` on each rank, so that every
@@ -109,5 +117,7 @@ double step_for_range(const CalibrationGrid& grid, double lo, double hi);
 void register_minmax_calibrator();
 void register_percentile_calibrator();
 void register_mse_calibrator();
+void register_entropy_calibrator();
+void register_moving_minmax_calibrator();
 
 }  // namespace whittle::quantize

@@ -83,7 +83,8 @@ const QuantizerMethod& quantizer_method(const std::string& name) {
 
 void bad_bits(const std::string& method, const std::string& key, int64_t value, const std::string& allowed) {
   throw Error("quantize: " + key + " = " + std::to_string(value) + " is not supported by method '" + method + "' (" +
-              allowed + ")");
+              allowed + ")",
+              ErrorKind::kUsage);
 }
 
 void node_fail(const Node& n, const std::string& msg) { throw Error("node '" + n.name + "' (" + n.op + "): " + msg); }

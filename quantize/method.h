@@ -18,8 +18,8 @@
 //     rewrite (XNOR-Net's K scale), its work after each optimizer step (BNN's latent weight clip)
 //     and its label in reports.
 //
-// The shipped methods are dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp, lsq.cpp, lsq_plus.cpp and pact.cpp. Nothing outside an
-// entry compares its name as a string: callers ask these registries.
+// The shipped methods are dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp, lsq.cpp, lsq_plus.cpp, pact.cpp and int8.cpp.
+// Nothing outside an entry compares its name as a string: callers ask these registries.
 
 #include <ATen/Tensor.h>
 
@@ -110,6 +110,13 @@ struct ActivationGrid {
   /// A learned offset β the grid is shifted by (LSQ+): outputs β + max·a/(2^bits − 1), computed
   /// as round(clip(x − β, 0, max)/step)·step + β. 0: none.
   double offset = 0.0;
+  /// An affine grid (Jacob et al. 2018; ONNX QuantizeLinear/DequantizeLinear): outputs
+  /// (a − zero_point)·step, step = max/(2^bits − 1), a = clamp(round(x/step) + zero_point, a_min,
+  /// a_max), computed in that order; a in [0, 2^bits − 1], or [−2^(bits−1), 2^(bits−1) − 1] with
+  /// signed_codes. affine false: the grids above (zero point 0, unsigned codes).
+  bool affine = false;
+  int64_t zero_point = 0;
+  bool signed_codes = false;
 };
 
 /// What an activation quantizer's TorchScript form may use beside its input variable.
@@ -127,6 +134,9 @@ struct ActivationQuantizer {
   Placement placement = Placement::kAfterRelu;
   /// Learned parameters it owns on its act_quant node (no weight decay, ParamRole::kQuantizer).
   std::vector<std::string> params;
+  /// Buffers it owns on its act_quant node (set from data, not learned: int8's scale and zero
+  /// point); attach() creates them and the quantize pass moves them to the layers' device.
+  std::vector<std::string> buffers;
   /// The attributes of its act_quant nodes beside `method`, declared with type, default and range
   /// (checked with every graph, so on load).
   std::vector<AttrSpec> attributes;
@@ -246,8 +256,7 @@ void register_quantizer_method(std::unique_ptr<QuantizerMethod> method);
 const QuantizerMethod& quantizer_method(const std::string& name);
 
 /// The shipped methods' registrations, one file each (dorefa.cpp, twn.cpp, bnn.cpp, xnor.cpp,
-/// lsq.cpp, lsq_plus.cpp, pact.cpp),
-/// called by register_all().
+/// lsq.cpp, lsq_plus.cpp, pact.cpp, int8.cpp), called by register_all().
 void register_dorefa();
 void register_twn();
 void register_bnn();
@@ -255,9 +264,10 @@ void register_xnor();
 void register_lsq();
 void register_lsq_plus();
 void register_pact();
+void register_int8();
 
 /// For method implementations: "quantize: <key> = <value> is not supported by method '<m>'
-/// (<allowed>)" as a whittle::Error.
+/// (<allowed>)" as a whittle::Error (usage).
 [[noreturn]] void bad_bits(const std::string& method, const std::string& key, int64_t value, const std::string& allowed);
 /// For method implementations: true for 1..8 and 32 (DoReFa's widths).
 inline bool dorefa_bits(int64_t k) { return (k >= 1 && k <= 8) || k == 32; }

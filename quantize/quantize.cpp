@@ -193,6 +193,8 @@ void register_all() {
     register_minmax_calibrator();
     register_percentile_calibrator();
     register_mse_calibrator();
+    register_entropy_calibrator();
+    register_moving_minmax_calibrator();
     // The methods, one file each: their weight and activation quantizers and the method entry.
     register_dorefa();
     register_twn();
@@ -201,6 +203,7 @@ void register_all() {
     register_lsq();
     register_lsq_plus();
     register_pact();
+    register_int8();
     register_passes();  // after the methods: the pass takes their options
   });
 }
@@ -423,6 +426,9 @@ Report apply(Graph& graph, const Config& config_in) {
         for (const auto& p : aq.params)
           if (const at::Tensor* t = n.params.find(p); t && t->defined() && t->device() != *device)
             n.params.set(p, t->detach().to(*device).set_requires_grad(true));
+        for (const auto& b : aq.buffers)
+          if (const at::Tensor* t = n.buffers.find(b); t && t->defined() && t->device() != *device)
+            n.buffers.set(b, t->to(*device));
       }
     }
   }
