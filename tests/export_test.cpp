@@ -401,6 +401,60 @@ TEST_F(ExportTest, LearnedQuantizersMatchInBothRuntimes) {
   EXPECT_TRUE(verify_torchscript_file(q, ts).bitwise_equal);
 }
 
+// conv1 (FP) → bn → relu → conv2 (int8, uint8 activations after the ReLU: zero point 0) → bn →
+// conv3 (int8, uint8 activations of a BN output: a zero point inside the range) → bn → relu →
+// deconv (int8, transposed, weight scales along axis 1, int8 symmetric activations standing for
+// the ReLU) → pool → fc (FP), calibrated by the entropy calibrator over two batches: the scales
+// and zero points go into QuantizeLinear/DequantizeLinear exactly, with uint8 and int8 zero points.
+TEST_F(ExportTest, Int8QuantizersMatchInBothRuntimes) {
+  at::manual_seed(6);
+  Graph g;
+  g.add_input("x", {1, 3, 8, 8});
+  g.add_node(with(make("conv1", "conv2d", {"x"}, {{"padding", int64_t{1}}}), {{"weight", at::randn({8, 3, 3, 3}) * 0.4}}));
+  g.add_node(batch_norm("bn1", "conv1", 8));
+  g.add_node(make("relu1", "relu", {"bn1"}));
+  g.add_node(with(make("conv2", "conv2d", {"relu1"}, {{"padding", int64_t{1}}}),
+                  {{"weight", at::randn({8, 8, 3, 3}) * 0.3}, {"bias", at::randn({8}) * 0.1}}));
+  g.add_node(batch_norm("bn2", "conv2", 8));
+  g.add_node(with(make("conv3", "conv2d", {"bn2"}, {{"groups", int64_t{2}}}), {{"weight", at::randn({8, 4, 1, 1}) * 0.5}}));
+  g.add_node(batch_norm("bn3", "conv3", 8));
+  g.add_node(make("relu3", "relu", {"bn3"}));
+  g.add_node(with(make("deconv", "conv_transpose2d", {"relu3"}, {{"stride", int64_t{2}}}),
+                  {{"weight", at::randn({8, 6, 2, 2}) * 0.3}, {"bias", at::randn({6}) * 0.1}}));
+  g.add_node(make("pool", "adaptive_avg_pool2d", {"deconv"}, {{"output_size", std::vector<int64_t>{2, 2}}}));
+  g.add_node(make("flat", "flatten", {"pool"}));
+  g.add_node(with(make("fc", "linear", {"flat"}), {{"weight", at::randn({10, 24}) * 0.3}, {"bias", at::randn({10})}}));
+  g.set_outputs({"fc"});
+  quantize::Config c;
+  c.method = "int8";
+  c.options["calibrator"] = std::string("entropy");
+  c.targets = {"conv2", "conv3"};
+  quantize::apply(g, c);
+  c.targets = {"deconv"};
+  c.options["activation_dtype"] = std::string("int8");
+  quantize::apply(g, c);
+  GraphModule m(g);
+  m->eval();
+  const std::vector<at::Tensor> batches = {at::randn({8, 3, 8, 8}), at::randn({8, 3, 8, 8})};
+  quantize::Calibration cal;
+  cal.calibrator = "entropy";
+  cal.batches = 2;
+  EXPECT_EQ(quantize::calibrate_learned(m, [&](int64_t i) { return batches.at(static_cast<size_t>(i)); }, cal), 3);
+  const Graph& q = m->graph();
+  const Node& shifted = q.node("conv3.act_quant");
+  EXPECT_GT(shifted.buffers.at("act_zero_point").item<float>(), 0.0f);  // BN outputs reach below 0
+  EXPECT_LT(shifted.buffers.at("act_zero_point").item<float>(), 255.0f);
+  EXPECT_EQ(q.node("deconv").attr_int("weight_axis"), 1);
+  const Json r = export_and_run(q, "int8_quantizers");
+  EXPECT_GE(count(r, "QuantizeLinear"), 6);  // three weights, three activations
+  const std::string ck = join_path(out_dir(), "int8_quantizers.h5");
+  save_checkpoint(ck, q);
+  const Graph packed = load_checkpoint(ck).graph;
+  export_and_run(packed, "int8_quantizers_packed");
+  const std::string ts = join_path(out_dir(), "int8_quantizers_packed.pt");
+  EXPECT_TRUE(verify_torchscript_file(q, ts).bitwise_equal);
+}
+
 // Forms where ONNX's own operator differs from PyTorch's: nearest sizes whose float ratio rounds
 // differently (14 → 2, 14 → 16), bilinear to a length of 1, scale factors whose float product
 // floors lower (14·0.7), max pooling in ceil mode with dilation and with a last window dropped, a
