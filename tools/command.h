@@ -47,6 +47,7 @@ int run_data(const std::vector<std::string>& args);
 int run_keys(const std::vector<std::string>& args);
 int run_fuse(const std::vector<std::string>& args);
 int run_prune(const std::vector<std::string>& args);
+int run_calibrate(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
 int run_report(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);

@@ -64,6 +64,8 @@ const std::vector<Command>& commands() {
       {"inspect", "per-node table of a model: shapes, parameters, MACs, weight bits", run_inspect},
       {"fuse", "fold batch norms, merge RepVGG blocks, BN+sign to thresholds: fuse MODEL --out FILE", run_fuse},
       {"prune", "remove channels: prune MODEL --target-macs 0.5 --out FILE (docs/pruning.md)", run_prune},
+      {"calibrate", "post-training int8: calibrate MODEL --data D --method entropy --out FILE (docs/quantization.md)",
+       run_calibrate},
       {"export", "write ONNX or TorchScript: export MODEL --out FILE.onnx|FILE.pt [--verify] (docs/export.md)",
        run_export},
       {"bench", "deploy runtime vs float latency, per step: bench MODEL [--batch N] [--threads T] (docs/kernels.md)",
