@@ -104,18 +104,24 @@ std::string OnnxEmitter::weight(const Node& n, int64_t axis) {
     at::NoGradGuard no_grad;
     w = transformed_weight(n, /*training=*/false).detach();
   }
-  // A weight on an int8 grid (its quantizer's integer_grid: weight = scale[c]·q) goes through
-  // QuantizeLinear → DequantizeLinear, per channel on the output-channel axis.
+  // A weight on an int8 grid (its quantizer's integer_grid: weight = scale[c]·q) is stored as its
+  // integer codes q, an int8 initializer, feeding DequantizeLinear per channel on the
+  // output-channel axis: no float copy of it in the file (the QDQ form ONNX Runtime and TensorRT
+  // run on integer kernels).
   const std::optional<quantize::IntegerGrid> grid = quantize::integer_grid(n);
   const bool int8_grid = grid && grid->axis == axis && axis < w.dim() && grid->scale.numel() == w.size(axis);
-  const std::string value = initializer(n, "weight", w);
-  if (!int8_grid) return value;
+  if (!int8_grid) return initializer(n, "weight", w);
+  std::vector<int64_t> view(static_cast<size_t>(w.dim()), 1);
+  view[static_cast<size_t>(axis)] = w.size(axis);
+  const at::Tensor q = at::round(w.to(at::kFloat) / grid->scale.to(at::kFloat).reshape(view));
+  if (!at::isfinite(q).all().item<bool>() || q.abs().max().item<float>() > 128.0f ||
+      (q.numel() > 0 && q.max().item<float>() > 127.0f))
+    throw Error("node '" + n.name + "' (" + n.op + "): weight codes outside int8 for its integer grid (writer bug)");
+  const std::string codes = initializer(n, "weight_quantized", q.to(at::kChar));
   const std::string s = initializer(n, "weight_scale", grid->scale);
   const std::string zp = initializer(n, "weight_zero_point", at::zeros({w.size(axis)}, at::kChar));
-  const std::string qv = temp(n, "weight_quantized");
   const std::string dq = temp(n, "weight_dequantized");
-  node(n, "QuantizeLinear", {value, s, zp}, {qv}, {Attribute::of("axis", axis)}, "weight_quantize");
-  node(n, "DequantizeLinear", {qv, s, zp}, {dq}, {Attribute::of("axis", axis)}, "weight_dequantize");
+  node(n, "DequantizeLinear", {codes, s, zp}, {dq}, {Attribute::of("axis", axis)}, "weight_dequantize");
   return dq;
 }
 

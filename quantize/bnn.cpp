@@ -73,6 +73,11 @@ void register_bnn() {
   w.attributes = weight_quantizer_attributes(1, 1);
   w.forward = [](const Node&, const at::Tensor& w, bool) { return bnn_sign(w); };
   w.encode = [](const Node& n, const at::Tensor& w) { return bnn_encode(w, n.attr_int("weight_axis")); };
+  // s·(2c − 1): q = ±1 times the scale (1).
+  w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
+    if (e.encoding != Encoding::kSign) return std::nullopt;
+    return channel_grid(e, shape);
+  };
   register_weight_quantizer(std::move(w));
 
   ActivationQuantizer a;

@@ -145,17 +145,12 @@ void register_dorefa() {
     return dorefa_encode(w, n.attr_int("weight_bits"), node_granularity(n), n.attr_int("weight_axis"));
   };
   // A k-bit DoReFa value s·(2c/(2^k − 1) − 1) = (2c − (2^k − 1))·s/(2^k − 1): an odd integer in
-  // [−(2^k − 1), 2^k − 1] (|q| ≤ 127 for k ≤ 7) times a per-channel scale.
+  // [−(2^k − 1), 2^k − 1] (|q| ≤ 127 for k ≤ 7) times a per-channel scale (equal to the decoded
+  // value up to float32 rounding).
   w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
-    if (e.encoding != Encoding::kDoReFa || e.bits < 2 || e.bits > 7 || e.axis < 0 ||
-        e.axis >= static_cast<int64_t>(shape.size()))
-      return std::nullopt;
-    const int64_t channels = shape[static_cast<size_t>(e.axis)];
-    if (e.scale.numel() != 1 && e.scale.numel() != channels) return std::nullopt;
-    const double levels = static_cast<double>((int64_t{1} << e.bits) - 1);
-    at::Tensor scale = (e.scale.detach().to(at::kCPU, at::kDouble) / levels).to(at::kFloat).reshape({-1});
-    if (scale.numel() == 1) scale = scale.expand({channels}).contiguous();
-    return IntegerGrid{scale, e.axis};
+    if (e.encoding == Encoding::kSign) return channel_grid(e, shape);  // 1 bit: s·(2c − 1), q = ±1
+    if (e.encoding != Encoding::kDoReFa || e.bits < 2 || e.bits > 7) return std::nullopt;
+    return channel_grid(e, shape, static_cast<double>((int64_t{1} << e.bits) - 1));
   };
   register_weight_quantizer(std::move(w));
   register_dorefa_activation();

@@ -438,14 +438,8 @@ void register_lsq() {
   };
   // s·q with q integral in [−128, 127]: an int8 grid with the step as its scale.
   w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
-    if (e.encoding != Encoding::kUniform || e.bits < 2 || e.bits > 8 || e.axis < 0 ||
-        e.axis >= static_cast<int64_t>(shape.size()))
-      return std::nullopt;
-    const int64_t channels = shape[static_cast<size_t>(e.axis)];
-    if (e.scale.numel() != 1 && e.scale.numel() != channels) return std::nullopt;
-    at::Tensor scale = e.scale.detach().to(at::kCPU, at::kFloat).reshape({-1});
-    if (scale.numel() == 1) scale = scale.expand({channels});
-    return IntegerGrid{scale.contiguous(), e.axis};
+    if (e.encoding != Encoding::kUniform || e.bits < 2 || e.bits > 8) return std::nullopt;
+    return channel_grid(e, shape);
   };
   register_weight_quantizer(std::move(w));
 

@@ -87,6 +87,16 @@ void bad_bits(const std::string& method, const std::string& key, int64_t value, 
               ErrorKind::kUsage);
 }
 
+std::optional<IntegerGrid> channel_grid(const EncodedWeight& e, const Shape& shape, double divisor) {
+  if (e.axis < 0 || e.axis >= static_cast<int64_t>(shape.size())) return std::nullopt;
+  const int64_t channels = shape[static_cast<size_t>(e.axis)];
+  if (e.scale.numel() != 1 && e.scale.numel() != channels) return std::nullopt;
+  at::Tensor scale = e.scale.detach().to(at::kCPU, at::kFloat).reshape({-1});
+  if (divisor != 1.0) scale = (scale.to(at::kDouble) / divisor).to(at::kFloat);
+  if (scale.numel() == 1) scale = scale.expand({channels});
+  return IntegerGrid{scale.contiguous(), e.axis};
+}
+
 void node_fail(const Node& n, const std::string& msg) { throw Error("node '" + n.name + "' (" + n.op + "): " + msg); }
 
 Node make_node(const std::string& name, const std::string& op, std::vector<std::string> inputs,

@@ -42,8 +42,8 @@ namespace whittle::quantize {
 // ---- weight quantizers
 
 /// A weight's values as an int8 grid: weight = scale[c]·q along `axis` (scale per output channel),
-/// q integral in [−127, 127]. The ONNX writer stores such weights as QuantizeLinear →
-/// DequantizeLinear (int8, zero point 0) on the float weight.
+/// q integral in [−128, 127]. The ONNX writer stores such weights as their codes q, an int8
+/// initializer, feeding DequantizeLinear (zero point 0): no float copy of the weight.
 struct IntegerGrid {
   at::Tensor scale;  ///< float32 [C], C = weight.size(axis)
   int64_t axis = 0;
@@ -76,6 +76,12 @@ struct WeightQuantizer {
 /// The int8 grid of the weight `node` runs with (its weight quantizer's integer_grid, for a
 /// quantizer stack or packed codes); nullopt when it has none or the weight is float.
 std::optional<IntegerGrid> integer_grid(const Node& node);
+
+/// For weight quantizers whose encoded values are q·scale[c]/divisor with q integral in
+/// [−128, 127] (LSQ, int8, TWN, sign codes; DoReFa with its levels as divisor): that IntegerGrid,
+/// the scale (computed in double, then float32) expanded to the C = shape[e.axis] channels;
+/// nullopt when e.axis is outside `shape` or the scale fits neither granularity.
+std::optional<IntegerGrid> channel_grid(const EncodedWeight& e, const Shape& shape, double divisor = 1.0);
 
 /// The weight quantizer registry ("weight quantizers" in `whittle inspect`).
 Registry<WeightQuantizer>& weight_quantizers();

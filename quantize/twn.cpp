@@ -79,6 +79,11 @@ void register_twn() {
   w.encode = [](const Node& n, const at::Tensor& w) {
     return twn_encode(w, node_granularity(n), n.attr_int("weight_axis"));
   };
+  // α·(c − 1): q = c − 1 ∈ {−1, 0, 1} times the per-channel α.
+  w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
+    if (e.encoding != Encoding::kTernary) return std::nullopt;
+    return channel_grid(e, shape);
+  };
   register_weight_quantizer(std::move(w));
   register_quantizer_method(std::make_unique<TwnMethod>());
 }

@@ -128,6 +128,11 @@ void register_xnor() {
   w.encode = [](const Node& n, const at::Tensor& w) {
     return xnor_encode(w, node_granularity(n), n.attr_int("weight_axis"));
   };
+  // α·(2c − 1): q = ±1 times the per-channel α.
+  w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
+    if (e.encoding != Encoding::kSign) return std::nullopt;
+    return channel_grid(e, shape);
+  };
   register_weight_quantizer(std::move(w));
   register_xnor_scale_op();
   register_quantizer_method(std::make_unique<XnorMethod>());

@@ -256,17 +256,17 @@ TEST_F(ExportTest, DoReFaW4TransposedConvIsQuantizedPerChannelOnAxis1) {
   quantize::apply(g, c);
   const Json r = export_and_run(g, "dorefa_w4_deconv");
   bool weight = false, activation = false;
+  for (const Json& q : r["dequantize_weights"]) {  // int8 codes, no float copy of the weight
+    weight = true;
+    EXPECT_EQ(q["axis"], 1) << q.dump();
+    EXPECT_EQ(q["input_type"], "INT8");
+    EXPECT_EQ(q["zero_point_type"], "INT8");
+    EXPECT_EQ(q["feeds"][0], "ConvTranspose:1");
+  }
   for (const Json& q : r["quantize_linear"]) {
-    if (q["input"] == "initializer") {
-      weight = true;
-      EXPECT_EQ(q["axis"], 1) << q.dump();
-      EXPECT_EQ(q["zero_point_type"], "INT8");
-      EXPECT_EQ(q["feeds"][0], "ConvTranspose:1");
-    } else {
-      activation = true;
-      EXPECT_EQ(q["zero_point_type"], "UINT8");
-      EXPECT_EQ(q["input"], "Clip");
-    }
+    activation = true;
+    EXPECT_EQ(q["zero_point_type"], "UINT8");
+    EXPECT_EQ(q["input"], "Clip");
   }
   EXPECT_TRUE(weight && activation) << r.dump();
 }
@@ -329,7 +329,9 @@ TEST_F(ExportTest, EveryQuantizerTypeMatchesInBothRuntimes) {
   for (const char* op : {"conv_bn_qat", "act_quant", "xnor_scale", "threshold_sign"}) EXPECT_TRUE(ops.count(op)) << op << "\n" << g;
   const Json r = export_and_run(g, "every_quantizer");
   EXPECT_GE(count(r, "Sign"), 2);  // the BNN input binarizer and the threshold, each Sign(2·Sign(x) + 1)
-  EXPECT_GE(count(r, "QuantizeLinear"), 2);  // conv2's W2 grid and A2 activations
+  EXPECT_GE(count(r, "QuantizeLinear"), 1);    // conv2's A2 activations
+  EXPECT_GE(count(r, "DequantizeLinear"), 4);  // and the int8 codes of the W2, TWN, BNN and XNOR weights
+  EXPECT_EQ(r["dequantize_weights"].size(), static_cast<size_t>(count(r, "DequantizeLinear") - count(r, "QuantizeLinear")));
   EXPECT_EQ(count(r, "BatchNormalization"), 3);  // bn1, bn4, bn5 (bn2 folded by QAT, bn3 into the threshold)
 
   // The packed checkpoint of the same model exports to bitwise the same TorchScript outputs.
@@ -392,7 +394,8 @@ TEST_F(ExportTest, LearnedQuantizersMatchInBothRuntimes) {
   const Graph& q = m->graph();
   EXPECT_EQ(q.node("conv2").params.at("weight_step").numel(), 8);  // per output channel
   const Json r = export_and_run(q, "learned_quantizers");
-  EXPECT_GE(count(r, "QuantizeLinear"), 8);  // four weights, four activations
+  EXPECT_EQ(count(r, "QuantizeLinear"), 4);    // four activations
+  EXPECT_EQ(r["dequantize_weights"].size(), 4u);  // four weights as int8 codes
   EXPECT_GE(count(r, "Sub"), 1);             // LSQ+'s shift by its offset
   const std::string ck = join_path(out_dir(), "learned_quantizers.h5");
   save_checkpoint(ck, q);
@@ -446,7 +449,13 @@ TEST_F(ExportTest, Int8QuantizersMatchInBothRuntimes) {
   EXPECT_LT(shifted.buffers.at("act_zero_point").item<float>(), 255.0f);
   EXPECT_EQ(q.node("deconv").attr_int("weight_axis"), 1);
   const Json r = export_and_run(q, "int8_quantizers");
-  EXPECT_GE(count(r, "QuantizeLinear"), 6);  // three weights, three activations
+  EXPECT_EQ(count(r, "QuantizeLinear"), 3);  // three activations
+  ASSERT_EQ(r["dequantize_weights"].size(), 3u);  // three weights as int8 codes
+  for (const Json& w : r["dequantize_weights"]) EXPECT_EQ(w["input_type"], "INT8") << w.dump();
+  // Zero points of both activation types.
+  std::set<std::string> zero_points;
+  for (const Json& a : r["quantize_linear"]) zero_points.insert(a["zero_point_type"].get<std::string>());
+  EXPECT_EQ(zero_points, (std::set<std::string>{"UINT8", "INT8"}));
   const std::string ck = join_path(out_dir(), "int8_quantizers.h5");
   save_checkpoint(ck, q);
   const Graph packed = load_checkpoint(ck).graph;

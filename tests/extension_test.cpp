@@ -2,7 +2,7 @@
 // with a learned step) and a toy export format are registered here, through the one registration
 // entry point, and then work everywhere the shipped ones do: the quantize pass and the recipe's
 // quantize modifier, the optimizer (the learned step is trained, without weight decay), packed
-// checkpoints (reloaded bitwise), ONNX (an int8 QuantizeLinear/DequantizeLinear grid) and
+// checkpoints (reloaded bitwise), ONNX (int8 weight codes into DequantizeLinear) and
 // TorchScript (bitwise equal), the recipe's outputs.export with the exporter's own option key, and
 // `whittle inspect`'s registry listings. A toy pass runs through the pass registry with typed
 // options. No file outside this one knows any of these entries.
@@ -217,13 +217,14 @@ TEST(ExtensionPoints, ToyMethodTrainsPacksReloadsAndExports) {
   reloaded->eval();
   EXPECT_TRUE(at::equal(reloaded->forward(x), y));
 
-  // TorchScript: bitwise equal outputs; ONNX: the weight as an int8 QDQ grid.
+  // TorchScript: bitwise equal outputs; ONNX: the weight as int8 codes into DequantizeLinear.
   const std::string ts = join_path(dir, "toy.pt");
   exporter("torchscript").write(m->graph(), ts, {}, {});
   const CheckData data = make_check_data(m->graph());
   EXPECT_NE(exporter("torchscript").verify(ts, &data).find("bitwise equal"), std::string::npos);
   const std::string bytes = onnx_model_bytes(loaded.graph);
-  EXPECT_NE(bytes.find("conv2/weight_quantize"), std::string::npos);
+  EXPECT_NE(bytes.find("conv2/weight_dequantize"), std::string::npos);
+  EXPECT_NE(bytes.find("conv2.weight_quantized"), std::string::npos);
   EXPECT_NE(bytes.find("conv2.weight_scale"), std::string::npos);
 }
 

@@ -13,6 +13,7 @@ Exit status 0 unless a file cannot be run. The callers (export_runtime_test.py, 
 decide what bound to hold.
 """
 import json
+import os
 import sys
 
 import h5py
@@ -50,7 +51,9 @@ def run_torchscript(path, inputs):
 
 
 def onnx_structure(path):
-    """Op-type counts, and each QuantizeLinear with its axis, what its output feeds and its input's type."""
+    """Op-type counts; each QuantizeLinear with its axis, what its output feeds and its input's kind;
+    each DequantizeLinear of an initializer (integer weight codes) with its axis, users and types; the
+    bytes of float initializers and of the file."""
     import onnx
 
     model = onnx.load(path)
@@ -78,7 +81,21 @@ def onnx_structure(path):
         zp = next((t for t in g.initializer if t.name == n.input[2]), None) if len(n.input) > 2 else None
         quantize.append({"node": n.name, "axis": axis, "feeds": feeds, "input": kind,
                          "zero_point_type": onnx.TensorProto.DataType.Name(zp.data_type) if zp is not None else None})
-    return {"op_types": counts, "quantize_linear": quantize, "opset": model.opset_import[0].version,
+    # Weights stored as integer codes: DequantizeLinear nodes reading an initializer.
+    dequantize_weights = []
+    by_name = {t.name: t for t in g.initializer}
+    for n in g.node:
+        if n.op_type != "DequantizeLinear" or n.input[0] not in initializers:
+            continue
+        zp = by_name.get(n.input[2]) if len(n.input) > 2 else None
+        dequantize_weights.append({
+            "node": n.name, "axis": next((a.i for a in n.attribute if a.name == "axis"), 1),
+            "feeds": [f"{user.op_type}:{slot}" for user, slot in consumers.get(n.output[0], [])],
+            "input_type": onnx.TensorProto.DataType.Name(by_name[n.input[0]].data_type),
+            "zero_point_type": onnx.TensorProto.DataType.Name(zp.data_type) if zp is not None else None})
+    float_bytes = sum(4 * int(np.prod(t.dims)) for t in g.initializer if t.data_type == onnx.TensorProto.FLOAT)
+    return {"op_types": counts, "quantize_linear": quantize, "dequantize_weights": dequantize_weights,
+            "float_initializer_bytes": float_bytes, "bytes": os.path.getsize(path), "opset": model.opset_import[0].version,
             "input_dims": [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input]}
 
 

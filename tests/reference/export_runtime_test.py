@@ -111,7 +111,8 @@ def check_recipe_checkpoint(name, ckpt, images, labels):
 
 
 def quantized_weight(summary):
-    return [q for q in summary["quantize_linear"] if q["input"] == "initializer"]
+    """The weights stored as integer codes (DequantizeLinear of an initializer)."""
+    return summary["dequantize_weights"]
 
 
 def quantized_activation(summary):
@@ -171,7 +172,7 @@ def check_recipes():
     if h.check(r.returncode == 0, "imported_w4a4: 1-epoch W4A4 fine-tuning of a traced PyTorch LeNet-5"):
         s = check_recipe_checkpoint("imported_w4a4", os.path.join(out, "model.h5"), images, labels)
         if s:
-            h.check(len(quantized_weight(s)) > 0, f"imported_w4a4: its 4-bit weights as QuantizeLinear/DequantizeLinear ({len(quantized_weight(s))})")
+            h.check(len(quantized_weight(s)) > 0, f"imported_w4a4: its 4-bit weights as int8 codes into DequantizeLinear ({len(quantized_weight(s))})")
 
     # Deploy forms: BN folded (FP32), BN + sign → threshold (BNN).
     for recipe in ("lenet5", "lenet5_bnn", "lenet5_xnor"):
@@ -198,11 +199,14 @@ def check_recipes():
     w4 = summaries.get("lenet5_dorefa_w4a4")
     if w4:
         weights, acts = quantized_weight(w4), quantized_activation(w4)
-        h.check(weights and all(q["axis"] == 0 and q["zero_point_type"] == "INT8" and any(f.startswith(("Conv:1", "Gemm:1")) for f in q["feeds"]) for q in weights),
-                f"lenet5_dorefa_w4a4: int8 QuantizeLinear/DequantizeLinear on axis 0 feeding the layers' weights ({len(weights)})")
+        h.check(weights and all(q["axis"] == 0 and q["input_type"] == "INT8" and q["zero_point_type"] == "INT8" and any(f.startswith(("Conv:1", "Gemm:1")) for f in q["feeds"]) for q in weights),
+                f"lenet5_dorefa_w4a4: int8 weight codes into DequantizeLinear on axis 0 feeding the layers' weights ({len(weights)})")
+        h.check(not any(q["input"] == "initializer" for q in w4["quantize_linear"]),
+                "lenet5_dorefa_w4a4: no float weight quantized in the file (QuantizeLinear of an initializer)")
         h.check(acts and all(q["zero_point_type"] == "UINT8" and q["input"] == "Clip" for q in acts),
                 f"lenet5_dorefa_w4a4: uint8 QuantizeLinear/DequantizeLinear after Clip on the activations ({len(acts)})")
-        h.check(w4["op_types"].get("DequantizeLinear", 0) == len(w4["quantize_linear"]), "lenet5_dorefa_w4a4: every QuantizeLinear has its DequantizeLinear")
+        h.check(w4["op_types"].get("DequantizeLinear", 0) == len(w4["quantize_linear"]) + len(weights),
+                "lenet5_dorefa_w4a4: every QuantizeLinear and every weight has its DequantizeLinear")
     w8 = summaries.get("lenet5_dorefa_w8a8")
     if w8:
         h.check(len(quantized_activation(w8)) > 0 and not quantized_weight(w8),
