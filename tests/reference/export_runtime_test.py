@@ -13,10 +13,12 @@ activation that lies that close to a rounding boundary of its grid rounds one le
 with two threads; the margin of 5× is for other thread counts and instruction sets, whose
 trainings put other activations near a boundary). The LeNet-5 checkpoints (each recipe trained for 1 epoch here: the export, not the
 accuracy, is under test; also W4A4 fine-tuning of a traced PyTorch LeNet-5) must also give `whittle eval`'s top-1 on the 2,000 test digits in both
-runtimes, and their ONNX files must carry the quantized forms: QuantizeLinear/DequantizeLinear on
-the DoReFa W4A4 weights (int8, zero point int8, axis 0) and activations (uint8), on the W8A8
-activations; no BatchNormalization after `whittle fuse` of the FP32 model (fewer for BNN and XNOR, whose
-BN + sign pairs become thresholds).
+runtimes, and their ONNX files must carry the quantized forms: the DoReFa W4A4 weights as int8 codes
+into DequantizeLinear (zero point int8, axis 0, no float copy) and activations as uint8
+QuantizeLinear/DequantizeLinear, on the W8A8 activations; no BatchNormalization after `whittle fuse`
+of the FP32 model (fewer for BNN and XNOR, whose BN + sign pairs become thresholds). The FP32 model
+calibrated to int8 (`whittle calibrate`, entropy) exports the same way, its file at most 0.3x the
+float one's; the W2A2 file at most 0.4x.
 
 The three parts run as three CTest tests, in parallel: `export_runtime_test.py zoo | imported | recipes`.
 """
@@ -192,6 +194,27 @@ def check_recipes():
             before = summaries[recipe]["op_types"].get("BatchNormalization", 0)
             h.check(bn < before, f"{recipe}_fused: {before - bn} of {before} BatchNormalization nodes became thresholds")
 
+    # Post-training int8 of the FP32 model (whittle calibrate, 4 batches of 128 training digits).
+    if os.path.exists(teacher):
+        int8 = os.path.join(OUT, "lenet5_int8.h5")
+        r = whittle("calibrate", teacher, "--data", h.MNIST, "--method", "entropy", "--out", int8)
+        if h.check(r.returncode == 0, "lenet5_int8: whittle calibrate"):
+            s = check_recipe_checkpoint("lenet5_int8", int8, images, labels)
+            if s:
+                summaries["lenet5_int8"] = s
+                weights, acts = quantized_weight(s), quantized_activation(s)
+                h.check(len(weights) == 3 and all(q["input_type"] == "INT8" and q["zero_point_type"] == "INT8" for q in weights),
+                        f"lenet5_int8: conv2, fc1 and fc2 as int8 codes into DequantizeLinear ({weights})")
+                h.check(len(acts) == 3 and all(q["zero_point_type"] == "UINT8" for q in acts),
+                        f"lenet5_int8: uint8 QuantizeLinear/DequantizeLinear on the three quantized layers' inputs ({acts})")
+    # Sizes: the int8 file at most 0.3x the float one, the W2A2 file at most 0.4x the float one
+    # (both were float-sized while weights were written as floats).
+    fp = summaries.get("lenet5")
+    for name, bound in (("lenet5_int8", 0.3), ("lenet5_dorefa_w2a2", 0.4)):
+        if fp and summaries.get(name):
+            ratio = summaries[name]["bytes"] / fp["bytes"]
+            h.check(ratio <= bound, f"{name}: ONNX file {summaries[name]['bytes']} bytes, {ratio:.3f}x the float one's "
+                                    f"{fp['bytes']} (at most {bound})")
     if summaries.get("lenet5"):
         h.check(summaries["lenet5"]["op_types"].get("BatchNormalization", 0) > 0, "lenet5: BatchNormalization in inference form")
     if summaries.get("lenet5_bnn_fused"):
