@@ -1,4 +1,5 @@
-// `whittle calibrate MODEL --data D --out FILE`: post-training int8 quantization. The model's layers
+// `whittle calibrate MODEL --data D --out FILE`: post-training int8 quantization. Batch norms are
+// folded into the layers before them (fuse_for_inference), then the layers
 // get the int8 method's quantizers (quantize/int8.cpp), every activation scale and zero point is
 // set by a calibrator over a few batches of the training split with the evaluation transforms (no
 // optimizer step), and the result is written as a packed checkpoint (docs/quantization.md).
@@ -17,6 +18,7 @@
 #include "data/loader.h"
 #include "export/checkpoint.h"
 #include "graph/graph_module.h"
+#include "graph/pass_registry.h"
 #include "quantize/method.h"
 #include "quantize/quantize.h"
 #include "runner/model_loader.h"
@@ -57,8 +59,10 @@ int run_calibrate(const std::vector<std::string>& args) {
       "usage: whittle calibrate MODEL --data PATH --out FILE [--method minmax|moving-minmax|percentile|entropy|mse]\n"
       "                         [--batches N] [--batch-size N] [--split NAME] [--seed N] [--mean A,B,C --std A,B,C]\n"
       "                         [--activation-dtype uint8|int8] [--granularity per_channel|per_tensor] [--no-narrow-range]\n"
-      "                         [--percentile P] [--targets A,B] [--ignore A,B] [--eval] [--overwrite]\n\n"
-      "Post-training int8 quantization: gives the model's layers the int8 method's quantizers (weights\n"
+      "                         [--percentile P] [--targets A,B] [--ignore A,B] [--no-fold] [--eval] [--overwrite]\n\n"
+      "Post-training int8 quantization: folds batch norms into the layers before them (the pass\n"
+      "fuse_for_inference, as integer runtimes run them; --no-fold keeps them), gives the layers the int8\n"
+      "method's quantizers (weights\n"
       "symmetric per output channel, activations uint8 affine or int8 symmetric; the first and last\n"
       "layers stay float unless --targets names them), sets every activation scale and zero point with a\n"
       "calibrator over --batches batches of the training split (shuffled with --seed, evaluation\n"
@@ -82,6 +86,7 @@ int run_calibrate(const std::vector<std::string>& args) {
       "targets", po::value<std::string>(&targets), "layers to quantize: names, op kinds or re:REGEX, comma-separated")(
       "ignore", po::value<std::string>(&ignore), "layers to leave float, as --targets")(
       "weights-only", "int8 weights, float activations (nothing to calibrate)")(
+      "no-fold", "keep batch norms as they are (default: folded into the layers before them first, as runtimes run int8)")(
       "eval", "evaluate the float and the int8 model on the test split of --data")(
       "eval-split", po::value<std::string>(&eval_split), "split --eval uses (default: the recipe's test split, else test)")(
       "device", po::value<std::string>(&device)->default_value("cpu"), "cpu, cuda or cuda:N")(
@@ -193,6 +198,11 @@ int run_calibrate(const std::vector<std::string>& args) {
   if (test_loader) before = runner::evaluate(module, *test_loader, dev);
 
   const auto t0 = std::chrono::steady_clock::now();
+  if (!vm.count("no-fold")) {
+    const char* pass = "fuse_for_inference";
+    std::cout << run_on_module(module, pass, ModuleMode::kEval,
+                               [&](Graph& g) { return run_pass(pass, g, PassCall{}); });
+  }
   const quantize::Report report = quantize::apply(module, config);
   module->to(dev);
   module->eval();
