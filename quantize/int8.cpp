@@ -14,6 +14,10 @@
 // Rounding is half to even (torch.round, ONNX's). Gradients are straight through where the code is
 // inside [q_min, q_max] and 0 where it was clamped (torch.ao's fake quantization); scales and zero
 // points get none.
+// Observers (QAT, method option observe): while an act_quant node's `observe` is set and the model
+// trains, each batch moves the buffers observed_min and observed_max (from the calibrated grid's
+// ends) by 0.01 of the way to its own min and max (torch.ao's MovingAverageMinMaxObserver), and the
+// scale and zero point become min-max's for that range; freeze_observers_epoch clears `observe`.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -98,6 +102,21 @@ const at::Tensor& buffer_of(const Node& n, const char* name) {
   return *t;
 }
 
+// The uint8 zero point of the range [lo, hi] (lo ≤ 0 ≤ hi): z = round(−lo·255/(hi − lo)) in
+// [0, 255], 0 when nothing is negative.
+int64_t zero_point_for(double lo, double hi) {
+  if (!(lo < 0.0) || !(hi > lo)) return 0;
+  return std::clamp<int64_t>(static_cast<int64_t>(std::nearbyint(-lo / ((hi - lo) / 255.0))), 0, 255);
+}
+
+// The grid calibrators work on: int8 [−128, 127] around 0, or uint8 around the zero point z.
+CalibrationGrid grid_for(bool signed_codes, int64_t z) {
+  return signed_codes ? CalibrationGrid{128, 127, 0.0} : CalibrationGrid{z, 255 - z, 0.0};
+}
+
+// Sets the node's scale (at least the floor, rounded to float32) and zero point.
+void set_scale(const Node& n, double s, int64_t z);
+
 // The scale and zero point of an int8 act_quant node, as doubles.
 std::pair<double, int64_t> activation_scale(const Node& n) {
   const double s = buffer_of(n, "act_scale").detach().to(at::kCPU, at::kFloat).item<double>();
@@ -107,6 +126,31 @@ std::pair<double, int64_t> activation_scale(const Node& n) {
 
 // The scale and zero point a node holds are valid (checked with every graph, so on load). A node
 // the quantize pass has just made has neither until attach() gives it both.
+void set_scale(const Node& n, double s, int64_t z) {
+  buffer_of(n, "act_scale").fill_(static_cast<double>(static_cast<float>(std::max(s, kScaleFloor))));
+  buffer_of(n, "act_zero_point").fill_(static_cast<double>(z));
+}
+
+// One observer update from a training batch `x` (see the top of this file).
+void observe_batch(const Node& n, const at::Tensor& x) {
+  at::NoGradGuard no_grad;
+  if (x.numel() == 0) return;
+  const auto [lo_t, hi_t] = at::aminmax(x.detach());
+  const double lo = lo_t.item<double>(), hi = hi_t.item<double>();
+  if (!std::isfinite(lo) || !std::isfinite(hi))
+    node_fail(n, "int8 observer: a NaN or infinite activation in training (the scale would follow it)");
+  const at::Tensor& mn = buffer_of(n, "observed_min");
+  const at::Tensor& mx = buffer_of(n, "observed_max");
+  const double m_lo = mn.item<double>() + Histogram::kMovingAverage * (lo - mn.item<double>());
+  const double m_hi = mx.item<double>() + Histogram::kMovingAverage * (hi - mx.item<double>());
+  mn.fill_(m_lo);
+  mx.fill_(m_hi);
+  const double r_lo = std::min(m_lo, 0.0), r_hi = std::max(m_hi, 0.0);
+  const bool signed_codes = n.attr_bool("signed_codes");
+  const int64_t z = signed_codes ? 0 : zero_point_for(r_lo, r_hi);
+  set_scale(n, step_for_range(grid_for(signed_codes, z), r_lo, r_hi), z);
+}
+
 void check_activation(const Node& n) {
   if (!n.buffers.find("act_scale") && !n.buffers.find("act_zero_point")) return;
   const auto [s, z] = activation_scale(n);
@@ -133,6 +177,10 @@ struct Int8Options {
   int64_t calibration_batches = 8;
   /// The percentile calibrator's share of the values, in percent (unset: 99.99; only with it).
   std::optional<double> percentile;
+  /// QAT: the activation scales follow moving-average min-max observers while training.
+  bool observe = false;
+  /// QAT: the fractional epoch from which the observers stop (−1: never).
+  double freeze_observers_epoch = -1.0;
 };
 
 const OptionsSchema<Int8Options>& int8_schema() {
@@ -151,7 +199,12 @@ const OptionsSchema<Int8Options>& int8_schema() {
           .in_range(Range::closed(1, 100000))
           .add("percentile", &O::percentile, "calibrator percentile: the share of the values the grid covers, in percent",
                {}, "99.99")
-          .in_range(Range{0, 100, true, false});
+          .in_range(Range{0, 100, true, false})
+          .add("observe", &O::observe,
+               "QAT: the activation scales follow moving averages (0.01) of each batch's min and max while training")
+          .add("freeze_observers_epoch", &O::freeze_observers_epoch,
+               "QAT: the fractional epoch from which the observers stop (−1: never)")
+          .in_range(Range{-1, 1e9});
   return schema;
 }
 
@@ -183,6 +236,10 @@ class Int8Method final : public MethodWithOptions<Int8Options> {
     }
     if (o.percentile && o.calibrator != "percentile")
       refuse("percentile", "read only with calibrator: percentile (calibrator is " + o.calibrator + ")");
+    if (o.freeze_observers_epoch != -1.0 && o.freeze_observers_epoch < 0)
+      refuse("freeze_observers_epoch", SettingValue(o.freeze_observers_epoch).text() + " (−1 for never, or ≥ 0)");
+    if (o.freeze_observers_epoch >= 0 && !o.observe) refuse("freeze_observers_epoch", "applies with observe: true only");
+    if (o.observe && c.activation_bits == 32) refuse("observe", "there are no activation quantizers (activation_bits 32)");
     return c;
   }
   std::optional<Calibration> calibration(const Config& c) const override {
@@ -206,7 +263,23 @@ class Int8Method final : public MethodWithOptions<Int8Options> {
     ActivationPlan p;
     p.quantizer = "int8";
     p.attrs["signed_codes"] = options(c).activation_dtype == "int8";
+    p.attrs["observe"] = options(c).observe;
     return p;
+  }
+  // At freeze_observers_epoch the observers of this entry's layers' inputs stop.
+  int64_t at_epoch(Graph& graph, const Config& c, double epoch) const override {
+    const Int8Options o = options(c);
+    if (!o.observe || o.freeze_observers_epoch < 0 || epoch < o.freeze_observers_epoch) return 0;
+    int64_t frozen = 0;
+    for (const auto& layer : selected_layers(graph, c)) {
+      const std::string& producer = graph.value(graph.node(layer).inputs.at(0)).producer;
+      if (producer.empty()) continue;
+      Node& n = graph.node(producer);
+      if (n.op != "act_quant" || n.attr_str("method") != "int8" || !n.attr_bool("observe")) continue;
+      n.attrs["observe"] = false;
+      ++frozen;
+    }
+    return frozen;
   }
   std::string label(const Config& c) const override {
     if (c.activation_bits == 32) return "int8 W8A32";
@@ -260,13 +333,15 @@ void register_int8() {
       "int8 activations (Jacob et al. 2018): (clamp(round(x/s) + z, q_min, q_max) − z)·s, uint8 affine or int8 "
       "symmetric, scale and zero point from calibration (act_scale, act_zero_point)";
   a.placement = Placement::kAfterRelu;
-  a.buffers = {"act_scale", "act_zero_point"};
+  a.buffers = {"act_scale", "act_zero_point", "observed_min", "observed_max"};
   a.attributes = {AttrSpec::boolean("signed_codes", false, "int8 codes [−128, 127] (symmetric) rather than uint8 [0, 255]"),
-                  AttrSpec::boolean("relu", false, "stands for a ReLU then the quantizer")};
+                  AttrSpec::boolean("relu", false, "stands for a ReLU then the quantizer"),
+                  AttrSpec::boolean("observe", false, "in training, the scale follows moving-average min-max observers")};
   a.check = check_activation;
-  a.forward = [](const Node& n, const at::Tensor& x_in, bool) {
+  a.forward = [](const Node& n, const at::Tensor& x_in, bool training) {
     const CodeRange r = activation_codes(n.attr_bool("signed_codes"));
     const at::Tensor x = n.attr_bool("relu") ? at::relu(x_in) : x_in;
+    if (training && n.attr_bool("observe")) observe_batch(n, x);
     const at::Tensor s = buffer_of(n, "act_scale").detach().to(x.device(), x.scalar_type()).reshape({});
     const at::Tensor z = buffer_of(n, "act_zero_point").detach().to(x.device(), x.scalar_type()).reshape({});
     return FakeQuantFn::apply(x, s, z, r.q_min, r.q_max);
@@ -290,26 +365,26 @@ void register_int8() {
     return "(torch.clamp(torch.round(" + x + " / " + s + ") + " + z + ", " + t.number(static_cast<double>(r.q_min)) +
            ", " + t.number(static_cast<double>(r.q_max)) + ") - " + z + ") * " + s;
   };
-  // Before calibration: the grid [0, 1] (uint8) or [−1, 1) (int8).
+  // Before calibration: the grid [0, 1] (uint8) or [−1, 1) (int8), and observers at its ends.
   a.attach = [](Node& n) {
     n.buffers.set("act_scale", at::full({1}, n.attr_bool("signed_codes") ? 1.0 / 128.0 : 1.0 / 255.0, at::kFloat));
     n.buffers.set("act_zero_point", at::zeros({1}, at::kFloat));
+    n.buffers.set("observed_min", at::full({1}, n.attr_bool("signed_codes") ? -1.0 : 0.0, at::kFloat));
+    n.buffers.set("observed_max", at::ones({1}, at::kFloat));
   };
   // uint8: the zero point from the range [min(x, 0), max(x, 0)] (0 when nothing is negative), then
   // the calibrator's step for the grid around it; int8: z = 0 and the step for [−128, 127].
   a.calibrate = [](const Node& n, const Histogram& h, const Calibrator& c, const CalibrationOptions& o) {
     at::NoGradGuard no_grad;
     const bool signed_codes = n.attr_bool("signed_codes");
-    int64_t z = 0;
-    CalibrationGrid grid{128, 127, 0.0};
-    if (!signed_codes) {
-      const double lo = h.count > 0 ? std::min(h.min, 0.0) : 0.0, hi = h.count > 0 ? std::max(h.max, 0.0) : 0.0;
-      if (lo < 0.0 && hi > lo) z = std::clamp<int64_t>(static_cast<int64_t>(std::nearbyint(-lo / ((hi - lo) / 255.0))), 0, 255);
-      grid = CalibrationGrid{z, 255 - z, 0.0};
-    }
-    const double s = std::max(c.step(h, grid, o), kScaleFloor);
-    buffer_of(n, "act_scale").fill_(static_cast<double>(static_cast<float>(s)));
-    buffer_of(n, "act_zero_point").fill_(static_cast<double>(z));
+    const double lo = h.count > 0 ? std::min(h.min, 0.0) : 0.0, hi = h.count > 0 ? std::max(h.max, 0.0) : 0.0;
+    const int64_t z = signed_codes ? 0 : zero_point_for(lo, hi);
+    const CalibrationGrid grid = grid_for(signed_codes, z);
+    set_scale(n, c.step(h, grid, o), z);
+    // Observers (QAT) start from the calibrated grid's ends.
+    const double s = buffer_of(n, "act_scale").item<double>();
+    if (const at::Tensor* mn = n.buffers.find("observed_min")) mn->fill_(-static_cast<double>(grid.q_n) * s);
+    if (const at::Tensor* mx = n.buffers.find("observed_max")) mx->fill_(static_cast<double>(grid.q_p) * s);
   };
   register_activation_quantizer(std::move(a));
   register_quantizer_method(std::make_unique<Int8Method>());

@@ -221,6 +221,10 @@ class QuantizerMethod {
   /// After each optimizer step (BNN's latent weight clip to [−1, 1], LSQ's step floor); returns
   /// the nodes changed. Default: nothing.
   virtual int64_t after_step(Graph& graph, const Config& resolved) const { return 0; }
+  /// The method's schedule, called by the quantize modifier before every training step with the
+  /// fractional epoch (int8: its observers stop at freeze_observers_epoch); returns the nodes
+  /// changed. Default: nothing.
+  virtual int64_t at_epoch(Graph& graph, const Config& resolved, double epoch) const { return 0; }
   /// Whether change_bits() is supported: a later recipe entry of the method may then take over the
   /// layers of an earlier one at other bit widths (progressive bit widths). Default: no.
   virtual bool changes_bits() const { return false; }

@@ -451,6 +451,11 @@ int64_t after_step(Graph& graph, const Config& resolved) {
   return quantizer_method(resolved.method).after_step(graph, resolved);
 }
 
+int64_t at_epoch(Graph& graph, const Config& resolved, double epoch) {
+  register_all();
+  return quantizer_method(resolved.method).at_epoch(graph, resolved, epoch);
+}
+
 std::vector<std::string> selected_layers(const Graph& graph, const Config& c) {
   std::vector<std::string> all, layers;
   for (const auto& n : graph.nodes())

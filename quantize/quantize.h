@@ -105,6 +105,10 @@ Report apply(GraphModule& module, const Config& config);
 /// (resolve()). Returns the number of layers changed.
 int64_t after_step(Graph& graph, const Config& resolved);
 
+/// The method's schedule at fractional `epoch` (QuantizerMethod::at_epoch; int8 stops its
+/// activation observers at freeze_observers_epoch), for a `resolved` config. Returns the nodes changed.
+int64_t at_epoch(Graph& graph, const Config& resolved, double epoch);
+
 /// The weighted layers `config` selects, in graph order: its targets and ignore (graph/select.h),
 /// the first and last layers only when named, whether or not they are quantized yet.
 std::vector<std::string> selected_layers(const Graph& graph, const Config& config);

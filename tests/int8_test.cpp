@@ -4,7 +4,7 @@
 //     evenly spaced values (nothing to clip: min-max's step); the moving averages by hand.
 //   - The activation quantizer: ties (round half to even before the zero point is added, as ONNX's
 //     QuantizeLinear), the zero point at both ends of the code range, the gradient mask, signed
-//     codes, the ReLU it stands for.
+//     codes, the ReLU it stands for; the QAT observers and their freezing.
 //   - Weight scales per output channel on grouped and transposed convolutions (axis 1), narrow and
 //     full range, an all-zero and a constant channel.
 //   - LeNet-5 calibrated by each calibrator, saved and loaded bitwise, weights one byte each.
@@ -170,6 +170,49 @@ TEST(Int8Activations, CalibratedZeroPointsByHand) {
   EXPECT_THROW(aq.check(act_node(0.0, 0.0, false)), Error);
 }
 
+// Observers (QAT): calibrated on [0, 2] (uint8: s = 2/255, z = 0, observed range [0, 2]); a training
+// batch with min −1 and max 4 moves the range to [−0.01, 2.02]; then z = round(0.01·255/2.03) =
+// round(1.256) = 1 and min-max's step for the grid [−1, 254]: max(2.02/254, 0.01/1) = 0.01. In eval
+// mode, or with observe off, nothing moves. The method's schedule clears observe at
+// freeze_observers_epoch.
+TEST(Int8Activations, ObserversMoveTheScaleUntilFrozen) {
+  q::register_all();
+  const q::ActivationQuantizer& aq = q::activation_quantizers().get("int8");
+  Node n = act_node(1.0, 0.0, false);
+  n.attrs["observe"] = true;
+  n.buffers.set("observed_min", at::zeros({1}));
+  n.buffers.set("observed_max", at::zeros({1}));
+  aq.calibrate(n, q::histogram_of(vec({0.0, 2.0})), q::calibrator("minmax"), {});
+  EXPECT_EQ(n.buffers.at("act_scale").item<float>(), 2.0f / 255.0f);
+  EXPECT_EQ(n.buffers.at("observed_max").item<float>(), 2.0f);
+  const at::Tensor batch = at::tensor({-1.0f, 4.0f, 0.5f});
+  aq.forward(n, batch, /*training=*/false);
+  EXPECT_EQ(n.buffers.at("act_scale").item<float>(), 2.0f / 255.0f);  // eval: no update
+  const at::Tensor y = aq.forward(n, batch, /*training=*/true);
+  EXPECT_FLOAT_EQ(n.buffers.at("observed_min").item<float>(), -0.01f);
+  EXPECT_FLOAT_EQ(n.buffers.at("observed_max").item<float>(), 2.02f);
+  EXPECT_EQ(n.buffers.at("act_zero_point").item<float>(), 1.0f);
+  EXPECT_EQ(n.buffers.at("act_scale").item<float>(), 0.01f);
+  // −1 → code round(−100) + 1, clamped to 0 → −0.01; 4 → 401 → 255 → 2.54; 0.5 → 51 → 0.5.
+  EXPECT_TRUE(at::allclose(y, at::tensor({-0.01f, 2.54f, 0.5f}), 0, 1e-6));
+
+  // The schedule: observe on every quantized input until epoch 1, then off.
+  Graph g = small_net();
+  q::Config c;
+  c.method = "int8";
+  c.options["observe"] = true;
+  c.options["freeze_observers_epoch"] = 1.0;
+  c.targets = {"classifier"};
+  q::apply(g, c);
+  const Node& act = g.node("classifier.act_quant");
+  EXPECT_TRUE(act.attr_bool("observe"));
+  const q::Config resolved = q::resolve(c);
+  EXPECT_EQ(q::at_epoch(g, resolved, 0.99), 0);
+  EXPECT_EQ(q::at_epoch(g, resolved, 1.0), 1);
+  EXPECT_FALSE(g.node("classifier.act_quant").attr_bool("observe"));
+  EXPECT_EQ(q::at_epoch(g, resolved, 2.0), 0);  // already frozen
+}
+
 // Weight scales per output channel: a grouped conv (axis 0) and a transposed conv (axis 1, weight
 // [in, out/groups, k, k]); narrow range s = m/127, full range s = m/127.5 (then −m is code −128
 // and +m rounds to 128, clamped to 127); an all-zero channel gets s = 1 and codes 0.
@@ -286,6 +329,11 @@ TEST(Int8Model, BadKeysAreNamed) {
   c.weight_bits = 8;
   c.options["activation_dtype"] = std::string("int4");
   EXPECT_NE(refusal(c).find("int4"), std::string::npos) << refusal(c);
+  c.options = q::Config{}.options;
+  c.options["freeze_observers_epoch"] = 2.0;
+  EXPECT_NE(refusal(c).find("observe: true"), std::string::npos) << refusal(c);
+  c.options["freeze_observers_epoch"] = -0.5;
+  EXPECT_NE(refusal(c).find("freeze_observers_epoch"), std::string::npos) << refusal(c);
 }
 
 }  // namespace
