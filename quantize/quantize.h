@@ -156,6 +156,16 @@ int64_t calibrate_learned(GraphModule& module, const std::function<at::Tensor(in
                           const Calibration& calibration, const std::vector<std::string>& nodes = {},
                           const std::function<void(Histogram&)>& merge_ranks = {});
 
+/// Empirical bias correction after calibration (Nagel et al. 2019, sec. 4.2): for each of `layers`
+/// with a quantized weight (a quantizer on its stack) subtracts from its bias the mean error its
+/// weight quantization adds to each output channel, E[layer(x, Ŵ − W)] over `batches` forward
+/// passes of `batch(i)` ([N, ...] as the model's input) in the module's current mode, x being the
+/// layer's input as the quantized model computes it before any correction (one set of passes for
+/// all layers); a layer without a bias gets one. No gradient. Returns
+/// the layers corrected. Throws whittle::Error (usage) for fewer than one batch.
+int64_t correct_bias(GraphModule& module, const std::function<at::Tensor(int64_t)>& batch, int64_t batches,
+                     const std::vector<std::string>& layers);
+
 /// The act_quant nodes of `report` (inserted or replaced by an apply()) whose activation quantizer
 /// sets learned parameters from data (by its own rule or a calibrator): what initialize_learned()
 /// or calibrate_learned() should be given after it.

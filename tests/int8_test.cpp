@@ -313,6 +313,44 @@ TEST(Int8Model, CalibratedLeNetReloadsBitwise) {
   }
 }
 
+// Bias correction by hand: fc (weight [1, 0.004], bias 0.5) reading [1, 2] through a uint8 grid
+// calibrated on it (s = 2/255, z = 0: the input becomes [128·s, 255·s]). The weight scale is 1/127,
+// so 0.004 becomes 1 step, Δ = [0, 1/127 − 0.004]; the mean error is 255·s·Δ₁ and the bias drops
+// by it.
+TEST(Int8Model, BiasCorrectionByHand) {
+  Graph g;
+  g.add_input("x", {1, 2});
+  Node fc = make("fc", "linear", {"x"});
+  fc.params.set("weight", at::tensor({1.0f, 0.004f}).reshape({1, 2}));
+  fc.params.set("bias", at::tensor({0.5f}));
+  g.add_node(fc);
+  g.set_outputs({"fc"});
+  q::Config c;
+  c.method = "int8";
+  c.targets = {"fc"};
+  GraphModule m(g);
+  const q::Report r = q::apply(m, c);
+  m->eval();
+  const at::Tensor x = at::tensor({1.0f, 2.0f}).reshape({1, 2});
+  q::Calibration cal;
+  cal.calibrator = "minmax";
+  ASSERT_EQ(q::calibrate_learned(m, [&](int64_t) { return x; }, cal), 1);
+  EXPECT_EQ(q::correct_bias(m, [&](int64_t) { return x; }, 1, r.quantized), 1);
+  const float s = 2.0f / 255.0f, step = 1.0f / 127.0f;
+  EXPECT_NEAR(m->graph().node("fc").params.at("bias").item<float>(), 0.5f - 255.0f * s * (step - 0.004f), 1e-7);
+  // A layer without a bias gets one; a float layer is left alone.
+  Graph h = g;
+  h.node("fc").params.erase("bias");
+  GraphModule n(h);
+  const q::Report rn = q::apply(n, c);
+  n->eval();
+  q::calibrate_learned(n, [&](int64_t) { return x; }, cal);
+  EXPECT_EQ(q::correct_bias(n, [&](int64_t) { return x; }, 1, rn.quantized), 1);
+  EXPECT_NEAR(n->graph().node("fc").params.at("bias").item<float>(), -255.0f * s * (step - 0.004f), 1e-7);
+  GraphModule f(g);
+  EXPECT_EQ(q::correct_bias(f, [&](int64_t) { return x; }, 1, {"fc"}), 0);
+}
+
 // Keys the int8 method refuses, each named.
 TEST(Int8Model, BadKeysAreNamed) {
   auto refusal = [&](const q::Config& c) { return usage_error_message([&] { q::resolve(c); }); };

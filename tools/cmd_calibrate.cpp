@@ -59,7 +59,8 @@ int run_calibrate(const std::vector<std::string>& args) {
       "usage: whittle calibrate MODEL --data PATH --out FILE [--method minmax|moving-minmax|percentile|entropy|mse]\n"
       "                         [--batches N] [--batch-size N] [--split NAME] [--seed N] [--mean A,B,C --std A,B,C]\n"
       "                         [--activation-dtype uint8|int8] [--granularity per_channel|per_tensor] [--no-narrow-range]\n"
-      "                         [--percentile P] [--targets A,B] [--ignore A,B] [--no-fold] [--eval] [--overwrite]\n\n"
+      "                         [--percentile P] [--targets A,B] [--ignore A,B] [--bias-correction] [--no-fold] [--eval]\n"
+      "                         [--overwrite]\n\n"
       "Post-training int8 quantization: folds batch norms into the layers before them (the pass\n"
       "fuse_for_inference, as integer runtimes run them; --no-fold keeps them), gives the layers the int8\n"
       "method's quantizers (weights\n"
@@ -86,6 +87,7 @@ int run_calibrate(const std::vector<std::string>& args) {
       "targets", po::value<std::string>(&targets), "layers to quantize: names, op kinds or re:REGEX, comma-separated")(
       "ignore", po::value<std::string>(&ignore), "layers to leave float, as --targets")(
       "weights-only", "int8 weights, float activations (nothing to calibrate)")(
+      "bias-correction", "after calibration, correct each quantized layer's bias for the mean error of its int8 weight (Nagel et al. 2019)")(
       "no-fold", "keep batch norms as they are (default: folded into the layers before them first, as runtimes run int8)")(
       "eval", "evaluate the float and the int8 model on the test split of --data")(
       "eval-split", po::value<std::string>(&eval_split), "split --eval uses (default: the recipe's test split, else test)")(
@@ -213,11 +215,16 @@ int run_calibrate(const std::vector<std::string>& args) {
         module, [&](int64_t i) { return loader.batch(0, i).images.to(dev); }, *cal,
         quantize::nodes_to_initialize(module->graph(), report));
   }
+  int64_t corrected = 0;
+  if (vm.count("bias-correction"))
+    corrected = quantize::correct_bias(module, [&](int64_t i) { return loader.batch(0, i).images.to(dev); }, batches,
+                                       report.quantized);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << report.summary() << "calibrated " << calibrated << " activation quantizer(s) with "
             << (cal ? cal->calibrator : std::string("-")) << " over " << (cal ? cal->batches : 0) << " batch(es) of "
             << batch_size << " images of " << data_path << " (" << split << "), " << std::fixed << std::setprecision(2)
             << seconds << " s\n";
+  if (vm.count("bias-correction")) std::cout << "bias correction: " << corrected << " layer(s)\n";
   if (test_loader) {
     const runner::EvalMetrics after = runner::evaluate(module, *test_loader, dev);
     std::cout << "test top-1 on " << test_path << " (" << eval_split << ", " << after.samples << " images): float "
