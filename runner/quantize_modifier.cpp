@@ -66,7 +66,10 @@ class QuantizeModifier : public Modifier {
   // A window opening inside an epoch (start_epoch 1.5) attaches at that epoch's first batch past it.
   void on_step_begin(TrainContext& tc) override {
     if (!applied_ && active_at(tc.epoch)) attach(tc);
-    if (applied_) quantize::at_epoch(tc.model->graph(), config_, tc.epoch);
+    if (applied_)
+      if (const int64_t changed = quantize::at_epoch(tc.model->graph(), config_, tc.epoch); changed > 0)
+        *tc.log << "quantize (" << config_.method << "): schedule at epoch " << tc.epoch << " changed " << changed
+                << " node(s)\n" << std::flush;
     if (!to_initialize_.empty() && tc.input) initialize(tc);
   }
   void on_step_end(TrainContext& tc) override {
