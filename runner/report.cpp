@@ -35,6 +35,14 @@ std::string quantizer_text(const Node& n) {
     const quantize::ActivationGrid g = q.grid(n);
     if (g.sign) return q.name + " ±1";
     if (g.bits >= 32) return q.name;
+    if (g.affine) {  // codes a in [a_min, a_max] stand for (a − z)·step
+      const double levels = static_cast<double>((int64_t{1} << g.bits) - 1), step = g.max / levels;
+      const double a_min = g.signed_codes ? -(levels + 1) / 2 : 0.0;
+      return q.name + " A" + std::to_string(g.bits) + (g.signed_codes ? " int" : " uint") + " on [" +
+             short_number((a_min - static_cast<double>(g.zero_point)) * step) + ", " +
+             short_number((a_min + levels - static_cast<double>(g.zero_point)) * step) + "], zero point " +
+             std::to_string(g.zero_point);
+    }
     return q.name + " A" + std::to_string(g.bits) + " on [" + short_number(g.offset) + ", " +
            short_number(g.offset + g.max) + "]";
   }
