@@ -3,7 +3,7 @@
 // values' own in Kullback-Leibler divergence.
 //
 // On the histogram of the distances |x − offset| (quantize/calibrate.h; bins of the histogram's
-// width w, the zeros at distance 0, a value on a side of the offset without levels at 0), for
+// width w, a value on a side of the offset without levels at 0), for
 // each candidate i from L + 1 to the last non-empty bin (L: the grid's steps from its offset to
 // its nearer end, 127 for int8, 255 for uint8 after a ReLU):
 //   P = the first i bins, the values beyond them added to bin i − 1 (clipped to T = i·w);
@@ -13,6 +13,10 @@
 //   from the others) where P has values.
 // The step is T/L for the smallest divergence (the smallest i on ties), never more than min-max's;
 // with no more bins than L + 1, min-max's step (nothing to clip).
+// Exact zeros (counted apart by the histogram: after a ReLU, often half the values) are left out
+// when the grid's offset is 0: such a grid holds 0 exactly, so they cost nothing at any T, whereas in the first bin they
+// would outweigh everything else there, and Q, which spreads that bin's group evenly, would push T
+// to the smallest candidate (measured: a LeNet-5 lost 1.9 points of top-1 so, none without them).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -70,7 +74,7 @@ void register_entropy_calibrator() {
       const auto j = std::min<int64_t>(static_cast<int64_t>(std::floor(distance(x) / w)), Histogram::kBins - 1);
       bins[static_cast<size_t>(j)] += static_cast<double>(count);
     };
-    if (h.zeros > 0) add(0.0, h.zeros);
+    if (h.zeros > 0 && grid.offset != 0.0) add(0.0, h.zeros);  // on a shifted grid 0 may fall between levels
     for (int64_t i = 0; i < static_cast<int64_t>(h.counts.size()); ++i)
       if (h.counts[i] != 0) add(h.center(i), h.counts[i]);
     int64_t used = Histogram::kBins;

@@ -72,11 +72,17 @@ TEST(EntropyCalibrator, ClipsAnOutlierAtTheWorkedOutThreshold) {
 }
 
 // Evenly spaced values fill every bin alike: no threshold below the last bin wins, and the step is
-// min-max's (the largest value over 255).
+// min-max's (the largest value over 255), with or without a spike of exact zeros.
 TEST(EntropyCalibrator, KeepsEvenlySpacedValuesWhole) {
   const at::Tensor x = at::arange(0, 10000, at::kDouble) / 10000.0;
   const q::Histogram h = q::histogram_of(x);
   EXPECT_DOUBLE_EQ(step_of("entropy", h, {0, 255, 0.0}), 0.9999 / 255.0);
+  // As many exact zeros again (a ReLU's output): the grid holds 0 exactly, they cost nothing at
+  // any threshold and change nothing (in the first bin they would outweigh it and push the
+  // threshold to the smallest candidate).
+  const q::Histogram with_zeros = q::histogram_of(at::cat({x, at::zeros({10000}, at::kDouble)}));
+  EXPECT_EQ(with_zeros.zeros, 10001);
+  EXPECT_DOUBLE_EQ(step_of("entropy", with_zeros, {0, 255, 0.0}), 0.9999 / 255.0);
 }
 
 // m ← m + 0.01·(batch − m): batches [0, 1, 2] then [−1, 4] give min −0.01 and max 2.02.
