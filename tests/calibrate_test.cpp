@@ -317,7 +317,7 @@ TEST(CalibratedPact, ClipsAreTheCalibratorsOnWhatTheLayersSee) {
   };
   for (auto [key, value, want] : std::vector<std::tuple<std::string, SettingValue, std::string>>{
            {"clip_init", SettingValue(2.0), "key 'clip_init': give clip_init or clip_calibrator, not both"},
-           {"clip_calibrator", SettingValue(std::string("kl")), "unknown 'kl' (minmax, mse, percentile)"}}) {
+           {"clip_calibrator", SettingValue(std::string("kl")), "unknown 'kl' (entropy, minmax, moving_minmax, mse, percentile)"}}) {
     q::Config bad = c;
     bad.options[key] = value;
     EXPECT_NE(message(bad).find(want), std::string::npos) << message(bad);
@@ -371,7 +371,7 @@ TEST(CalibratedLsq, BadKeysAreRefused) {
     return std::string();
   };
   const std::string unknown = message({{"step_init", SettingValue(std::string("kl"))}});
-  EXPECT_NE(unknown.find("unknown 'kl' (paper, minmax, mse, percentile)"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unknown 'kl' (paper, entropy, minmax, moving_minmax, mse, percentile)"), std::string::npos) << unknown;
   EXPECT_NE(message({{"init_batches", SettingValue(int64_t{4})}}).find("need step_init"), std::string::npos);
   const std::string zero =
       message({{"step_init", SettingValue(std::string("percentile"))}, {"percentile", SettingValue(0.0)}});
