@@ -37,9 +37,7 @@ namespace {
 // "0.49,0.48,0.45" → numbers; throws a usage error naming `what`.
 std::vector<double> parse_numbers(const std::string& text, const std::string& what) {
   std::vector<double> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const auto& item : split_commas(text)) {
     try {
       size_t used = 0;
       out.push_back(std::stod(item, &used));
@@ -122,16 +120,8 @@ int run_calibrate(const std::vector<std::string>& args) {
   if (!method.empty()) config.options["calibrator"] = method;
   config.options["calibration_batches"] = batches;
   if (vm.count("weights-only")) config.activation_bits = 32;
-  auto list = [](const std::string& text) {
-    std::vector<std::string> out;
-    std::stringstream ss(text);
-    std::string item;
-    while (std::getline(ss, item, ','))
-      if (!item.empty()) out.push_back(item);
-    return out;
-  };
-  config.targets = list(targets);
-  config.ignore = list(ignore);
+  config.targets = split_commas(targets);
+  config.ignore = split_commas(ignore);
   const quantize::Config resolved = quantize::resolve(config);
   const std::optional<quantize::Calibration> cal = quantize::quantizer_method("int8").calibration(resolved);
 
@@ -163,14 +153,7 @@ int run_calibrate(const std::vector<std::string>& args) {
   const at::Device dev = runner::open_device(device);
 
   data::Dataset train = runner::load_split(data_path, split, pack_to, std::cerr);
-  if (graph.inputs().size() == 1) {  // the data must be what the model takes
-    const Shape& in = graph.value(graph.inputs().front()).shape;
-    const Shape got{train.channels(), train.height(), train.width()};
-    if (in.size() == 4 && !std::equal(got.begin(), got.end(), in.begin() + 1))
-      throw Error("calibrate: the images of " + data_path + " are " + shape_str(got) + " (C, H, W) but the model " + model +
-                      " takes " + shape_str(Shape(in.begin() + 1, in.end())) + " (its input " + shape_str(in) + ")",
-                  ErrorKind::kUsage);
-  }
+  check_images_fit("calibrate", graph, Shape{train.channels(), train.height(), train.width()}, data_path, model);
   data::LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.shuffle = true;

@@ -19,6 +19,7 @@
 #include "runner/recipe.h"
 #include "runner/trainer.h"
 #include "tools/command.h"
+#include "tools/model_source.h"
 
 namespace po = boost::program_options;
 
@@ -82,14 +83,8 @@ int run_eval(const std::vector<std::string>& args) {
                     "'s stored recipe (data.test) does not exist here; give --data",
                 ErrorKind::kUsage);
   data::Dataset ds = runner::load_split(data_path, split.empty() ? "test" : split, pack_to, std::cerr);
-  if (graph.inputs().size() == 1) {  // the data must be what the model takes, before any transform
-    const Shape& in = graph.value(graph.inputs().front()).shape;
-    const Shape got{ds.channels(), ds.height(), ds.width()};
-    if (in.size() == 4 && !std::equal(got.begin(), got.end(), in.begin() + 1))
-      throw Error("eval: the images of " + data_path + " are " + shape_str(got) + " (C, H, W) but the model " + ckpt_path +
-                      " takes " + shape_str(Shape(in.begin() + 1, in.end())) + " (its input " + shape_str(in) + ")",
-                  ErrorKind::kUsage);
-  }
+  // The data must be what the model takes, before any transform.
+  check_images_fit("eval", graph, Shape{ds.channels(), ds.height(), ds.width()}, data_path, ckpt_path);
   data::LoaderOptions opts_l;
   opts_l.batch_size = batch_size;
   opts_l.shuffle = false;

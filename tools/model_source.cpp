@@ -70,4 +70,14 @@ Graph load_cli_model(const std::string& command, const std::string& spec, const 
   return graph;
 }
 
+void check_images_fit(const std::string& command, const Graph& graph, const Shape& shape, const std::string& data_path,
+                      const std::string& model) {
+  if (graph.inputs().size() != 1) return;
+  const Shape& in = graph.value(graph.inputs().front()).shape;
+  if (in.size() == 4 && !std::equal(shape.begin(), shape.end(), in.begin() + 1))
+    throw Error(command + ": the images of " + data_path + " are " + shape_str(shape) + " (C, H, W) but the model " +
+                    model + " takes " + shape_str(Shape(in.begin() + 1, in.end())) + " (its input " + shape_str(in) + ")",
+                ErrorKind::kUsage);
+}
+
 }  // namespace whittle::cli

@@ -27,6 +27,12 @@ runner::ModelSource model_source(const std::string& spec, const std::optional<Sh
 Graph load_cli_model(const std::string& command, const std::string& spec, const std::optional<Shape>& input_shape,
                      int64_t num_classes, bool num_classes_given, runner::ModelMetadata* meta = nullptr);
 
+/// Checks that images of `shape` (C, H, W) from `data_path` are what a single-input `graph` (MODEL
+/// `model`) takes; throws a usage whittle::Error led by `command` naming both shapes. Graphs with
+/// several inputs or a non-image input are not checked.
+void check_images_fit(const std::string& command, const Graph& graph, const Shape& shape, const std::string& data_path,
+                      const std::string& model);
+
 /// Names of the zoo models.
 std::vector<std::string> zoo_model_names();
 

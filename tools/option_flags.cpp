@@ -23,14 +23,6 @@ std::string option_name(const KeySpec& k) {
   return negated(k) ? "no-" + f : f;
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 // `text` as a finite number; throws a usage error naming the flag.
 double number(const std::string& text, const std::string& command, const std::string& flag) {
@@ -97,16 +89,16 @@ Settings OptionFlags::settings(const po::variables_map& vm, const std::string& c
           out[key] = SettingValue(SettingValue(number(text, command, flag)).as<int64_t>());
           break;
         case KeyType::kFloat: out[key] = number(text, command, flag); break;
-        case KeyType::kStringList: out[key] = split(text); break;
+        case KeyType::kStringList: out[key] = split_commas(text); break;
         case KeyType::kIntList: {
           std::vector<int64_t> v;
-          for (const auto& item : split(text)) v.push_back(SettingValue(number(item, command, flag)).as<int64_t>());
+          for (const auto& item : split_commas(text)) v.push_back(SettingValue(number(item, command, flag)).as<int64_t>());
           out[key] = v;
           break;
         }
         case KeyType::kFloatList: {
           std::vector<double> v;
-          for (const auto& item : split(text)) v.push_back(number(item, command, flag));
+          for (const auto& item : split_commas(text)) v.push_back(number(item, command, flag));
           out[key] = v;
           break;
         }
@@ -117,6 +109,15 @@ Settings OptionFlags::settings(const po::variables_map& vm, const std::string& c
       throw Error(command + ": " + flag + ": " + e.what(), ErrorKind::kUsage);
     }
   }
+  return out;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
   return out;
 }
 

@@ -40,4 +40,7 @@ class OptionFlags {
   std::vector<std::string> order_;
 };
 
+/// "a,b,,c" → {"a", "b", "c"}: the comma-separated items of a flag's value, empty ones dropped.
+std::vector<std::string> split_commas(const std::string& text);
+
 }  // namespace whittle::cli
