@@ -54,6 +54,7 @@ BUDGET = [
     ("resnet20_budget_lsq_w2a2_kd", None, "LSQ W2A2 student, KD from FP32", "2/2"),
     ("resnet20_budget_pact_w4a4_kd", None, "PACT W4A4 student, KD from FP32", "4/4"),
     ("resnet20_budget_pact_w2a2_kd", None, "PACT W2A2 student, KD from FP32", "2/2"),
+    ("resnet20_budget_int8_qat", None, "int8 QAT, BN folded (torch.ao's recipe)", "8/8"),
 ]
 # Runs each run starts from (trained first).
 NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}

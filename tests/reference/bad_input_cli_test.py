@@ -394,6 +394,24 @@ expect(["eval", r20, "--data", MNIST, "--split", "t10k"], 2,
        "the images of " + MNIST + " are [1, 28, 28] (C, H, W) but the model " + r20 + " takes [3, 32, 32]",
        "eval of a 3×32×32 model on 1×28×28 digits")
 
+# calibrate: each bad input named, exit 2, no file written.
+int8 = os.path.join(OUT, "int8.h5")
+expect(["calibrate", model, "--method", "kl", "--out", int8], 2, "key 'calibrator': unknown 'kl'",
+       "calibrate --method of no calibrator", int8)
+expect(["calibrate", model, "--batches", "0", "--out", int8], 2, "calibrate: --batches must be ≥ 1", "calibrate --batches 0", int8)
+expect(["calibrate", model, "--batches", "100000", "--out", int8], 2, "calibrate: --batches 100000 is more than the ",
+       "calibrate over more batches than the data has", int8)
+expect(["calibrate", model], 2, "calibrate: missing --out FILE", "calibrate without --out")
+expect(["calibrate", model, "--mean", "0.1,x", "--out", int8], 2, "calibrate: --mean '0.1,x' is not a comma-separated list of numbers",
+       "calibrate --mean not numbers", int8)
+expect(["calibrate", "resnet20", "--out", int8], 2, "calibrate: resnet20 holds no recipe naming a training set; give --data",
+       "calibrate of a zoo model without --data", int8)
+expect(["calibrate", r20, "--data", MNIST, "--out", int8], 2,
+       "calibrate: the images of " + MNIST + " are [1, 28, 28] (C, H, W) but the model " + r20 + " takes [3, 32, 32]",
+       "calibrate of a 3×32×32 model on 1×28×28 digits", int8)
+expect(["calibrate", model, "--activation-dtype", "int4", "--out", int8], 2, "'int4' is not one of uint8, int8",
+       "calibrate --activation-dtype int4", int8)
+
 # fuse, prune and data pack check their output before any work: nothing printed, nothing written.
 for args, what in [(["fuse", model, "--out", os.path.join(OUT, "no_dir", "f.h5")], "fuse"),
                    (["prune", model, "--sparsity", "0.5", "--out", os.path.join(OUT, "no_dir", "p.h5")], "prune"),
