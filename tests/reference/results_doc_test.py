@@ -53,7 +53,9 @@ FP32_REACHED = 88.0  # the committed FP32 run: 88.02 % (docs/results.md)
 DROPS = {"resnet20_budget_dorefa_w8a8": 0.5, "resnet20_budget_dorefa_w4a4": 1.0, "resnet20_budget_dorefa_w2a2": 4.0,
          "resnet20_budget_twn": 2.0,
          # The learned-step students (issue targets 87.8, 87.0 and 86.0 % from 88.02 %).
-         "resnet20_budget_lsq_w4a4_kd": 0.2, "resnet20_budget_lsq_w3a3_kd": 1.0, "resnet20_budget_lsq_w2a2_kd": 2.0}
+         "resnet20_budget_lsq_w4a4_kd": 0.2, "resnet20_budget_lsq_w3a3_kd": 1.0, "resnet20_budget_lsq_w2a2_kd": 2.0,
+         # int8 QAT with BN folding, at most 2 epochs: within 0.1 points of FP32.
+         "resnet20_budget_int8_qat": 0.1}
 # Rows whose committed run ended below its floor (docs/results.md explains and tracks the gap):
 # held to what they reached, the floor printed as not met.
 REACHED = {"resnet20_budget_lsq_w4a4_kd": 87.5, "resnet20_budget_lsq_w3a3_kd": 86.9, "resnet20_budget_lsq_w2a2_kd": 85.5}
