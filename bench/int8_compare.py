@@ -21,11 +21,13 @@ MNIST digits):
     its int8 checkpoints, which must agree within a few images);
   - speed in ONNX Runtime, batch 1 and 32, 1 and 2 threads: the float file, whittle's best int8
     file and quantize_static's MinMax file (median of --repeats timed runs after warm-up).
-Prints a Markdown table and writes OUT/int8_compare.json.
+Prints a Markdown table and writes OUT/int8_compare.json. --speed-only times the files an earlier
+run left in OUT (its int8_compare.json) without making them again: run it on an otherwise idle
+machine.
 
 usage: .venv/bin/python bench/int8_compare.py [--model resnet20|lenet5] [--fp32 CKPT] [--out DIR]
                                               [--images 512] [--seed 0] [--build build] [--repeats 30]
-                                              [--no-speed] [--no-peers]
+                                              [--no-speed] [--no-peers] [--speed-only]
 Exit status 2 on bad input (an argument, a missing checkpoint or dataset), 1 when a step fails.
 """
 import argparse
@@ -157,6 +159,29 @@ def nncf_quantize(fp32_onnx, out, preset, calib, input_name):
     onnx.save(q, out)
 
 
+def time_files(rows, out, test, repeats, no_peers):
+    """ONNX Runtime latency of the float file, whittle's best int8 file and quantize_static's MinMax
+    file at batch 1 and 32, 1 and 2 threads; prints the table and returns its rows."""
+    best = max((r for r in rows if r["toolkit"] == "whittle"), key=lambda r: r["top1"])
+    files = [("float (folded)", os.path.join(out, "fp32_fused.onnx")),
+             (f"whittle int8 ({best['method']})", os.path.join(ROOT, best["file"]))]
+    if not no_peers and os.path.isfile(os.path.join(out, "ort_minmax.onnx")):
+        files.append(("quantize_static MinMax", os.path.join(out, "ort_minmax.onnx")))
+    print("\n| ONNX Runtime, ms a batch | " + " | ".join(n for n, _ in files) +
+          " | whittle int8 / float | whittle int8 / quantize_static |")
+    print("|---|" + "---:|" * (len(files) + 2))
+    speed = []
+    for batch in (1, 32):
+        for threads in (1, 2):
+            x = test[:batch]
+            ms = [latency_ms(path, x, threads, repeats) for _, path in files]
+            speed.append({"batch": batch, "threads": threads, **{n: v for (n, _), v in zip(files, ms)}})
+            ratios = f"{ms[1] / ms[0]:.2f}× | " + (f"{ms[1] / ms[2]:.2f}×" if len(ms) > 2 else "—")
+            print(f"| batch {batch}, {threads} thread{'s' if threads > 1 else ''} | " +
+                  " | ".join(f"{v:.3f}" for v in ms) + f" | {ratios} |", flush=True)
+    return speed
+
+
 def main():
     p = argparse.ArgumentParser(usage=__doc__.split("usage: ")[1].split("\n\n")[0])
     p.add_argument("--model", default="resnet20", choices=sorted(MODELS))
@@ -168,6 +193,7 @@ def main():
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--speed-only", action="store_true")
     a = p.parse_args()
     recipe_path, default_ckpt = MODELS[a.model]
     ckpt = os.path.abspath(a.fp32 or os.path.join(ROOT, default_ckpt))
@@ -181,6 +207,19 @@ def main():
         fail(f"--images {a.images}: a multiple of 128 (whittle calibrates in batches of 128)")
     os.makedirs(out, exist_ok=True)
     recipe = yaml.safe_load(open(os.path.join(ROOT, recipe_path)))
+    if a.speed_only:
+        earlier = os.path.join(out, "int8_compare.json")
+        if not os.path.isfile(earlier):
+            fail(f"--speed-only: {earlier} is missing (run without --speed-only first)")
+        saved = json.load(open(earlier))
+        _, _, xte, _ = load_data(a.model, recipe)
+        test = normalize(xte, recipe["data"].get("mean"), recipe["data"].get("std"))
+        speed = time_files(saved["rows"], out, test, a.repeats, a.no_peers)
+        saved["speed"] = speed
+        with open(earlier, "w") as f:
+            json.dump(saved, f, indent=2)
+        print(f"\nwrote {earlier}")
+        return
     mean, std = recipe["data"].get("mean"), recipe["data"].get("std")
     xtr, ytr, xte, yte = load_data(a.model, recipe)
     if a.images > len(xtr):
@@ -238,21 +277,7 @@ def main():
           + (f"; the best peer ({best_peer['toolkit']} {best_peer['method']}): {100 * (best_peer['top1'] - fp32):+.2f}"
              if best_peer else ""))
 
-    speed = []
-    if not a.no_speed:
-        files = [("float (folded)", fp32_onnx), (f"whittle int8 ({best_whittle['method']})", os.path.join(ROOT, best_whittle["file"]))]
-        if not a.no_peers:
-            files.append(("quantize_static MinMax", os.path.join(out, "ort_minmax.onnx")))
-        print("\n| ONNX Runtime, ms a batch | " + " | ".join(n for n, _ in files) + " | whittle int8 / float | whittle int8 / quantize_static |")
-        print("|---|" + "---:|" * (len(files) + 2))
-        for batch in (1, 32):
-            for threads in (1, 2):
-                x = test[:batch]
-                ms = [latency_ms(path, x, threads, a.repeats) for _, path in files]
-                speed.append({"batch": batch, "threads": threads, **{n: v for (n, _), v in zip(files, ms)}})
-                ratios = f"{ms[1] / ms[0]:.2f}× | " + (f"{ms[1] / ms[2]:.2f}×" if len(ms) > 2 else "—")
-                print(f"| batch {batch}, {threads} thread{'s' if threads > 1 else ''} | " +
-                      " | ".join(f"{v:.3f}" for v in ms) + f" | {ratios} |", flush=True)
+    speed = [] if a.no_speed else time_files(rows, out, test, a.repeats, a.no_peers)
     with open(os.path.join(out, "int8_compare.json"), "w") as f:
         json.dump({"model": a.model, "checkpoint": os.path.relpath(ckpt, ROOT), "images": a.images, "seed": a.seed,
                    "rows": rows, "speed": speed}, f, indent=2)
