@@ -3,7 +3,7 @@
 // with a calibrator over 4 batches of training digits (no optimizer step), corrects the biases for
 // the weights' rounding, evaluates float and int8, and saves a packed checkpoint (one byte a weight).
 // docs/quantization.md.
-//   ./calibrate_int8 <mnist folder> [steps=300] [calibrator=entropy] [out=lenet5_int8.h5]
+//   ./calibrate_int8 <mnist folder> [steps=300] [calibrator=percentile] [out=lenet5_int8.h5]
 
 #include <torch/optim/sgd.h>
 #include <whittle/whittle.h>
@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 300;
-  const std::string calibrator = argc > 3 ? argv[3] : "entropy";
+  const std::string calibrator = argc > 3 ? argv[3] : "percentile";
   const std::string out = argc > 4 ? argv[4] : "lenet5_int8.h5";
   try {
     whittle::data::Dataset train = whittle::data::load_mnist(argv[1], "train");

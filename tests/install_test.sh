@@ -25,7 +25,7 @@ cmake --build "$build/examples-test" -j 2
 "$build/examples-test/prune_model" resnet20 "$build/examples-test/resnet20_pruned.h5"
 "$build/examples-test/distill_model" 5
 "$build/examples-test/train_qat" "$src/data/mnist10k" 60 dorefa "$build/examples-test/lenet5_qat.h5"
-"$build/examples-test/calibrate_int8" "$src/data/mnist10k" 200 entropy "$build/examples-test/lenet5_int8.h5"
+"$build/examples-test/calibrate_int8" "$src/data/mnist10k" 200 percentile "$build/examples-test/lenet5_int8.h5"
 "$build/examples-test/export_model" "$build/examples-test/lenet5_qat.h5" "$build/examples-test/lenet5_qat.onnx" "$build/examples-test/lenet5_qat.pt"
 # Data parallel from a user's loop: 2 ranks through the .venv's torchrun on Gloo.
 # The port is drawn outside the kernel's ephemeral range (which outgoing connections take from),
