@@ -114,8 +114,8 @@ std::string OnnxEmitter::weight(const Node& n, int64_t axis) {
   std::vector<int64_t> view(static_cast<size_t>(w.dim()), 1);
   view[static_cast<size_t>(axis)] = w.size(axis);
   const at::Tensor q = at::round(w.to(at::kFloat) / grid->scale.to(at::kFloat).reshape(view));
-  if (!at::isfinite(q).all().item<bool>() || q.abs().max().item<float>() > 128.0f ||
-      (q.numel() > 0 && q.max().item<float>() > 127.0f))
+  if (q.numel() > 0 && (!at::isfinite(q).all().item<bool>() || q.min().item<float>() < -128.0f ||
+                        q.max().item<float>() > 127.0f))
     throw Error("node '" + n.name + "' (" + n.op + "): weight codes outside int8 for its integer grid (writer bug)");
   const std::string codes = initializer(n, "weight_quantized", q.to(at::kChar));
   const std::string s = initializer(n, "weight_scale", grid->scale);

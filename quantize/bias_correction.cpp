@@ -51,13 +51,15 @@ int64_t correct_bias(GraphModule& module, const std::function<at::Tensor(int64_t
     module->forward_with_intermediates({batch(i)}, inputs, &captured);
     for (Term& t : terms) {
       const at::Tensor e = op_traits(t.difference.op).forward(t.difference, {captured.at(t.input)}, false).at(0).to(at::kDouble);
-      // Channels on axis 1 of the output (N, C, ...); every other axis is averaged.
+      // The output's channel axis (1 for a convolution, the last for a linear layer on [N, *, in]);
+      // every other axis is averaged.
+      const int64_t axis = channel_axis(t.difference, e.sizes().vec());
       std::vector<int64_t> dims;
       for (int64_t d = 0; d < e.dim(); ++d)
-        if (d != 1) dims.push_back(d);
+        if (d != axis) dims.push_back(d);
       const at::Tensor s = e.sum(dims);
       t.sum = t.sum.defined() ? t.sum + s : s;
-      t.count += e.numel() / std::max<int64_t>(e.size(1), 1);
+      t.count += e.numel() / std::max<int64_t>(e.size(axis), 1);
     }
   }
   bool added = false;

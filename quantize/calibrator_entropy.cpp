@@ -7,10 +7,13 @@
 // each candidate i from L + 1 to the last non-empty bin (L: the grid's steps from its offset to
 // its nearer end, 127 for int8, 255 for uint8 after a ReLU):
 //   P = the first i bins, the values beyond them added to bin i − 1 (clipped to T = i·w);
-//   Q = the first i bins merged into L + 1 groups (bin k in group ⌊k·(L + 1)/i⌋), each group's
-//       count spread evenly over its non-empty bins (empty bins stay empty);
-//   KL(P ‖ Q) of the normalized distributions, Q's empty bins given 1e-4 of the mass (taken evenly
-//   from the others) where P has values.
+//   Q = the first i bins merged into L + 1 groups (group g: bins ⌊g·i/(L + 1)⌋ up to
+//       ⌊(g + 1)·i/(L + 1)⌋), each group's count spread evenly over its non-empty bins (empty bins
+//       stay empty);
+//   KL(P ‖ Q) of the normalized distributions, Q smoothed on its counts first: each empty bin gets
+//   1e-4, taken evenly from the others (MXNet's and TensorRT's smoothing).
+// A grid whose two sides differ by more than a level (uint8 with a zero point inside) gets min-max's
+// step: the search scores one clip distance for both sides.
 // The step is T/L for the smallest divergence (the smallest i on ties), never more than min-max's;
 // with no more bins than L + 1, min-max's step (nothing to clip).
 // Exact zeros (counted apart by the histogram: after a ReLU, often half the values) are left out
@@ -27,24 +30,28 @@ namespace whittle::quantize {
 
 namespace {
 
-// KL(P ‖ Q) of two histograms of the same length (normalized here), Q smoothed as above.
-double divergence(const std::vector<double>& p, const std::vector<double>& q) {
+// KL(P ‖ Q) of two histograms of counts of the same length, normalized here. Q is smoothed on its
+// counts first, as MXNet's and TensorRT's searches do: each empty bin gets 1e-4 and the non-empty
+// ones give that up evenly, never below half their count (so a bin of P with no counterpart in Q
+// costs a finite, large term).
+double divergence(const std::vector<double>& p, std::vector<double> q) {
+  constexpr double kEps = 1e-4;
+  int64_t zeros = 0, nonzeros = 0;
+  for (double v : q) (v > 0.0 ? nonzeros : zeros) += 1;
+  if (nonzeros == 0) return HUGE_VAL;
+  const double taken = kEps * static_cast<double>(zeros) / static_cast<double>(nonzeros);
   double p_sum = 0.0, q_sum = 0.0;
-  int64_t q_zeros = 0, q_nonzeros = 0;
-  for (size_t k = 0; k < p.size(); ++k) {
+  for (size_t k = 0; k < q.size(); ++k) {
+    q[k] = q[k] > 0.0 ? std::max(q[k] - taken, 0.5 * q[k]) : kEps;
     p_sum += p[k];
     q_sum += q[k];
-    (q[k] > 0.0 ? q_nonzeros : q_zeros) += 1;
   }
-  if (p_sum <= 0.0 || q_sum <= 0.0 || q_nonzeros == 0) return HUGE_VAL;
-  constexpr double kEps = 1e-4;
-  const double taken = kEps * static_cast<double>(q_zeros) / static_cast<double>(q_nonzeros);
+  if (p_sum <= 0.0) return HUGE_VAL;
   double kl = 0.0;
   for (size_t k = 0; k < p.size(); ++k) {
     if (p[k] <= 0.0) continue;
-    const double pk = p[k] / p_sum;
-    const double qk = q[k] > 0.0 ? q[k] / q_sum - taken : kEps;
-    kl += pk * std::log(pk / std::max(qk, 1e-300));
+    const double pk = p[k] / p_sum, qk = q[k] / q_sum;
+    kl += pk * std::log(pk / qk);
   }
   return kl;
 }
@@ -60,6 +67,11 @@ void register_entropy_calibrator() {
   c.step = [](const Histogram& h, const CalibrationGrid& grid, const CalibrationOptions&) {
     if (h.count == 0 || h.range == 0.0) return 1.0;
     const double s_max = step_for_range(grid, h.min, h.max);
+    // The search folds both sides onto one distance axis: it is TensorRT's for a grid symmetric
+    // about its offset (within a level: int8's [−128, 127]) or with levels on one side only. An
+    // asymmetric grid (uint8 with a zero point inside) would clip its longer side elsewhere than
+    // the search scores: min-max's step there.
+    if (grid.q_n > 0 && grid.q_p > 0 && std::abs(grid.q_n - grid.q_p) > 1) return s_max;
     const int64_t levels = grid.q_n > 0 && grid.q_p > 0 ? std::min(grid.q_n, grid.q_p) : std::max(grid.q_n, grid.q_p);
     if (levels <= 0) return s_max;
     // The distance histogram.

@@ -4,8 +4,9 @@
 //
 // Weights, symmetric (zero point 0), one scale per output channel (or per tensor):
 //   s = m/127 (narrow_range: codes in [−127, 127]) or m/127.5 (codes in [−128, 127], torch.ao's
-//   symmetric int8), m = max|w| over the channel, computed from the weights on every forward; an
-//   all-zero channel gets s = 1. ŵ = clamp(round(w/s), q_min, q_max)·s.
+//   symmetric int8: the largest weight, 127.5 steps, rounds to 128 and is clamped to 127, with no
+//   gradient), m = max|w| over the channel, computed from the weights on every forward; an
+//   all-zero channel gets s = 1. ŵ = clamp(round(w/s), q_min, q_max)·s, in float32.
 // Activations, one scale s and integral zero point z per layer input, set by calibration
 // (quantize/calibrate.h, buffers act_scale and act_zero_point, not learned):
 //   x̂ = (clamp(round(x/s) + z, q_min, q_max) − z)·s, in that order (QuantizeLinear then
@@ -92,7 +93,8 @@ at::Tensor weight_scale(const Node& n, const at::Tensor& w) {
                                            : std::get<0>(a.movedim(axis, 0).reshape({a.size(axis), -1}).max(1));
   }
   const double levels = narrow_range_of(n) ? 127.0 : 127.5;
-  return at::where(m > 0, m / levels, at::ones_like(m));
+  const at::Tensor scale = m / levels;
+  return at::where(scale > 0, scale, at::ones_like(scale));  // an all-zero (or subnormal) channel: 1
 }
 
 const at::Tensor& buffer_of(const Node& n, const char* name) {
@@ -301,18 +303,21 @@ void register_int8() {
   w.attributes = weight_quantizer_attributes(8, 8);
   w.attributes.push_back(granularity_attribute(Granularity::kPerChannel));
   w.attributes.push_back(AttrSpec::boolean("narrow_range", true, "codes in [−127, 127] rather than [−128, 127]"));
+  // In float32 whatever the weight's dtype (a half-precision scale would round the codes otherwise),
+  // the result in the weight's dtype.
   w.forward = [](const Node& n, const at::Tensor& weight, bool) {
     const CodeRange r = weight_codes(narrow_range_of(n));
-    const at::Tensor s = along(weight_scale(n, weight).to(weight.scalar_type()), weight.dim(), n.attr_int("weight_axis"));
-    return FakeQuantFn::apply(weight, s, at::zeros({}, s.options()), r.q_min, r.q_max);
+    const at::Tensor w32 = weight.to(at::kFloat);
+    const at::Tensor s = along(weight_scale(n, w32), w32.dim(), n.attr_int("weight_axis"));
+    return FakeQuantFn::apply(w32, s, at::zeros({}, s.options()), r.q_min, r.q_max).to(weight.scalar_type());
   };
   // Codes c = q + 128 of the uniform encoding (value (c − 128)·s): bitwise the forward's q·s.
   w.encode = [](const Node& n, const at::Tensor& weight) {
     at::NoGradGuard no_grad;
     const CodeRange r = weight_codes(narrow_range_of(n));
-    const at::Tensor w32 = weight.detach();
+    const at::Tensor w32 = weight.detach().to(at::kFloat);
     const at::Tensor scale = weight_scale(n, w32);
-    const at::Tensor s = along(scale.to(w32.scalar_type()), w32.dim(), n.attr_int("weight_axis"));
+    const at::Tensor s = along(scale, w32.dim(), n.attr_int("weight_axis"));
     EncodedWeight e;
     e.codes = at::clamp(at::round(w32 / s), static_cast<double>(r.q_min), static_cast<double>(r.q_max)) + 128.0;
     e.scale = scale.reshape({-1}).contiguous();

@@ -44,10 +44,10 @@ double step_of(const std::string& calibrator, const q::Histogram& h, q::Calibrat
 // i = 256..1001:
 //   i = 256: P = the 256 bins with the outlier added to the last (11), Q = the bins themselves (one
 //     a group): KL = (2550/2561)·ln(2560/2561) + (11/2561)·ln(2816/2561) = 1.9e-5;
-//   256 < i ≤ 1000: the outlier lands in bin i − 1, empty in Q: at least (1/2561)·ln((1/2561)/1e-4)
-//     = 5.3e-4;
-//   i = 1001: P = Q on every non-empty bin, but Q's 744 empty bins take 1e-4 each of the mass from
-//     the 257 others: ≈ 744·1e-4 = 0.074.
+//   256 < i ≤ 1000: the outlier lands in bin i − 1, empty in Q, which smoothing gives 1e-4 of a
+//     count: at least (1/2561)·ln(1/1e-4) = 3.6e-3;
+//   i = 1001: P = Q on every non-empty bin, but Q's 744 empty bins take 1e-4 of a count each from
+//     the 257 others (2.9e-4 each): ≈ 257·(2.9e-4/2561) = 2.9e-5.
 // So T = 256·w = 0.25 and the step is 0.25/255, where min-max's is (1000.5/1024)/255.
 TEST(EntropyCalibrator, ClipsAnOutlierAtTheWorkedOutThreshold) {
   std::vector<double> v;
@@ -355,6 +355,23 @@ TEST(Int8Model, BiasCorrectionByHand) {
   EXPECT_NEAR(n->graph().node("fc").params.at("bias").item<float>(), -255.0f * s * (step - 0.004f), 1e-7);
   GraphModule f(g);
   EXPECT_EQ(q::correct_bias(f, [&](int64_t) { return x; }, 1, {"fc"}), 0);
+  // A linear layer on [N, T, features] (a token MLP): its channels are the last axis, every
+  // position counts, and the correction is the same.
+  Graph t;
+  t.add_input("x", {1, 3, 2});
+  Node fresh = fc;  // its own tensors: the corrections above changed the shared bias in place
+  fresh.params.set("weight", fc.params.at("weight").clone());
+  fresh.params.set("bias", at::tensor({0.5f}));
+  t.add_node(fresh);
+  t.set_outputs({"fc"});
+  GraphModule tm(t);
+  const q::Report rt = q::apply(tm, c);
+  tm->eval();
+  const at::Tensor xt = x.reshape({1, 1, 2}).expand({1, 3, 2}).contiguous();
+  q::calibrate_learned(tm, [&](int64_t) { return xt; }, cal);
+  EXPECT_EQ(q::correct_bias(tm, [&](int64_t) { return xt; }, 1, rt.quantized), 1);
+  ASSERT_EQ(tm->graph().node("fc").params.at("bias").numel(), 1);
+  EXPECT_NEAR(tm->graph().node("fc").params.at("bias").item<float>(), 0.5f - 255.0f * s * (step - 0.004f), 1e-7);
 }
 
 // Keys the int8 method refuses, each named.

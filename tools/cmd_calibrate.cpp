@@ -119,11 +119,19 @@ int run_calibrate(const std::vector<std::string>& args) {
   config.options = flags.settings(vm, "calibrate");
   if (!method.empty()) config.options["calibrator"] = method;
   config.options["calibration_batches"] = batches;
-  if (vm.count("weights-only")) config.activation_bits = 32;
+  if (vm.count("weights-only")) {
+    config.activation_bits = 32;
+    for (const char* flag : {"method", "percentile", "activation-dtype", "bias-correction"})
+      if (vm.count(flag) && (std::string(flag) != "bias-correction"))
+        throw Error(std::string("calibrate: --") + flag + " applies to the activations, which --weights-only leaves float",
+                    ErrorKind::kUsage);
+  }
   config.targets = split_commas(targets);
   config.ignore = split_commas(ignore);
   const quantize::Config resolved = quantize::resolve(config);
-  const std::optional<quantize::Calibration> cal = quantize::quantizer_method("int8").calibration(resolved);
+  // Nothing to calibrate when the activations stay float.
+  const std::optional<quantize::Calibration> cal =
+      resolved.activation_bits == 32 ? std::nullopt : quantize::quantizer_method("int8").calibration(resolved);
 
   std::optional<Shape> shape;
   if (!shape_text.empty()) shape = parse_shape(shape_text, "--input-shape");
@@ -203,10 +211,13 @@ int run_calibrate(const std::vector<std::string>& args) {
     corrected = quantize::correct_bias(module, [&](int64_t i) { return loader.batch(0, i).images.to(dev); }, batches,
                                        report.quantized);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << report.summary() << "calibrated " << calibrated << " activation quantizer(s) with "
-            << (cal ? cal->calibrator : std::string("-")) << " over " << (cal ? cal->batches : 0) << " batch(es) of "
-            << batch_size << " images of " << data_path << " (" << split << "), " << std::fixed << std::setprecision(2)
-            << seconds << " s\n";
+  std::cout << report.summary();
+  if (cal)
+    std::cout << "calibrated " << calibrated << " activation quantizer(s) with " << cal->calibrator << " over "
+              << cal->batches << " batch(es) of " << batch_size << " images of " << data_path << " (" << split << ")";
+  else
+    std::cout << "int8 weights, float activations (nothing to calibrate)";
+  std::cout << ", " << std::fixed << std::setprecision(2) << seconds << " s\n";
   if (vm.count("bias-correction")) std::cout << "bias correction: " << corrected << " layer(s)\n";
   if (test_loader) {
     const runner::EvalMetrics after = runner::evaluate(module, *test_loader, dev);
