@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
     const bool same = top1(reloaded) == int8_top1;
     std::cout << "saved " << out << " (" << whittle::file_size(out) << " bytes); reloaded top-1 "
               << (same ? "equal" : "DIFFERS") << "\n";
+    // The floor: int8 within 1 point of float. Measured 0.00 to +0.05 with the percentile, minmax and
+    // mse calibrators here (2 threads, AVX-512); the margin covers the other models another thread
+    // count or instruction set trains in 200 steps.
     return same && int8_top1 >= float_top1 - 0.01 ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
