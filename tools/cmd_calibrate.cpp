@@ -121,8 +121,8 @@ int run_calibrate(const std::vector<std::string>& args) {
   config.options["calibration_batches"] = batches;
   if (vm.count("weights-only")) {
     config.activation_bits = 32;
-    for (const char* flag : {"method", "percentile", "activation-dtype", "bias-correction"})
-      if (vm.count(flag) && (std::string(flag) != "bias-correction"))
+    for (const char* flag : {"method", "percentile", "activation-dtype"})
+      if (vm.count(flag))
         throw Error(std::string("calibrate: --") + flag + " applies to the activations, which --weights-only leaves float",
                     ErrorKind::kUsage);
   }
