@@ -363,7 +363,9 @@ void attach_quantized() {
       // 8-bit grids are written so (ONNX's integer types).
       if (g.bits != 8) e.unsupported(n, "an affine activation grid of " + std::to_string(g.bits) + " bits");
       std::string x = n.inputs[0];
-      if (g.relu) {
+      // On uint8 codes with zero point 0, QuantizeLinear saturates every negative input at code 0
+      // as a ReLU before it would: the ReLU is left out (the Q/DQ pattern runtimes fuse).
+      if (g.relu && (g.signed_codes || g.zero_point != 0)) {
         const std::string r = e.temp(n, "relu");
         e.node(n, "Relu", {x}, {r}, {}, "relu");
         x = r;

@@ -152,6 +152,11 @@ struct OpTraits {
   /// y = W ⊛ x + b, affine in each output channel: a batch_norm reading its only output folds
   /// into its weight and bias (conv2d, conv_transpose2d, linear).
   bool folds_batchnorm = false;
+  /// An integer runtime runs the op on quantized inputs when every input is quantized (ONNX
+  /// Runtime's QLinearAdd and QLinearConcat): a whole-network int8 quantizer quantizes the inputs of
+  /// such a node joining quantized layers (residual adds, concatenations), so that no float tensor
+  /// is left between integer kernels (add, cat).
+  bool integer_inputs = false;
   /// sign(op(x)) = op(sign(x)) in eval form: monotone, channel-preserving, no arithmetic (max
   /// pooling, flatten, dropout, identity), so a binarizer may move across the op.
   bool commutes_with_sign = false;

@@ -530,6 +530,7 @@ void register_shape_ops() {
 
   auto binary = [](const std::string& kind, const std::string& desc, auto fn) {
     OpTraits b;
+    b.integer_inputs = kind == "add";
     b.kind = kind;
     b.description = desc;
     b.channel_flow = ChannelFlow::kElementwise;
@@ -552,6 +553,7 @@ void register_shape_ops() {
   c.attributes = {AttrSpec::integer("dim", 1, "the dimension joined along")};
   c.description = "concatenation along dim";
   c.channel_flow = ChannelFlow::kConcat;
+  c.integer_inputs = true;
   c.max_inputs = -1;
   c.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) { return one(at::cat(in, n.attr_int("dim"))); };
   c.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {

@@ -179,6 +179,12 @@ struct Int8Options {
   int64_t calibration_batches = 8;
   /// The percentile calibrator's share of the values, in percent (unset: 99.99; only with it).
   std::optional<double> percentile;
+  /// The first and last layers are quantized too, as int8 runtimes and their calibrators do.
+  bool first_and_last = true;
+  /// The whole network in int8 for integer runtimes (ActivationPlan::whole_network): residual adds
+  /// and concatenations between quantized layers get quantized inputs too (QLinearAdd rather than
+  /// float in between), and a layer's input quantizer sits at the ReLU before max pooling.
+  bool whole_network = true;
   /// QAT: the activation scales follow moving-average min-max observers while training.
   bool observe = false;
   /// QAT: the fractional epoch from which the observers stop (−1: never).
@@ -202,6 +208,13 @@ const OptionsSchema<Int8Options>& int8_schema() {
           .add("percentile", &O::percentile, "calibrator percentile: the share of the values the grid covers, in percent",
                {}, "99.99")
           .in_range(Range{0, 100, true, false})
+          .add("first_and_last", &O::first_and_last,
+               "quantize the first and last layers too, as int8 runtimes do (false: they stay in full precision "
+               "unless targets names them)")
+          .add("whole_network", &O::whole_network,
+               "the whole network in int8 for integer runtimes: the inputs of residual adds and concatenations "
+               "between quantized layers quantized too (QLinearAdd), input quantizers at the ReLU before max "
+               "pooling (false: only the quantized layers' inputs)")
           .add("observe", &O::observe,
                "QAT: the activation scales follow moving averages (0.01) of each batch's min and max while training")
           .add("freeze_observers_epoch", &O::freeze_observers_epoch,
@@ -266,17 +279,16 @@ class Int8Method final : public MethodWithOptions<Int8Options> {
     p.quantizer = "int8";
     p.attrs["signed_codes"] = options(c).activation_dtype == "int8";
     p.attrs["observe"] = options(c).observe;
+    p.whole_network = options(c).whole_network;
     return p;
   }
-  // At freeze_observers_epoch the observers of this entry's layers' inputs stop.
+  bool quantizes_first_and_last(const Config& c) const override { return options(c).first_and_last; }
+  // At freeze_observers_epoch every int8 observer of the graph stops.
   int64_t at_epoch(Graph& graph, const Config& c, double epoch) const override {
     const Int8Options o = options(c);
     if (!o.observe || o.freeze_observers_epoch < 0 || epoch < o.freeze_observers_epoch) return 0;
     int64_t frozen = 0;
-    for (const auto& layer : selected_layers(graph, c)) {
-      const std::string& producer = graph.value(graph.node(layer).inputs.at(0)).producer;
-      if (producer.empty()) continue;
-      Node& n = graph.node(producer);
+    for (Node& n : graph.nodes()) {
       if (n.op != "act_quant" || n.attr_str("method") != "int8" || !n.attr_bool("observe")) continue;
       n.attrs["observe"] = false;
       ++frozen;

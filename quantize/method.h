@@ -181,6 +181,11 @@ const ActivationQuantizer& activation_quantizer_of(const Node& act_quant);
 struct ActivationPlan {
   std::string quantizer;              ///< an activation quantizer's name
   std::map<std::string, Attr> attrs;  ///< attributes of its act_quant nodes, beside `method`
+  /// For integer runtimes that run the whole network in int8: also quantize the inputs of the nodes
+  /// joining quantized layers whose op the registry marks integer_inputs (residual adds,
+  /// concatenations), and put a layer's input quantizer at the ReLU before max pooling, flatten or
+  /// dropout (OpTraits::commutes_with_sign; a monotone quantizer commutes with them exactly).
+  bool whole_network = false;
 };
 
 /// What a method's finish() may need of the activation rewrite: for each quantized layer, the
@@ -207,6 +212,10 @@ class QuantizerMethod {
   /// its options checked. Throws whittle::Error "quantize: <key> = <value> ..." naming the key
   /// and the allowed values.
   virtual Config resolve(const Config& config) const = 0;
+  /// True when the first and the last layer in graph order are quantized like the others (int8,
+  /// as runtimes and their calibrators do); false (the low-bit methods, as their papers do): they
+  /// stay in full precision unless `targets` names them.
+  virtual bool quantizes_first_and_last(const Config& resolved) const { return false; }
   /// The weight quantizer to push on each chosen layer's stack; "" when weights stay float.
   virtual std::string weight_quantizer(const Config& resolved) const = 0;
   /// Sets the attributes (and creates the learned parameters) the weight quantizer reads on a

@@ -241,6 +241,39 @@ Config resolve(const Config& config) {
 }
 
 namespace {
+// The nodes joining quantized layers whose inputs a whole-network int8 quantizer quantizes too
+// (ActivationPlan::whole_network): nodes of an op the registry marks integer_inputs (residual
+// adds, concatenations) each of whose inputs comes from one of `layers` (its output or, shared,
+// its input) or from an existing quantizer, directly or through single-input nodes (a batch norm,
+// a ReLU, pooling).
+std::vector<std::string> integer_joins(const Graph& graph, const std::vector<std::string>& layers) {
+  std::set<std::string> sources;
+  for (const auto& name : layers) {
+    const Node& n = graph.node(name);
+    sources.insert(n.inputs.at(0));
+    sources.insert(n.outputs.begin(), n.outputs.end());
+  }
+  for (const auto& n : graph.nodes())
+    if (n.op == "act_quant") sources.insert(n.outputs.begin(), n.outputs.end());
+  auto from_layers = [&](std::string v) {
+    for (size_t steps = 0; steps < graph.nodes().size(); ++steps) {
+      if (sources.count(v)) return true;
+      const ValueInfo& vi = graph.value(v);
+      if (vi.producer.empty()) return false;
+      const Node& p = graph.node(vi.producer);
+      if (p.inputs.size() != 1) return false;
+      v = p.inputs[0];
+    }
+    return false;
+  };
+  std::vector<std::string> joins;
+  for (const auto& n : graph.nodes()) {
+    if (!op_registry().contains(n.op) || !op_traits(n.op).integer_inputs || n.inputs.empty()) continue;
+    if (std::all_of(n.inputs.begin(), n.inputs.end(), from_layers)) joins.push_back(n.name);
+  }
+  return joins;
+}
+
 // select_layers with `c` already resolved and its method looked up.
 Report select_resolved(const Graph& graph, const Config& c, const QuantizerMethod& method) {
   const bool has_weight = !method.weight_quantizer(c).empty();
@@ -254,7 +287,7 @@ Report select_resolved(const Graph& graph, const Config& c, const QuantizerMetho
   for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
     const Node& n = graph.node(name);
     if (!is_weighted_layer(n)) continue;
-    if ((name == layers.front() || name == layers.back()) && !named.count(name)) {
+    if ((name == layers.front() || name == layers.back()) && !named.count(name) && !method.quantizes_first_and_last(c)) {
       report.skipped.push_back(name + ": first or last layer stays in full precision (name it in targets to quantize it)");
       continue;
     }
@@ -320,33 +353,61 @@ Report apply(Graph& graph, const Config& config_in) {
   std::map<std::string, std::string> quantized_value;  // original input value → quantized value
   std::map<std::string, std::string> real_source;      // layer → real-valued value its binary input comes from ("" unknown)
   if (quant_acts) {
-    for (const auto& name : chosen) {
-      const std::string v = graph.node(name).inputs.at(0);
+    // The inputs to quantize: the first of each chosen layer and, when the plan asks, every input
+    // of the nodes joining them (integer_joins), in graph order, so that the first use of a value
+    // gets its quantizer in front of it and the later uses share it.
+    std::vector<std::pair<std::string, size_t>> uses;
+    for (const auto& name : chosen) uses.emplace_back(name, 0);
+    if (!binary && acts->whole_network)
+      for (const auto& name : integer_joins(graph, chosen))
+        for (size_t i = 0; i < graph.node(name).inputs.size(); ++i) uses.emplace_back(name, i);
+    std::stable_sort(uses.begin(), uses.end(), [&](const auto& a, const auto& b) {
+      return graph.node_index(a.first) < graph.node_index(b.first);
+    });
+    const std::set<std::pair<std::string, size_t>> use_set(uses.begin(), uses.end());
+    for (const auto& [name, slot] : uses) {
+      const std::string v = graph.node(name).inputs.at(slot);
       auto done = quantized_value.find(v);
       if (done != quantized_value.end()) {
-        graph.node(name).inputs[0] = done->second;
+        graph.node(name).inputs[slot] = done->second;
         real_source[name] = real_source[done->first];
         continue;
       }
       if (!binary) {
-        // A ReLU whose every use is a layer quantized here becomes the quantizer itself (relu = 1):
-        // the same values and gradients as ReLU then quantizer, one pass fewer each way.
-        const ValueInfo& vi = graph.value(v);
-        if (!vi.producer.empty() && graph.node(vi.producer).op == "relu" && !graph.is_output(v)) {
-          bool only_quantized_layers = true;
-          for (const auto& u : graph.users(v)) {
+        // Whole network: the quantizer moves up to the ReLU before max pooling, flatten or dropout
+        // (single-use ops that commute with a monotone quantizer exactly, OpTraits::commutes_with_sign),
+        // where an integer runtime fuses it into the layer producing the ReLU's input.
+        std::string cur = v;
+        std::string chain_head;  // the op of the chain reading `cur`, if any
+        while (acts->whole_network) {
+          const ValueInfo& ci = graph.value(cur);
+          if (ci.producer.empty()) break;
+          const Node& p = graph.node(ci.producer);
+          if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || graph.users(cur).size() != 1 ||
+              graph.is_output(cur))
+            break;
+          chain_head = p.name;
+          cur = p.inputs[0];
+        }
+        // A ReLU whose every use is an input quantized here (or that chain) becomes the quantizer
+        // itself (relu = 1): the same values and gradients as ReLU then quantizer, one pass fewer
+        // each way.
+        const ValueInfo& vi = graph.value(cur);
+        if (!vi.producer.empty() && graph.node(vi.producer).op == "relu" && !graph.is_output(cur)) {
+          bool only_quantized_uses = true;
+          for (const auto& u : graph.users(cur)) {
             const Node& un = graph.node(u);
-            if (!chosen_set.count(u) || un.inputs.at(0) != v ||
-                std::count(un.inputs.begin(), un.inputs.end(), v) != 1)
-              only_quantized_layers = false;
+            for (size_t j = 0; j < un.inputs.size(); ++j)
+              if (un.inputs[j] == cur && !use_set.count({u, j}) && u != chain_head) only_quantized_uses = false;
           }
-          if (only_quantized_layers) {
+          if (only_quantized_uses) {
             Node& r = graph.node(vi.producer);
             r.op = "act_quant";
             r.attrs = act_attrs;
             r.attrs["relu"] = int64_t{1};
             report.replaced.push_back(r.name);
             quantized_value[v] = v;
+            quantized_value[cur] = cur;
             continue;
           }
         }
@@ -354,7 +415,7 @@ Report apply(Graph& graph, const Config& config_in) {
         const std::string out = graph.insert_node_before(name, q);
         report.inserted.push_back(q.name);
         quantized_value[v] = out;
-        graph.node(name).inputs[0] = out;
+        graph.node(name).inputs[slot] = out;
         continue;
       }
       // Binary: find the ReLU feeding the layer, possibly through sign-commuting single-use ops.
@@ -462,9 +523,10 @@ std::vector<std::string> selected_layers(const Graph& graph, const Config& c) {
     if (is_weighted_layer(n)) all.push_back(n.name);
   if (all.empty()) return layers;
   const std::set<std::string> named(c.targets.begin(), c.targets.end());
+  const bool edges = quantizer_method(c.method).quantizes_first_and_last(c);
   for (const auto& name : select_nodes(graph, c.targets, c.ignore)) {
     if (!is_weighted_layer(graph.node(name))) continue;
-    if ((name == all.front() || name == all.back()) && !named.count(name)) continue;
+    if ((name == all.front() || name == all.back()) && !named.count(name) && !edges) continue;
     layers.push_back(name);
   }
   return layers;

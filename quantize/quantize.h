@@ -18,8 +18,12 @@
 //     BN output) feeds the layer; without a ReLU the layer's input is binarized as it is.
 //     XNOR's optional K scaling inserts `<layer>.xnor_scale` (K) and `<layer>.xnor_mul`
 //     (the layer's output times K).
+//   - with int8 (ActivationPlan::whole_network), also quantizes the inputs of the residual adds and
+//     concatenations joining quantized layers (OpTraits::integer_inputs), one quantizer per value
+//     shared by all its quantized uses, and puts a layer's input quantizer at the ReLU before max
+//     pooling or flatten, so that an integer runtime runs the whole network in int8.
 // The first and the last layer in graph order (the stem conv and the classifier) stay in full
-// precision unless `targets` names them exactly. Layers whose stack already holds a quantizer or
+// precision unless `targets` names them exactly or the method quantizes them (int8). Layers whose stack already holds a quantizer or
 // packed codes are left alone (reported as skipped), so applying the pass twice changes nothing.
 //
 // The methods themselves (what each quantizes, how, and with which options) are registry entries,
@@ -110,7 +114,8 @@ int64_t after_step(Graph& graph, const Config& resolved);
 int64_t at_epoch(Graph& graph, const Config& resolved, double epoch);
 
 /// The weighted layers `config` selects, in graph order: its targets and ignore (graph/select.h),
-/// the first and last layers only when named, whether or not they are quantized yet.
+/// the first and last layers only when named or when the method quantizes them (int8), whether or
+/// not they are quantized yet.
 std::vector<std::string> selected_layers(const Graph& graph, const Config& config);
 
 /// The layers `config` selects (its targets and ignore, the first and last layers only when

@@ -210,13 +210,71 @@ TEST(Int8Activations, ObserversMoveTheScaleUntilFrozen) {
   c.options["freeze_observers_epoch"] = 1.0;
   c.targets = {"classifier"};
   q::apply(g, c);
-  const Node& act = g.node("classifier.act_quant");
+  // The classifier's input quantizer is the ReLU before max pooling and flatten (whole_network).
+  const Node& act = g.node("features.2");
+  EXPECT_EQ(act.op, "act_quant");
   EXPECT_TRUE(act.attr_bool("observe"));
   const q::Config resolved = q::resolve(c);
   EXPECT_EQ(q::at_epoch(g, resolved, 0.99), 0);
   EXPECT_EQ(q::at_epoch(g, resolved, 1.0), 1);
-  EXPECT_FALSE(g.node("classifier.act_quant").attr_bool("observe"));
+  EXPECT_FALSE(g.node("features.2").attr_bool("observe"));
   EXPECT_EQ(q::at_epoch(g, resolved, 2.0), 0);  // already frozen
+}
+
+// The whole network in int8 (whole_network, the default): a residual block
+//   x → stem → relu0 → conv_a → relu_a → conv_b → add(conv_b, relu0) → relu_out → pool → flatten → fc
+// gets one quantizer per value: relu0 and relu_a become quantizers (every use quantized: conv_a
+// and the add; conv_b), conv_b's output one in front of the add, and relu_out the quantizer of fc's
+// input through max pooling and flatten. whole_network = false quantizes only the layers' inputs:
+// relu0 stays a ReLU (the add reads it) with a quantizer in front of conv_a, and fc's quantizer reads
+// the flattened values.
+TEST(Int8Model, WholeNetworkPlacement) {
+  auto block = [] {
+    Graph g;
+    g.add_input("x", {1, 2, 4, 4});
+    auto conv = [&](const std::string& name, const std::string& in) {
+      Node n = make(name, "conv2d", {in}, {{"padding", std::vector<int64_t>{1, 1}}});
+      n.params.set("weight", at::randn({2, 2, 3, 3}));
+      g.add_node(n);
+    };
+    conv("stem", "x");
+    g.add_node(make("relu0", "relu", {"stem"}));
+    conv("conv_a", "relu0");
+    g.add_node(make("relu_a", "relu", {"conv_a"}));
+    conv("conv_b", "relu_a");
+    g.add_node(make("add", "add", {"conv_b", "relu0"}));
+    g.add_node(make("relu_out", "relu", {"add"}));
+    g.add_node(make("pool", "max_pool2d", {"relu_out"}, {{"kernel_size", int64_t{2}}}));
+    g.add_node(make("flatten", "flatten", {"pool"}));
+    Node fc = make("fc", "linear", {"flatten"});
+    fc.params.set("weight", at::randn({3, 8}));
+    g.add_node(fc);
+    g.set_outputs({"fc"});
+    g.infer_shapes();
+    return g;
+  };
+  q::Config c;
+  c.method = "int8";
+  Graph g = block();
+  const q::Report r = q::apply(g, c);
+  EXPECT_EQ(r.quantized, (std::vector<std::string>{"stem", "conv_a", "conv_b", "fc"}));
+  EXPECT_EQ(r.replaced, (std::vector<std::string>{"relu0", "relu_a", "relu_out"}));
+  EXPECT_EQ(r.inserted, (std::vector<std::string>{"stem.act_quant", "add.act_quant"}));
+  EXPECT_EQ(g.node("add").inputs, (std::vector<std::string>{"add.act_quant", "relu0"}));
+  EXPECT_EQ(g.node("add.act_quant").inputs, (std::vector<std::string>{"conv_b"}));
+  EXPECT_EQ(g.node("conv_a").inputs.at(0), "relu0");
+  EXPECT_EQ(g.node("pool").inputs.at(0), "relu_out");
+  EXPECT_EQ(g.node("fc").inputs.at(0), "flatten");
+  for (const char* name : {"relu0", "relu_a", "relu_out"}) EXPECT_EQ(g.node(name).attr_int("relu"), 1) << name;
+
+  c.options["whole_network"] = false;
+  Graph h = block();
+  const q::Report layers_only = q::apply(h, c);
+  EXPECT_EQ(layers_only.replaced, (std::vector<std::string>{"relu_a"}));
+  EXPECT_EQ(layers_only.inserted, (std::vector<std::string>{"stem.act_quant", "conv_a.act_quant", "fc.act_quant"}));
+  EXPECT_EQ(h.node("add").inputs, (std::vector<std::string>{"conv_b", "relu0"}));
+  EXPECT_EQ(h.node("relu0").op, "relu");
+  EXPECT_EQ(h.node("fc.act_quant").inputs.at(0), "flatten");
 }
 
 // Weight scales per output channel: a grouped conv (axis 0) and a transposed conv (axis 1, weight
@@ -286,19 +344,28 @@ TEST(Int8Model, CalibratedLeNetReloadsBitwise) {
     c.method = "int8";
     c.options["calibrator"] = std::string(name);
     c.options["calibration_batches"] = int64_t{2};
+    // Without first_and_last the first and last layers stay float, as with the low-bit methods.
+    q::Config edges_float = c;
+    edges_float.options["first_and_last"] = false;
+    EXPECT_EQ(q::select_layers(m->graph(), edges_float).quantized,
+              (std::vector<std::string>{"conv2", "fc1", "fc2"}));
     const q::Report r = q::apply(m, c);
-    EXPECT_EQ(r.quantized.size(), 3u);  // conv2, fc1, fc2: the first and last layers stay float
+    EXPECT_EQ(r.quantized.size(), 5u);  // every layer, the first and last too, as int8 runtimes run them
     const std::vector<at::Tensor> batches = {at::randn({8, 1, 28, 28}), at::randn({8, 1, 28, 28})};
     m->eval();
     const std::optional<q::Calibration> cal = q::quantizer_method("int8").calibration(q::resolve(c));
     ASSERT_TRUE(cal.has_value());
     EXPECT_EQ(q::calibrate_learned(m, [&](int64_t i) { return batches.at(static_cast<size_t>(i)); }, *cal,
                                    q::nodes_to_initialize(m->graph(), r)),
-              3);
+              5);
     for (const Node& n : m->graph().nodes())
       if (n.op == "act_quant") {
         EXPECT_GT(n.buffers.at("act_scale").item<float>(), 0.0f) << n.name;
-        EXPECT_EQ(n.buffers.at("act_zero_point").item<float>(), 0.0f) << n.name;  // after ReLUs: nothing negative
+        const float z = n.buffers.at("act_zero_point").item<float>();
+        if (n.name == "conv1.act_quant")  // the image, N(0, 1): the zero point near the middle of [0, 255]
+          EXPECT_TRUE(z > 100.0f && z < 155.0f) << z;
+        else
+          EXPECT_EQ(z, 0.0f) << n.name;  // after ReLUs: nothing negative
       }
     const at::Tensor x = at::randn({4, 1, 28, 28});
     at::Tensor y;

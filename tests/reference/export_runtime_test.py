@@ -2,7 +2,9 @@
 LeNet-5 recipe's checkpoint, run in onnxruntime and in torch.jit.load (this process imports nothing
 from whittle), against whittle's own eval outputs on random inputs (`--check-data`).
 
-Bounds (issue 15, docs/export.md): ONNX max |difference| ≤ 1e-5 of the largest output (measured
+Bounds (issue 15, docs/export.md): ONNX max |difference| ≤ 1e-5 of the largest output, each node run as
+ONNX defines it (no graph optimization), and also in ONNX Runtime's optimized run, except where its
+integer kernels run an int8 file: ≤ INTEGER_BOUND there (see below) (measured
 worst: 1.6e-6 with 2 threads on AVX2, 1.9e-6 with OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default, so
 a margin of 5× for other thread counts and instruction sets); TorchScript bitwise equal (the same
 ATen calls in the same process configuration, whatever it is). TorchScript gives whittle's top-1
@@ -43,6 +45,11 @@ if len(sys.argv) != 2 or sys.argv[1] not in PARTS:
     sys.exit(f"usage: export_runtime_test.py {' | '.join(PARTS)}")
 PART = sys.argv[1]
 BOUND = 1e-5
+# ONNX Runtime's optimized run of an int8 file: its integer kernels (QLinearConv, QLinearAdd, QGemm)
+# requantize each layer's int32 sums with a float multiplier, where whittle divides the float
+# layer's output by the scale; an output next to a rounding boundary lands one level apart.
+# Measured on the calibrated LeNet-5: 0.0078 of the largest output; about 4x margin.
+INTEGER_BOUND = 0.03
 OUT = h.out_dir(f"export_runtime_{PART}")
 TS_DIR = os.path.join(h.BUILD, "testdata", "torchscript")
 ZOO = ["lenet5", "vgg_small", "nin", "nin_gc", "resnet20", "resnet32", "resnet56", "mobilenet_v2", "repvgg_a0"]
@@ -77,8 +84,12 @@ def export_and_check(name, model, *extra):
         res = run_check(path, data)
         if ext == "onnx":
             h.check(res["relative"] <= BOUND,
-                    f"{name}: onnxruntime within {BOUND:g} of the largest output (max |diff| {res['max_abs_difference']:.3g}"
-                    f" of {res['max_abs_output']:.3g}: {res['relative']:.2g})")
+                    f"{name}: onnxruntime (each node as ONNX defines it) within {BOUND:g} of the largest output"
+                    f" (max |diff| {res['max_abs_difference']:.3g} of {res['max_abs_output']:.3g}: {res['relative']:.2g})")
+            bound = INTEGER_BOUND if res["integer_kernels"] else BOUND
+            h.check(res["optimized_relative"] <= bound,
+                    f"{name}: onnxruntime optimized ({res['integer_kernels'] or 'float kernels'}) within {bound:g}"
+                    f" ({res['optimized_relative']:.2g})")
             summary = res
         else:
             h.check(res["bitwise_equal"] and not res["foreign_ops"],
@@ -203,10 +214,13 @@ def check_recipes():
             if s:
                 summaries["lenet5_int8"] = s
                 weights, acts = quantized_weight(s), quantized_activation(s)
-                h.check(len(weights) == 3 and all(q["input_type"] == "INT8" and q["zero_point_type"] == "INT8" for q in weights),
-                        f"lenet5_int8: conv2, fc1 and fc2 as int8 codes into DequantizeLinear ({weights})")
-                h.check(len(acts) == 3 and all(q["zero_point_type"] == "UINT8" for q in acts),
-                        f"lenet5_int8: uint8 QuantizeLinear/DequantizeLinear on the three quantized layers' inputs ({acts})")
+                h.check(len(weights) == 5 and all(q["input_type"] == "INT8" and q["zero_point_type"] == "INT8" for q in weights),
+                        f"lenet5_int8: all five layers' weights as int8 codes into DequantizeLinear ({weights})")
+                h.check(len(acts) == 5 and all(q["zero_point_type"] == "UINT8" for q in acts),
+                        f"lenet5_int8: uint8 QuantizeLinear/DequantizeLinear on the five layers' inputs ({acts})")
+                h.check(s["integer_kernels"].get("QLinearConv") == 2,
+                        f"lenet5_int8: both convolutions run as ONNX Runtime's QLinearConv"
+                        f" ({s['integer_kernels']}, {s['op_types']})")
     # Sizes: the int8 file at most 0.3x the float one, the W2A2 file at most 0.4x the float one
     # (both were float-sized while weights were written as floats).
     fp = summaries.get("lenet5")
