@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/registration.h"
+#include "deploy/int8.h"
 #include "deploy/lowering.h"
 #include "fuse/fold_math.h"
 #include "fuse/fuse.h"
@@ -20,23 +21,6 @@
 
 namespace whittle::deploy {
 namespace {
-
-// A packed layer's quantization and its integer codes (int64, the weight's shape [O, C, kh, kw]
-// or [O, C]); nullopt for a node without packed codes or with another output-channel axis.
-struct PackedCodes {
-  quantize::WeightQuantization q;
-  at::Tensor codes;
-};
-std::optional<PackedCodes> packed_codes(const Node& n) {
-  if (n.weight_transforms != std::vector<std::string>{"packed"}) return std::nullopt;
-  auto q = quantize::weight_quantization(n);
-  if (!q || q->axis != 0) return std::nullopt;
-  const std::vector<int64_t> shape = n.attr_ints("weight_shape");
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  at::Tensor codes = quantize::unpack_codes(n.buffers.at("weight_codes"), quantize::storage_bits(q->bits), count);
-  return PackedCodes{std::move(*q), codes.to(at::kLong).reshape(shape)};
-}
 
 // The ±1 float weight of a packed 1-bit sign-coded layer (code 1 = +1, code 0 = −1) with its
 // quantization; nullopt for any other weight. The float tensor only lives while the kernels'
@@ -120,6 +104,7 @@ bool add_bitplane_conv(const Node& n, Lowering& l, const Form& in, const kernels
 
 bool lower_conv2d(const Node& n, Lowering& l) {
   if (!l.use_kernels() || n.inputs.size() != 1) return false;
+  if (lower_int8_layer(n, l)) return true;
   const Form in = l.form(n.inputs[0]);
   if (in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
   if (n.attr_int("groups") != 1 || n.attr_pair("dilation") != std::vector<int64_t>{1, 1}) return false;
@@ -140,6 +125,7 @@ bool lower_conv2d(const Node& n, Lowering& l) {
 
 bool lower_linear(const Node& n, Lowering& l) {
   if (!l.use_kernels() || n.inputs.size() != 1) return false;
+  if (lower_int8_layer(n, l)) return true;
   const Form in = l.form(n.inputs[0]);
   // DoReFa codes into a linear layer: float. bitplane_linear is slower than ATen's GEMM at the
   // sizes measured (LeNet-5's fc1 400 → 120 and fc2 120 → 84, batch 1 and 16: 0.6–0.85×), its
@@ -172,6 +158,7 @@ bool lower_linear(const Node& n, Lowering& l) {
 // through ATen and marks its output as codes for the bit-plane layers.
 bool lower_act_quant(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
+  if (lower_int8_quantize(n, l)) return true;
   const quantize::ActivationGrid g = quantize::activation_quantizer_of(n).grid(n);
   if (!g.sign) {
     // Grid activations run through ATen; their output holds codes the bit-plane layers read.
@@ -247,6 +234,7 @@ bool lower_batch_norm(const Node& n, Lowering& l) {
 // Max pooling of ±1 maps on packed words (an AND over each window).
 bool lower_max_pool2d(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
+  if (lower_int8_move(n, l)) return true;
   const Form& in = l.form(n.inputs[0]);
   if (!in.signs || in.packed_map || l.graph().value(n.inputs[0]).shape.size() != 4) return false;
   if (n.attr_pair("dilation") != std::vector<int64_t>{1, 1}) return false;
@@ -265,6 +253,7 @@ bool lower_max_pool2d(const Node& n, Lowering& l) {
 // Flatten [N, C, H, W] → [N, C·H·W] of packed signs: the words stay as they are.
 bool lower_flatten(const Node& n, Lowering& l) {
   if (!l.use_kernels()) return false;
+  if (lower_int8_move(n, l)) return true;
   const Form& in = l.form(n.inputs[0]);
   const Shape& shape = l.graph().value(n.inputs[0]).shape;
   if (!in.signs || in.packed_map || shape.size() != 4) return false;
@@ -290,6 +279,7 @@ void attach_hooks() {
     deploy_lowerings().add("batch_norm", lower_batch_norm);
     deploy_lowerings().add("max_pool2d", lower_max_pool2d);
     deploy_lowerings().add("flatten", lower_flatten);
+    deploy_lowerings().add("add", [](const Node& n, Lowering& l) { return l.use_kernels() && lower_int8_add(n, l); });
   });
 }
 

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "graph/op_registry.h"
 #include "kernels/bitpack.h"
+#include "quantize/pack.h"
+#include "quantize/quantize.h"
 
 namespace whittle::deploy {
 
@@ -25,6 +27,7 @@ Value Value::of_words(at::Tensor words, int64_t channels, bool flattened) {
 }
 
 const at::Tensor& Value::tensor() {
+  if (!tensor_.defined() && quantized_.defined()) tensor_ = at::dequantize(quantized_);
   if (!tensor_.defined() && words_.defined()) {
     tensor_ = kernels::unpack_signs(words_, channels_);
     if (flattened_) tensor_ = tensor_.flatten(1);
@@ -46,6 +49,23 @@ const at::Tensor& Value::planes(int64_t bits, double clip) {
     planes_ = kernels::pack_bitplanes(at::round(tensor() / clip * levels), bits);
   }
   return planes_;
+}
+
+std::optional<PackedCodes> packed_codes(const Node& n) {
+  if (n.weight_transforms != std::vector<std::string>{"packed"}) return std::nullopt;
+  auto q = quantize::weight_quantization(n);
+  if (!q || q->axis != 0) return std::nullopt;
+  const std::vector<int64_t> shape = n.attr_ints("weight_shape");
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  at::Tensor codes = quantize::unpack_codes(n.buffers.at("weight_codes"), quantize::storage_bits(q->bits), count);
+  return PackedCodes{std::move(*q), codes.to(at::kLong).reshape(shape)};
+}
+
+Value Value::of_quantized(at::Tensor codes) {
+  Value v;
+  v.quantized_ = std::move(codes);
+  return v;
 }
 
 Lowering::Lowering(const Graph& graph, bool use_kernels) : graph_(graph), use_kernels_(use_kernels) {
@@ -181,7 +201,15 @@ Step* Lowering::fusable_binary_producer(const std::string& value, const Node& co
   return &step;
 }
 
+Step* Lowering::writer(const std::string& value) {
+  auto s = slots_.find(value);
+  if (s == slots_.end()) return nullptr;
+  auto w = writer_.find(s->second);
+  return w == writer_.end() ? nullptr : &steps_[w->second];
+}
+
 void Lowering::absorb(Step& step, const Node& consumer) {
+  absorbed_.insert(consumer.name);
   step.nodes.push_back(consumer.name);
   step.outputs.clear();
   const size_t index = static_cast<size_t>(&step - steps_.data());

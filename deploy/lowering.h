@@ -15,6 +15,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "graph/graph.h"
 #include "kernels/binary_conv.h"
 #include "kernels/bitplane.h"
+#include "quantize/quantize.h"
 
 namespace whittle::deploy {
 
@@ -36,12 +39,18 @@ class Value {
   /// rank-4 words encode.
   static Value of_words(at::Tensor words, int64_t channels, bool flattened = false);
   bool defined() const { return tensor_.defined() || words_.defined(); }
-  /// The float tensor; for packed signs, the ±1 tensor they encode (made on first use).
+  /// The float tensor; for packed signs, the ±1 tensor they encode, for integer codes their
+  /// dequantized values (made on first use).
   const at::Tensor& tensor();
   /// The packed signs: pack_signs of the float tensor on first use (exact for a ±1 tensor; the
   /// sign binarizer's output for any other). Throws whittle::Error for a float tensor of a rank
   /// other than 2 or 4.
   const at::Tensor& words();
+  /// Integer codes: a quantized tensor (uint8 per tensor, as LibTorch's quantized CPU engine takes
+  /// it; NCHW maps in channels-last memory) on the grid of the affine quantizer that made it.
+  static Value of_quantized(at::Tensor codes);
+  /// The quantized tensor of of_quantized() (undefined otherwise).
+  const at::Tensor& quantized() const { return quantized_; }
   /// True when the value holds packed words already (no packing needed).
   bool has_words() const { return words_.defined(); }
   /// True when the words encode a map whose flatten the value is.
@@ -51,7 +60,7 @@ class Value {
   const at::Tensor& planes(int64_t bits, double clip);
 
  private:
-  at::Tensor tensor_, words_, planes_;
+  at::Tensor tensor_, words_, planes_, quantized_;
   int64_t channels_ = 0;
   bool flattened_ = false;
 };
@@ -67,7 +76,22 @@ struct Form {
   /// (an act_quant output, or max pooling of one), so the bit-plane kernels may read its codes.
   int64_t code_bits = 0;
   double code_clip = 1.0;
+  /// The value holds uint8 codes q of x = (q − int8_zero_point)·int8_scale (Value::of_quantized):
+  /// an int8 quantizer's output, or an int8 layer's requantized to its consumer's grid.
+  bool int8 = false;
+  double int8_scale = 0.0;
+  int64_t int8_zero_point = 0;
 };
+
+/// A packed layer's quantization and its integer codes (int64, the weight's shape [O, C, kh, kw]
+/// or [O, C]).
+struct PackedCodes {
+  quantize::WeightQuantization q;
+  at::Tensor codes;
+};
+/// The packed codes of `n`; nullopt for a node without packed codes or with another output-channel
+/// axis than 0.
+std::optional<PackedCodes> packed_codes(const Node& n);
 
 /// A binary or bit-plane convolution or linear layer of the plan (kernels/binary_conv.h,
 /// kernels/bitplane.h).
@@ -129,9 +153,14 @@ class Lowering {
   /// The binary layer step that writes `value` when `consumer` is the value's only user and the
   /// value is no graph output, so the consumer may fold into the step's epilogue; else nullptr.
   Step* fusable_binary_producer(const std::string& value, const Node& consumer);
+  /// The step that writes `value` so far; nullptr when none does.
+  Step* writer(const std::string& value);
   /// Makes `step` compute `consumer` too: the consumer joins its nodes and its outputs become the
-  /// consumer's (the caller has folded the consumer into the step, e.g. into its epilogue).
+  /// consumer's (the caller has folded the consumer into the step, e.g. into its epilogue). A
+  /// consumer later in graph order than the node being lowered gets no step of its own.
   void absorb(Step& step, const Node& consumer);
+  /// True when absorb() made a step compute node `name`.
+  bool absorbed(const std::string& name) const { return absorbed_.count(name) > 0; }
 
   /// The steps built so far.
   std::vector<Step>& steps() { return steps_; }
@@ -143,6 +172,7 @@ class Lowering {
   std::map<std::string, Form> forms_;
   std::map<std::string, size_t> slots_;
   std::map<size_t, size_t> writer_;  // slot → index of the step writing it
+  std::set<std::string> absorbed_;   // nodes absorb() gave to a step
   std::vector<Step> steps_;
 };
 
@@ -157,7 +187,7 @@ using DeployLowerFn = std::function<bool(const Node& node, Lowering& lowering)>;
 /// one always takes the generic step.
 Registry<DeployLowerFn>& deploy_lowerings();
 
-/// Registers deploy's lowerings (conv2d, linear, batch_norm, max_pool2d, flatten, act_quant,
+/// Registers deploy's lowerings (conv2d, linear, batch_norm, max_pool2d, flatten, act_quant, add,
 /// threshold_sign); idempotent, thread-safe. deploy::Model calls it.
 void register_all();
 

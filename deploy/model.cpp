@@ -72,6 +72,7 @@ Model::Model(const Graph& graph, const Options& options) {
   Lowering lowering(g, options.use_kernels);
   for (const std::string& v : g.inputs()) plan->input_slots.push_back(lowering.slot(v));
   for (const Node& n : g.nodes()) {
+    if (lowering.absorbed(n.name)) continue;  // an earlier step computes it (an int8 layer's requantization)
     const DeployLowerFn* lower = deploy_lowerings().find(n.op);
     try {
       if (!lower || !(*lower)(n, lowering)) lowering.add_generic_step(n);
