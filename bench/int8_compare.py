@@ -1,6 +1,6 @@
 """Post-training int8 side by side: whittle's calibrators against ONNX Runtime's quantize_static and
 NNCF's post-training quantize, from the same FP32 checkpoint with the same calibration images;
-accuracy on the test split, and speed in ONNX Runtime.
+accuracy on the test split, and speed in ONNX Runtime and in whittle's deploy runtime.
 
 From the FP32 checkpoint (default: the CIFAR-10 ResNet-20 of the budget table,
 runs/cifar10/resnet20_budget/model.h5; --model lenet5: runs/mnist/lenet5/model.h5 on the bundled
@@ -18,9 +18,12 @@ MNIST digits):
   - NNCF's nncf.quantize on the float file (its ONNX backend), the same images one by one
     (subset_size = --images), presets performance (symmetric activations) and mixed;
   - every model's top-1 on the whole test split in ONNX Runtime (and whittle's own evaluation of
-    its int8 checkpoints, which must agree within a few images);
+    its int8 checkpoints, which must agree within a few images), and the best whittle checkpoint's
+    on whittle's deploy runtime (`whittle eval --deploy`, integer kernels);
   - speed in ONNX Runtime, batch 1 and 32, 1 and 2 threads: the float file, whittle's best int8
-    file and quantize_static's MinMax file (median of --repeats timed runs after warm-up).
+    file and quantize_static's MinMax file (median of --repeats timed runs after warm-up); and in
+    whittle's deploy runtime (`whittle bench`): the FP32 checkpoint (folded, float) and the best
+    int8 checkpoint (integer kernels).
 Prints a Markdown table and writes OUT/int8_compare.json. --speed-only times the files an earlier
 run left in OUT (its int8_compare.json) without making them again: run it on an otherwise idle
 machine.
@@ -159,26 +162,47 @@ def nncf_quantize(fp32_onnx, out, preset, calib, input_name):
     onnx.save(q, out)
 
 
-def time_files(rows, out, test, repeats, no_peers):
-    """ONNX Runtime latency of the float file, whittle's best int8 file and quantize_static's MinMax
-    file at batch 1 and 32, 1 and 2 threads; prints the table and returns its rows."""
+def deploy_ms(build, model, batch, threads, repeats):
+    """whittle's deploy runtime (`whittle bench --json`): its median ms a batch of `model`."""
+    r = json.loads(whittle(build, "bench", model, "--batch", str(batch), "--threads", str(threads),
+                           "--repeat", str(repeats), "--json"))
+    return r["deploy_ms"]
+
+
+def time_files(rows, out, test, repeats, no_peers, build, ckpt):
+    """Latency at batch 1 and 32, 1 and 2 threads: in ONNX Runtime the float file, whittle's best int8
+    file and quantize_static's MinMax file; in whittle's deploy runtime the FP32 checkpoint (folded,
+    float kernels) and the best int8 checkpoint (integer kernels). Prints both tables and returns
+    their rows."""
     best = max((r for r in rows if r["toolkit"] == "whittle"), key=lambda r: r["top1"])
+    best_h5 = os.path.join(ROOT, best["file"][:-len(".onnx")] + ".h5")
     files = [("float (folded)", os.path.join(out, "fp32_fused.onnx")),
              (f"whittle int8 ({best['method']})", os.path.join(ROOT, best["file"]))]
     if not no_peers and os.path.isfile(os.path.join(out, "ort_minmax.onnx")):
         files.append(("quantize_static MinMax", os.path.join(out, "ort_minmax.onnx")))
-    print("\n| ONNX Runtime, ms a batch | " + " | ".join(n for n, _ in files) +
-          " | whittle int8 / float | whittle int8 / quantize_static |")
-    print("|---|" + "---:|" * (len(files) + 2))
     speed = []
     for batch in (1, 32):
         for threads in (1, 2):
             x = test[:batch]
             ms = [latency_ms(path, x, threads, repeats) for _, path in files]
-            speed.append({"batch": batch, "threads": threads, **{n: v for (n, _), v in zip(files, ms)}})
-            ratios = f"{ms[1] / ms[0]:.2f}× | " + (f"{ms[1] / ms[2]:.2f}×" if len(ms) > 2 else "—")
-            print(f"| batch {batch}, {threads} thread{'s' if threads > 1 else ''} | " +
-                  " | ".join(f"{v:.3f}" for v in ms) + f" | {ratios} |", flush=True)
+            row = {"batch": batch, "threads": threads, **{n: v for (n, _), v in zip(files, ms)}}
+            row["whittle deploy float"] = deploy_ms(build, ckpt, batch, threads, repeats)
+            row["whittle deploy int8"] = deploy_ms(build, best_h5, batch, threads, repeats)
+            speed.append(row)
+    names = [n for n, _ in files]
+    print("\n| ONNX Runtime, ms a batch | " + " | ".join(names) + " | whittle int8 / float | whittle int8 / quantize_static |")
+    print("|---|" + "---:|" * (len(files) + 2))
+    for r in speed:
+        ms = [r[n] for n in names]
+        ratios = f"{ms[1] / ms[0]:.2f}× | " + (f"{ms[1] / ms[2]:.2f}×" if len(ms) > 2 else "—")
+        print(f"| batch {r['batch']}, {r['threads']} thread{'s' if r['threads'] > 1 else ''} | " +
+              " | ".join(f"{v:.3f}" for v in ms) + f" | {ratios} |")
+    print("\n| whittle deploy, ms a batch | float (folded) | int8 | int8 / float | int8 / ONNX Runtime on whittle's int8 file |")
+    print("|---|---:|---:|---:|---:|")
+    for r in speed:
+        f, i, o = r["whittle deploy float"], r["whittle deploy int8"], r[names[1]]
+        print(f"| batch {r['batch']}, {r['threads']} thread{'s' if r['threads'] > 1 else ''} | {f:.3f} | {i:.3f} | "
+              f"{i / f:.2f}× | {i / o:.2f}× |", flush=True)
     return speed
 
 
@@ -214,7 +238,7 @@ def main():
         saved = json.load(open(earlier))
         _, _, xte, _ = load_data(a.model, recipe)
         test = normalize(xte, recipe["data"].get("mean"), recipe["data"].get("std"))
-        speed = time_files(saved["rows"], out, test, a.repeats, a.no_peers)
+        speed = time_files(saved["rows"], out, test, a.repeats, a.no_peers, build, ckpt)
         saved["speed"] = speed
         with open(earlier, "w") as f:
             json.dump(saved, f, indent=2)
@@ -277,10 +301,16 @@ def main():
           + (f"; the best peer ({best_peer['toolkit']} {best_peer['method']}): {100 * (best_peer['top1'] - fp32):+.2f}"
              if best_peer else ""))
 
-    speed = [] if a.no_speed else time_files(rows, out, test, a.repeats, a.no_peers)
+    # The best int8 checkpoint on whittle's deploy runtime (integer kernels) against its graph.
+    best_h5 = os.path.join(ROOT, best_whittle["file"][:-len(".onnx")] + ".h5")
+    deploy_top1 = json.loads(whittle(build, "eval", best_h5, "--deploy", "--json"))["top1"]
+    print(f"whittle eval --deploy of the best: {100 * deploy_top1:.2f} % (the graph: "
+          f"{100 * best_whittle['whittle_eval_top1']:.2f} %)")
+
+    speed = [] if a.no_speed else time_files(rows, out, test, a.repeats, a.no_peers, build, ckpt)
     with open(os.path.join(out, "int8_compare.json"), "w") as f:
         json.dump({"model": a.model, "checkpoint": os.path.relpath(ckpt, ROOT), "images": a.images, "seed": a.seed,
-                   "rows": rows, "speed": speed}, f, indent=2)
+                   "rows": rows, "deploy_top1": deploy_top1, "speed": speed}, f, indent=2)
     print(f"\nwrote {os.path.join(out, 'int8_compare.json')}")
 
 
