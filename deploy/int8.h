@@ -1,7 +1,8 @@
 #pragma once
 // int8 execution in the deploy runtime: the layers an int8 quantizer feeds (quantize/int8.cpp,
 // whole_network) run on LibTorch's quantized CPU engine (x86: fbgemm, with VNNI where the CPU has
-// it) on uint8 activations and int8 weights prepacked once when the plan is built, each layer
+// it; only there, see int8_kernels_available) on uint8 activations and int8 weights prepacked once
+// when the plan is built, each layer
 // requantizing its int32 sums straight to the grid of the quantizer reading its output (Jacob et
 // al. 2018), so that consecutive layers exchange uint8 codes; max pooling and flatten move codes.
 // Whatever has no integer form here (a layer whose output no uint8 quantizer reads, as the
@@ -18,8 +19,15 @@
 
 namespace whittle::deploy {
 
+/// True when this CPU has VNNI (AVX512_VNNI or AVX_VNNI). Without it fbgemm adds pairs of
+/// uint8 × int8 products in 16 bits (vpmaddubsw), which saturate on full-range codes (255 · 127 · 2
+/// > 32767), so the int8 steps decline there and the model runs in float on the dequantized values,
+/// as the fake-quantized graph computes it.
+bool int8_kernels_available();
+
 /// An int8 quantizer (act_quant with an affine uint8 grid of 8 bits): quantize_per_tensor of its
-/// input, channels-last for maps. False (generic step) for any other act_quant.
+/// input, channels-last for maps. False (generic step) for any other act_quant, and without
+/// int8_kernels_available().
 bool lower_int8_quantize(const Node& n, Lowering& l);
 
 /// conv2d or linear reading uint8 codes (Form::int8) with int8 weight codes (packed, uniform 8-bit

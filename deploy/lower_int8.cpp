@@ -80,11 +80,30 @@ c10::IValue bias_of(const Node& n) {
   return c10::IValue();
 }
 
+// Prepacks a layer's weight (`name`: quantized::conv2d_prepack or linear_prepack); nullopt when the
+// engine refuses it (a shape or grouping it has no kernel for), so that the layer runs in float.
+std::optional<c10::IValue> prepack(const char* name, std::vector<c10::IValue> args) {
+  try {
+    return call_op(name, std::move(args));
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
+
+bool int8_kernels_available() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
 
 bool lower_int8_quantize(const Node& n, Lowering& l) {
   const std::optional<Grid> g = uint8_grid(n);
-  if (!g) return false;
+  if (!g || !int8_kernels_available()) return false;
   const Grid grid = *g;
   l.add_step(n, "int8 quantize", [grid](std::vector<Value>& frame, const Step& s) {
     at::Tensor x = frame[s.inputs[0]].tensor();
@@ -107,17 +126,19 @@ bool lower_int8_layer(const Node& n, Lowering& l) {
   std::function<at::Tensor(const at::Tensor&)> apply;
   if (n.op == "conv2d") {
     if (l.graph().value(n.inputs[0]).shape.size() != 4) return false;
-    const c10::IValue packed = call_op("quantized::conv2d_prepack",
-                                       {*weight, bias_of(n), n.attr_pair("stride"), n.attr_pair("padding"),
-                                        n.attr_pair("dilation"), n.attr_int("groups")});
-    auto p = packed.toCustomClass<ConvPackedParamsBase<2>>();
+    const std::optional<c10::IValue> packed =
+        prepack("quantized::conv2d_prepack", {*weight, bias_of(n), n.attr_pair("stride"), n.attr_pair("padding"),
+                                              n.attr_pair("dilation"), n.attr_int("groups")});
+    if (!packed) return false;
+    auto p = packed->toCustomClass<ConvPackedParamsBase<2>>();
     apply = [p, out](const at::Tensor& x) { return out.relu ? p->apply_relu(x, out.scale, out.zero_point)
                                                              : p->apply(x, out.scale, out.zero_point); };
     kernel = "int8 conv2d";
   } else if (n.op == "linear") {
     if (l.graph().value(n.inputs[0]).shape.size() != 2) return false;
-    const c10::IValue packed = call_op("quantized::linear_prepack", {*weight, bias_of(n)});
-    auto p = packed.toCustomClass<LinearPackedParamsBase>();
+    const std::optional<c10::IValue> packed = prepack("quantized::linear_prepack", {*weight, bias_of(n)});
+    if (!packed) return false;
+    auto p = packed->toCustomClass<LinearPackedParamsBase>();
     apply = [p, out](const at::Tensor& x) { return out.relu ? p->apply_relu(x, out.scale, out.zero_point)
                                                              : p->apply(x, out.scale, out.zero_point); };
     kernel = "int8 linear";

@@ -201,13 +201,6 @@ Step* Lowering::fusable_binary_producer(const std::string& value, const Node& co
   return &step;
 }
 
-Step* Lowering::writer(const std::string& value) {
-  auto s = slots_.find(value);
-  if (s == slots_.end()) return nullptr;
-  auto w = writer_.find(s->second);
-  return w == writer_.end() ? nullptr : &steps_[w->second];
-}
-
 void Lowering::absorb(Step& step, const Node& consumer) {
   absorbed_.insert(consumer.name);
   step.nodes.push_back(consumer.name);

@@ -38,7 +38,7 @@ class Value {
   /// `channels` channels. `flattened`: the value is the [N, C·H·W] flatten of the NCHW map the
   /// rank-4 words encode.
   static Value of_words(at::Tensor words, int64_t channels, bool flattened = false);
-  bool defined() const { return tensor_.defined() || words_.defined(); }
+  bool defined() const { return tensor_.defined() || words_.defined() || quantized_.defined(); }
   /// The float tensor; for packed signs, the ±1 tensor they encode, for integer codes their
   /// dequantized values (made on first use).
   const at::Tensor& tensor();
@@ -153,8 +153,6 @@ class Lowering {
   /// The binary layer step that writes `value` when `consumer` is the value's only user and the
   /// value is no graph output, so the consumer may fold into the step's epilogue; else nullptr.
   Step* fusable_binary_producer(const std::string& value, const Node& consumer);
-  /// The step that writes `value` so far; nullptr when none does.
-  Step* writer(const std::string& value);
   /// Makes `step` compute `consumer` too: the consumer joins its nodes and its outputs become the
   /// consumer's (the caller has folded the consumer into the step, e.g. into its epilogue). A
   /// consumer later in graph order than the node being lowered gets no step of its own.

@@ -184,7 +184,8 @@ struct ActivationPlan {
   /// For integer runtimes that run the whole network in int8: also quantize the inputs of the nodes
   /// joining quantized layers whose op the registry marks integer_inputs (residual adds,
   /// concatenations), and put a layer's input quantizer at the ReLU before max pooling, flatten or
-  /// dropout (OpTraits::commutes_with_sign; a monotone quantizer commutes with them exactly).
+  /// dropout (OpTraits::commutes_with_sign; a monotone quantizer commutes with them exactly in
+  /// eval form).
   bool whole_network = false;
 };
 

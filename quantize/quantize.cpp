@@ -244,8 +244,8 @@ namespace {
 // The nodes joining quantized layers whose inputs a whole-network int8 quantizer quantizes too
 // (ActivationPlan::whole_network): nodes of an op the registry marks integer_inputs (residual
 // adds, concatenations) each of whose inputs comes from one of `layers` (its output or, shared,
-// its input) or from an existing quantizer, directly or through single-input nodes (a batch norm,
-// a ReLU, pooling).
+// its input) or from an existing quantizer, directly or through single-input nodes other than
+// layers (a batch norm, a ReLU, pooling).
 std::vector<std::string> integer_joins(const Graph& graph, const std::vector<std::string>& layers) {
   std::set<std::string> sources;
   for (const auto& name : layers) {
@@ -261,7 +261,7 @@ std::vector<std::string> integer_joins(const Graph& graph, const std::vector<std
       const ValueInfo& vi = graph.value(v);
       if (vi.producer.empty()) return false;
       const Node& p = graph.node(vi.producer);
-      if (p.inputs.size() != 1) return false;
+      if (p.inputs.size() != 1 || is_weighted_layer(p)) return false;  // a layer left in float (chosen ones are sources)
       v = p.inputs[0];
     }
     return false;
@@ -365,6 +365,10 @@ Report apply(Graph& graph, const Config& config_in) {
       return graph.node_index(a.first) < graph.node_index(b.first);
     });
     const std::set<std::pair<std::string, size_t>> use_set(uses.begin(), uses.end());
+    // What an earlier apply() quantized stays as it is (a join reading it is not quantized again).
+    for (const auto& n : graph.nodes())
+      if (n.op == "act_quant")
+        for (const auto& o : n.outputs) quantized_value[o] = o;
     for (const auto& [name, slot] : uses) {
       const std::string v = graph.node(name).inputs.at(slot);
       auto done = quantized_value.find(v);
@@ -375,8 +379,9 @@ Report apply(Graph& graph, const Config& config_in) {
       }
       if (!binary) {
         // Whole network: the quantizer moves up to the ReLU before max pooling, flatten or dropout
-        // (single-use ops that commute with a monotone quantizer exactly, OpTraits::commutes_with_sign),
-        // where an integer runtime fuses it into the layer producing the ReLU's input.
+        // (single-use ops that commute with a monotone quantizer exactly in eval form,
+        // OpTraits::commutes_with_sign; in training a dropout between them scales the kept codes by
+        // 1/(1 − p)), where an integer runtime fuses it into the layer producing the ReLU's input.
         std::string cur = v;
         std::string chain_head;  // the op of the chain reading `cur`, if any
         while (acts->whole_network) {

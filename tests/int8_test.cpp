@@ -267,6 +267,11 @@ TEST(Int8Model, WholeNetworkPlacement) {
   EXPECT_EQ(g.node("fc").inputs.at(0), "flatten");
   for (const char* name : {"relu0", "relu_a", "relu_out"}) EXPECT_EQ(g.node(name).attr_int("relu"), 1) << name;
 
+  // A second apply changes nothing: every layer is quantized, and the add reads quantizers already.
+  const q::Report again = q::apply(g, c);
+  EXPECT_TRUE(again.inserted.empty() && again.replaced.empty() && again.quantized.empty());
+  EXPECT_EQ(g.node("add").inputs, (std::vector<std::string>{"add.act_quant", "relu0"}));
+
   c.options["whole_network"] = false;
   Graph h = block();
   const q::Report layers_only = q::apply(h, c);

@@ -100,7 +100,7 @@ check(sorted(attrs) == ["dilation", "groups", "padding", "stride"] and "int, def
 check(all(row[2][:2] == "ot" for row in rows if row[0] != "conv_bn_qat"),
       "inspect --ops: every op but conv_bn_qat (exported as its folded layer) has ONNX and TorchScript forms")
 kernel_ops = sorted(row[0] for row in rows if row[2].endswith("k"))
-check(kernel_ops == ["act_quant", "batch_norm", "conv2d", "flatten", "linear", "max_pool2d", "threshold_sign"],
+check(kernel_ops == ["act_quant", "add", "batch_norm", "conv2d", "flatten", "linear", "max_pool2d", "threshold_sign"],
       f"inspect --ops: the ops with a deploy kernel path are {kernel_ops}")
 
 # A short run writes the run directory; eval reproduces its accuracy.
