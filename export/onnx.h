@@ -9,11 +9,13 @@
 // Forms (docs/export.md has the op table and the exactness of each form):
 //   - the graph is first put in deploy form (deploy.h): QAT conv_bn_qat nodes become their base
 //     layer with the folded weight and bias; every weight is the one eval() runs with;
-//   - DoReFa weight grids of 2..7 bits (int8 codes) as QuantizeLinear → DequantizeLinear on the
-//     float weight, per output channel (axis 0; 1 for a transposed conv); other quantized weights
-//     (DoReFa 1 and 8 bits, TWN, BNN, XNOR) as float constants of the decoded values;
+//   - quantized weights (LSQ, int8, DoReFa 1..7 bits, TWN, BNN, XNOR) as int8 initializers of
+//     their codes into DequantizeLinear with the scales per output channel (axis 0; 1 for a
+//     transposed conv), no float copy; 8-bit DoReFa weights (codes beyond int8) as float constants;
 //   - DoReFa activations of k ≤ 8 bits as Clip(0, c) (k < 8) → QuantizeLinear → DequantizeLinear,
-//     uint8 with zero point 0 and scale c/(2^k − 1), per tensor;
+//     uint8 with zero point 0 and scale c/(2^k − 1), per tensor; int8 activations as
+//     QuantizeLinear → DequantizeLinear with their scale and uint8 or int8 zero point, the pattern
+//     integer runtimes fuse into QLinearConv and QLinearAdd;
 //   - sign binarizers (BNN activations, threshold_sign) as Sign(2·Sign(x) + 1), so sign(0) = +1;
 //   - batch_norm as BatchNormalization in inference form with the running statistics.
 // Spec: ONNX operators, https://github.com/onnx/onnx/blob/main/docs/Operators.md (opsets 13..17).
