@@ -207,7 +207,7 @@ const OptionsSchema<Int8Options>& int8_schema() {
           .in_range(Range::closed(1, 100000))
           .add("percentile", &O::percentile, "calibrator percentile: the share of the values the grid covers, in percent",
                {}, "99.99")
-          .in_range(Range{0, 100, true, false})
+          .in_range(Range{50, 100, false, true})  // below 50 is surely a fraction given for a percent (0.99 for 99)
           .add("first_and_last", &O::first_and_last,
                "quantize the first and last layers too, as int8 runtimes do (false: they stay in full precision "
                "unless targets names them)")

@@ -88,13 +88,15 @@ std::string join_nodes(const std::vector<std::string>& nodes) {
 int run_bench(const std::vector<std::string>& args) {
   po::options_description opts(
       "usage: whittle bench MODEL [--batch N] [--threads T] [--repeat R] [--input-shape N,C,H,W] [--json]\n\n"
-      "Times the deploy runtime (binary and bit-plane layers on the bitpacked kernels, docs/kernels.md)\nagainst the"
-      " float execution of the same fused model through ATen (oneDNN), per step and in total, on a\n"
+      "Times the deploy runtime (binary and bit-plane layers on the bitpacked kernels, int8 layers on\n"
+      "LibTorch's quantized engine; docs/kernels.md) against the float execution of the same fused model\n"
+      "through ATen (oneDNN), per step and in total, on a\n"
       "random input of the model's input shape. Runs alternate between the two; medians are given.\n"
-      "Both run the same fused, packed graph, so their outputs agree to float rounding (printed).\n"
+      "Both run the same fused, packed graph, so their outputs agree to float rounding (printed; int8\n"
+      "layers requantize in integer arithmetic, so a code may land one level apart).\n"
       "MODEL is a whittle checkpoint (.h5), a zoo model name or a TorchScript file (.pt); zoo and\n"
       "TorchScript models are float, so only a quantized checkpoint has layers on the packed kernels.\n"
-      "--json prints: model, batch, threads, isa, repeat, packed_layers, steps [{nodes, kernel,\n"
+      "--json prints: model, batch, threads, isa, repeat, packed_layers, int8_steps, steps [{nodes, kernel,\n"
       "deploy_ms, float_ms}], deploy_ms, float_ms, speedup, deploy_images_per_s, float_images_per_s,\n"
       "max_relative_difference.\n\n"
       "example:\n  whittle bench runs/mnist/lenet5_bnn/model.h5 --batch 1 --threads 1\n\noptions");
@@ -207,10 +209,12 @@ int run_bench(const std::vector<std::string>& args) {
   const double deploy_ms = 1e3 * median(tf.total), float_ms = 1e3 * median(tr.total);
   const std::string isa = kernels::isa_name(kernels::active_isa());
   const int num_threads = at::get_num_threads();
+  int64_t int8_steps = 0;  // steps on LibTorch's quantized engine (deploy/int8.h)
+  for (const Row& r : rows) int8_steps += r.kernel.rfind("int8 ", 0) == 0;
 
   if (vm.count("json")) {
     nlohmann::ordered_json j{{"model", model_spec}, {"batch", batch}, {"threads", num_threads}, {"isa", isa},
-                             {"repeat", repeat}, {"packed_layers", fast.num_packed_layers()}};
+                             {"repeat", repeat}, {"packed_layers", fast.num_packed_layers()}, {"int8_steps", int8_steps}};
     nlohmann::ordered_json steps = nlohmann::ordered_json::array();
     for (const Row& r : rows)
       steps.push_back({{"nodes", r.nodes}, {"kernel", r.kernel}, {"deploy_ms", r.deploy_ms}, {"float_ms", r.float_ms}});
@@ -226,7 +230,7 @@ int run_bench(const std::vector<std::string>& args) {
   }
   std::cout << "whittle bench " << model_spec << ": batch " << batch << ", " << num_threads << " thread"
             << (num_threads == 1 ? "" : "s") << ", " << isa << " popcount kernels, " << fast.num_packed_layers()
-            << " layers on packed kernels; medians of " << repeat << " run" << (repeat == 1 ? "" : "s") << "\n\n";
+            << " layers on packed kernels, " << int8_steps << " int8 step" << (int8_steps == 1 ? "" : "s") << "; medians of " << repeat << " run" << (repeat == 1 ? "" : "s") << "\n\n";
   size_t wn = 4, wk = 6;
   for (const Row& r : rows) {
     wn = std::max(wn, r.nodes.size());

@@ -54,7 +54,7 @@ std::vector<double> parse_numbers(const std::string& text, const std::string& wh
 
 int run_calibrate(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle calibrate MODEL --data PATH --out FILE [--method minmax|moving_minmax|percentile|entropy|mse]\n"
+      "usage: whittle calibrate MODEL --out FILE [--data PATH] [--method minmax|moving_minmax|percentile|entropy|mse]\n"
       "                         [--batches N] [--batch-size N] [--split NAME] [--seed N] [--mean A,B,C --std A,B,C]\n"
       "                         [--activation-dtype uint8|int8] [--granularity per_channel|per_tensor] [--no-narrow-range]\n"
       "                         [--percentile P] [--targets A,B] [--ignore A,B] [--bias-correction] [--no-fold] [--eval]\n"
@@ -62,7 +62,8 @@ int run_calibrate(const std::vector<std::string>& args) {
       "Post-training int8 quantization: folds batch norms into the layers before them (the pass\n"
       "fuse_for_inference, as integer runtimes run them; --no-fold keeps them), gives the layers the int8\n"
       "method's quantizers (weights symmetric per output channel, activations uint8 affine or int8\n"
-      "symmetric; the first and last layers stay float unless --targets names them), sets every\n"
+      "symmetric; every layer, the first and last too, and the inputs of the residual additions joining\n"
+      "them, so that integer runtimes run the whole network in int8), sets every\n"
       "activation scale and zero point with a calibrator over --batches batches of the training split\n"
       "(shuffled with --seed, evaluation transforms: normalized, no crop or flip), with no optimizer\n"
       "step, and writes a packed checkpoint.\n"
@@ -95,7 +96,9 @@ int run_calibrate(const std::vector<std::string>& args) {
   // The int8 method's own keys as flags, but for the two --method and --batches stand for.
   std::vector<KeySpec> keys;
   for (const KeySpec& k : quantize::quantizer_method("int8").option_keys())
-    if (k.name != "calibrator" && k.name != "calibration_batches") keys.push_back(k);
+    if (k.name != "calibrator" && k.name != "calibration_batches" && k.name != "observe" &&
+        k.name != "freeze_observers_epoch")  // QAT's
+      keys.push_back(k);
   OptionFlags flags;
   flags.add(opts, keys, "int8");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model}});
@@ -117,7 +120,7 @@ int run_calibrate(const std::vector<std::string>& args) {
   quantize::Config config;
   config.method = "int8";
   config.options = flags.settings(vm, "calibrate");
-  if (!method.empty()) config.options["calibrator"] = method;
+  if (vm.count("method")) config.options["calibrator"] = method;  // "" is refused as an unknown calibrator
   config.options["calibration_batches"] = batches;
   if (vm.count("weights-only")) {
     config.activation_bits = 32;
@@ -129,6 +132,14 @@ int run_calibrate(const std::vector<std::string>& args) {
   config.targets = split_commas(targets);
   config.ignore = split_commas(ignore);
   const quantize::Config resolved = quantize::resolve(config);
+  // Command-line values that do not parse are usage errors (exit 2), as the flags' own are.
+  auto usage = [](const std::function<void()>& parse) {
+    try {
+      parse();
+    } catch (const Error& e) {
+      throw Error(e.what(), ErrorKind::kUsage);
+    }
+  };
   // Nothing to calibrate when the activations stay float.
   const std::optional<quantize::Calibration> cal =
       resolved.activation_bits == 32 ? std::nullopt : quantize::quantizer_method("int8").calibration(resolved);
@@ -138,6 +149,13 @@ int run_calibrate(const std::vector<std::string>& args) {
   runner::ModelMetadata meta;
   Graph graph =
       load_cli_model("calibrate", model, shape, vm["num-classes"].as<int64_t>(), !vm["num-classes"].defaulted(), &meta);
+  // A quantized model has no float weights and activations left to calibrate from.
+  for (const Node& n : graph.nodes())
+    if (n.op == "act_quant" || !n.weight_transforms.empty())
+      throw Error("calibrate: " + model + " is quantized already (node '" + n.name +
+                      "'); calibrate takes a float model (the checkpoint it was made from)",
+                  ErrorKind::kUsage);
+  usage([&] { quantize::select_layers(graph, config); });  // unknown --targets names
   runner::DataSpec recipe_data;
   if (!meta.recipe.empty()) recipe_data = runner::parse_recipe_data(meta.recipe, model + " (stored recipe)");
   if (vm.count("data") && data_path.empty()) throw Error("calibrate: --data is empty", ErrorKind::kUsage);
@@ -156,8 +174,10 @@ int run_calibrate(const std::vector<std::string>& args) {
   if (split.empty()) split = recipe_data.train_split.empty() ? "train" : recipe_data.train_split;
   if (eval_split.empty()) eval_split = recipe_data.test_split.empty() ? "test" : recipe_data.test_split;
   data::Transform transform;  // evaluation transforms: normalization alone
-  transform.mean = mean_text.empty() ? recipe_data.mean : parse_numbers(mean_text, "--mean");
-  transform.stddev = std_text.empty() ? recipe_data.std : parse_numbers(std_text, "--std");
+  usage([&] {
+    transform.mean = mean_text.empty() ? recipe_data.mean : parse_numbers(mean_text, "--mean");
+    transform.stddev = std_text.empty() ? recipe_data.std : parse_numbers(std_text, "--std");
+  });
   const at::Device dev = runner::open_device(device);
 
   data::Dataset train = runner::load_split(data_path, split, pack_to, std::cerr);

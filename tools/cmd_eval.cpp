@@ -38,7 +38,7 @@ int run_eval(const std::vector<std::string>& args) {
       "split", po::value<std::string>(&split), "split of --data (default: the recipe's test split, else 'test')")(
       "batch-size", po::value<int64_t>(&batch_size)->default_value(500), "evaluation batch size")(
       "device", po::value<std::string>(&device)->default_value("cpu"), "cpu, cuda or cuda:N")(
-      "deploy", "run the deploy runtime (deploy::Model) on the CPU")("json", "print JSON");
+      "deploy", "run the deploy runtime (deploy::Model) on the CPU: binary and bit-plane layers on the bitpacked kernels, int8 layers on integer kernels")("json", "print JSON");
   po::variables_map vm = parse_command_line(args, opts, {{"checkpoint", &ckpt_path}});
   if (vm.count("help")) {
     std::cout << opts << "\n";

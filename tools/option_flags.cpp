@@ -45,8 +45,8 @@ void OptionFlags::add(po::options_description& opts, const std::vector<KeySpec>&
     if (keys_.count(k.name)) continue;
     keys_.emplace(k.name, k);
     order_.push_back(k.name);
-    std::string help = (owner.empty() ? "" : owner + ": ") + (negated(k) ? "do not " : "") + k.description;
-    std::string notes;
+    std::string help = (owner.empty() ? "" : owner + ": ") + k.description;
+    std::string notes = negated(k) ? "on by default; this flag turns it off" : "";
     if (k.type != KeyType::kBool && !k.default_text.empty() && k.default_text != "[]") {
       notes = "default " + k.default_text;
     }

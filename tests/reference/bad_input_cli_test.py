@@ -411,6 +411,13 @@ expect(["calibrate", r20, "--data", MNIST, "--out", int8], 2,
        "calibrate of a 3×32×32 model on 1×28×28 digits", int8)
 expect(["calibrate", model, "--activation-dtype", "int4", "--out", int8], 2, "'int4' is not one of uint8, int8",
        "calibrate --activation-dtype int4", int8)
+expect(["calibrate", os.path.join(mid, "model.h5"), "--data", MNIST, "--out", int8], 2,
+       "model.h5 is quantized already (node '", "calibrate of a quantized checkpoint", int8)
+expect(["calibrate", model, "--method", "", "--out", int8], 2, "key 'calibrator': unknown ''", "calibrate --method ''", int8)
+expect(["calibrate", model, "--targets", "nosuch", "--out", int8], 2, "target 'nosuch' is neither a node",
+       "calibrate --targets of no layer (exit 2: a usage error)", int8)
+expect(["calibrate", model, "--method", "percentile", "--percentile", "0.99", "--out", int8], 2,
+       "key 'percentile': 0.99 is outside [50, 100)", "calibrate --percentile 0.99 (a fraction for a percent)", int8)
 
 # fuse, prune and data pack check their output before any work: nothing printed, nothing written.
 for args, what in [(["fuse", model, "--out", os.path.join(OUT, "no_dir", "f.h5")], "fuse"),
