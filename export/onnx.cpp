@@ -171,6 +171,7 @@ std::string onnx_model_bytes(const Graph& graph_in, const OnnxOptions& options) 
       throw Error("ONNX export: graph output '" + v + "' is a graph input; ONNX needs a node between them");
     m.outputs.push_back(value_spec(v));
   }
+  if (options.qoperator) to_qoperator(m);
   try {
     return onnx_proto::serialize_checked(m);
   } catch (const std::runtime_error& ex) {

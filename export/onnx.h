@@ -38,7 +38,18 @@ struct OnnxOptions {
   bool dynamic_batch = true;   ///< input and output dim 0 symbolic ("N"); false: the graph's batch size
   std::string producer_version;  ///< written as producer_version (default: whittle's version)
   std::map<std::string, std::string> metadata;  ///< extra metadata_props (key → value)
+  /// The QOperator form (to_qoperator): convolutions between int8 quantizers as QLinearConv.
+  bool qoperator = false;
 };
+
+/// Rewrites the int8 Q/DQ pattern of `model` into ONNX's QOperator form (QLinearConv, ONNX
+/// operators spec): each Conv reading DequantizeLinear(x_q, s_x, z_x) with a per-tensor scale and
+/// DequantizeLinear of int8 weight codes, whose output only a QuantizeLinear reads, becomes one
+/// QLinearConv(x_q, s_x, z_x, codes, s_w, z_w, s_y, z_y, bias) writing that QuantizeLinear's
+/// output, the float bias as int32 round(b/(s_x·s_w)) per output channel; DequantizeLinear nodes
+/// and initializers left unread are dropped. Linear layers and additions keep the Q/DQ form (the
+/// default domain has no QLinear form with a bias, or of Add). Returns the layers rewritten.
+int64_t to_qoperator(onnx_proto::ModelSpec& model);
 
 /// The ONNX bytes of `graph` (deploy form, checked by onnx::checker and strict shape inference).
 /// Throws whittle::Error naming the node for an op or attribute without an ONNX form at

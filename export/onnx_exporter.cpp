@@ -14,6 +14,7 @@ namespace {
 struct OnnxExportOptions {
   int64_t opset = 17;         ///< default-domain opset
   bool static_batch = false;  ///< fix the batch dimension to the model's declared one (default: dynamic "N")
+  bool qoperator = false;     ///< int8 convolutions as QLinearConv (onnx.h, to_qoperator)
 };
 
 const OptionsSchema<OnnxExportOptions>& onnx_schema() {
@@ -22,7 +23,10 @@ const OptionsSchema<OnnxExportOptions>& onnx_schema() {
       OptionsSchema<O>()
           .add("opset", &O::opset, "ONNX opset of the export")
           .in_range(Range::closed(13, 17))
-          .add("static_batch", &O::static_batch, "fix the batch dimension to the model's declared one (else a dynamic 'N')");
+          .add("static_batch", &O::static_batch, "fix the batch dimension to the model's declared one (else a dynamic 'N')")
+          .add("qoperator", &O::qoperator,
+               "the QOperator form: int8 convolutions as QLinearConv with int32 biases (else the QuantizeLinear/"
+               "DequantizeLinear form)");
   return schema;
 }
 
@@ -31,6 +35,7 @@ OnnxOptions onnx_options(const Settings& settings, const ExportInfo* info) {
   OnnxOptions out;
   out.opset = o.opset;
   out.dynamic_batch = !o.static_batch;
+  out.qoperator = o.qoperator;
   if (info) out.metadata = info->metadata;
   return out;
 }
