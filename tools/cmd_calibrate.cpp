@@ -178,6 +178,9 @@ int run_calibrate(const std::vector<std::string>& args) {
     transform.mean = mean_text.empty() ? recipe_data.mean : parse_numbers(mean_text, "--mean");
     transform.stddev = std_text.empty() ? recipe_data.std : parse_numbers(std_text, "--std");
   });
+  if (transform.mean.empty() && transform.stddev.empty())
+    std::cerr << "calibrate: note: no normalization (--mean, --std) given and none stored with " << model
+              << ": the images are read as they are, in [0, 1]\n";
   const at::Device dev = runner::open_device(device);
 
   data::Dataset train = runner::load_split(data_path, split, pack_to, std::cerr);

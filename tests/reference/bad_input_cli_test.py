@@ -413,6 +413,11 @@ expect(["calibrate", model, "--activation-dtype", "int4", "--out", int8], 2, "'i
        "calibrate --activation-dtype int4", int8)
 expect(["calibrate", os.path.join(mid, "model.h5"), "--data", MNIST, "--out", int8], 2,
        "model.h5 is quantized already (node '", "calibrate of a quantized checkpoint", int8)
+r = run("calibrate", "lenet5", "--data", MNIST, "--batches", "1", "--out", int8)
+check(r.returncode == 0 and "no normalization (--mean, --std) given and none stored with lenet5" in r.stderr,
+      "calibrate of a zoo model without --mean/--std says the images go in unnormalized")
+if os.path.exists(int8):
+    os.remove(int8)
 expect(["calibrate", model, "--method", "", "--out", int8], 2, "key 'calibrator': unknown ''", "calibrate --method ''", int8)
 expect(["calibrate", model, "--targets", "nosuch", "--out", int8], 2, "target 'nosuch' is neither a node",
        "calibrate --targets of no layer (exit 2: a usage error)", int8)
