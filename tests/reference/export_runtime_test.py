@@ -48,7 +48,9 @@ BOUND = 1e-5
 # ONNX Runtime's optimized run of an int8 file: its integer kernels (QLinearConv, QLinearAdd, QGemm)
 # requantize each layer's int32 sums with a float multiplier, where whittle divides the float
 # layer's output by the scale; an output next to a rounding boundary lands one level apart.
-# Measured on the calibrated LeNet-5: 0.0078 of the largest output; about 4x margin.
+# Measured on the calibrated LeNet-5: 0.0078 of the largest output (AVX-512 VNNI, 1 thread, as
+# export_check runs it); about 4x margin for ONNX Runtime's AVX2 u8s8 kernels, whose requantization
+# rounds at other points, on other machines.
 INTEGER_BOUND = 0.03
 OUT = h.out_dir(f"export_runtime_{PART}")
 TS_DIR = os.path.join(h.BUILD, "testdata", "torchscript")
