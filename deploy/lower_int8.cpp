@@ -6,6 +6,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <memory>
 #include <optional>
 
@@ -94,7 +98,17 @@ std::optional<c10::IValue> prepack(const char* name, std::vector<c10::IValue> ar
 
 bool int8_kernels_available() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  // cpuid directly: older compilers' __builtin_cpu_supports knows neither VNNI feature name.
+  // AVX512_VNNI is leaf 7.0 ECX bit 11, AVX_VNNI leaf 7.1 EAX bit 4 (Intel SDM vol. 2, CPUID);
+  // __builtin_cpu_supports checks that the OS saves the registers they use.
+  static const bool vnni = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    bool avx512_vnni = false, avx_vnni = false;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) avx512_vnni = (ecx >> 11) & 1u;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) avx_vnni = (eax >> 4) & 1u;
+    return (avx512_vnni && __builtin_cpu_supports("avx512f")) ||
+           (avx_vnni && __builtin_cpu_supports("avx2"));
+  }();
   return vnni;
 #else
   return false;
