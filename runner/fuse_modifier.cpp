@@ -36,6 +36,13 @@ class FuseBatchNormModifier : public Modifier {
   }
 
   void on_start(TrainContext& tc) override {
+    // A run of 0 epochs (calibration only) folds at once, so that the quantizers that follow are
+    // calibrated on the folded layers, as `whittle calibrate` does.
+    if (mode_ == "inference" && tc.recipe && tc.recipe->training.epochs == 0) {
+      check_fold_first(tc);
+      fold(tc);
+      return;
+    }
     if (mode_ != "qat") return;
     check_order(tc);
     if (!prepared_ && spec().start_epoch <= 0) prepare(tc);
@@ -46,10 +53,11 @@ class FuseBatchNormModifier : public Modifier {
   void on_step_begin(TrainContext& tc) override { advance(tc); }
 
   void on_finish(TrainContext& tc) override {
-    tc.model->eval();
-    fuse::Report r = fuse::fuse_for_inference(tc.model, options_);
-    tc.parameters_changed = true;
-    *tc.log << r.summary() << std::flush;
+    if (!folded_) fold(tc);
+  }
+
+  std::string needs_training() const override {
+    return mode_ == "qat" ? "mode qat simulates the folding while training; mode inference folds without training" : "";
   }
 
   std::string state() const override {
@@ -86,6 +94,27 @@ class FuseBatchNormModifier : public Modifier {
     }
   }
 
+  void fold(TrainContext& tc) {
+    tc.model->eval();
+    fuse::Report r = fuse::fuse_for_inference(tc.model, options_);
+    tc.parameters_changed = true;
+    folded_ = true;
+    *tc.log << r.summary() << std::flush;
+  }
+
+  // Calibration only: a quantize entry before this one would have put its quantizers on the layers
+  // already, and a quantized layer's weight takes no BN folded into it.
+  void check_fold_first(const TrainContext& tc) const {
+    for (const auto& m : tc.recipe->modifiers) {
+      if (m.line == spec().line && m.name == spec().name) return;
+      if (m.name == "quantize")
+        throw Error(where() + ": with training.epochs 0 (calibration only) the batch norms fold before the layers "
+                        "are quantized, so it must come before the 'quantize' modifier (line " +
+                        std::to_string(m.line) + ") in the modifiers list",
+                    ErrorKind::kUsage);
+    }
+  }
+
   // Prepares when the window has opened and freezes when freeze_bn_epoch has come (epoch tc.epoch).
   void advance(TrainContext& tc) {
     if (mode_ != "qat") return;
@@ -109,6 +138,7 @@ class FuseBatchNormModifier : public Modifier {
   }
 
   std::string mode_;
+  bool folded_ = false;  ///< mode inference: folded already (at the start of a run of 0 epochs)
   double freeze_epoch_;
   fuse::InferenceOptions options_;
   bool prepared_ = false;
@@ -122,7 +152,7 @@ const OptionsSchema<FuseBatchNormModifierOptions>& fuse_modifier_schema() {
   static const OptionsSchema<O> schema =
       OptionsSchema<O>()
           .add("mode", &O::mode,
-               "inference: fold at the end of training; qat: train with the folded weight (batch statistics with "
+               "inference: fold at the end of training (in a run of 0 epochs, at its start, before the quantizers calibrate); qat: train with the folded weight (batch statistics with "
                "the σ_running/σ_batch correction) so the quantizers see it, fold for good at the end",
                {"inference", "qat"})
           .add("freeze_bn_epoch", &O::freeze_bn_epoch,

@@ -84,6 +84,11 @@ class Modifier {
   }
   /// Once, after the last epoch and before the final checkpoint is written.
   virtual void on_finish(TrainContext&) {}
+  /// Why this entry cannot act in a run of 0 epochs, "" when it can. Such a run (training.epochs
+  /// 0: calibration only) calls on_start, on_epoch_begin and one on_step_begin (the first training
+  /// batch, with the evaluation transforms, in eval mode, no gradients) and then on_finish: no loss,
+  /// no optimizer step. The default: the entry needs training.
+  virtual std::string needs_training() const { return "it acts on the training loss or the optimizer steps"; }
   /// The student's graph values (node or value names) this modifier reads in on_loss through
   /// TrainContext::features while it is active (distillation's feature pairs); none by default.
   virtual std::vector<std::string> captures() const { return {}; }

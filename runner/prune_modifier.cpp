@@ -88,6 +88,14 @@ class PruneModifier : public Modifier {
     return {};
   }
 
+  // One step by a weight criterion prunes without training (training.epochs 0); the others prune
+  // between training steps, or score by gradients.
+  std::string needs_training() const override {
+    if (o_.schedule != "one_shot") return "schedule '" + o_.schedule + "' prunes in steps over the training";
+    if (config_.scoring.criterion == prune::Criterion::kTaylor) return "criterion taylor scores channels by their gradients";
+    return "";
+  }
+
   void on_step_begin(TrainContext& tc) override {
     if (done_ >= steps_) return;
     const double due = spec().start_epoch + static_cast<double>(done_) * o_.update_frequency;

@@ -75,6 +75,9 @@ class QuantizeModifier : public Modifier {
   void on_step_end(TrainContext& tc) override {
     if (applied_) quantize::after_step(tc.model->graph(), config_);
   }
+  // Attached in on_start, its steps or scales from the method's calibrator at the first batch: a
+  // run of 0 epochs is post-training quantization.
+  std::string needs_training() const override { return ""; }
   // The method's loss term (PACT's penalty on its clip levels), while its quantizers are attached.
   at::Tensor on_loss(TrainContext& tc, const at::Tensor& loss, const at::Tensor&, const at::Tensor&,
                      const at::Tensor&) override {

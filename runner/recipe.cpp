@@ -251,8 +251,8 @@ const OptionsSchema<TrainingSpec>& training_schema() {
   using T = TrainingSpec;
   static const auto schema =
       OptionsSchema<T>()
-          .add("epochs", &T::epochs, "number of epochs")
-          .in_range(Range::closed(1, 1000000))
+          .add("epochs", &T::epochs, "number of epochs (0: calibration only: the modifiers apply, no optimizer step)")
+          .in_range(Range::closed(0, 1000000))
           .add("label_smoothing", &T::label_smoothing, "cross-entropy label smoothing")
           .in_range(Range::half_open(0, 1))
           .add("grad_accumulation", &T::grad_accumulation, "optimizer step every N batches")
@@ -759,7 +759,6 @@ void read_data_section_checked(const YAML::Node& root, const std::string& origin
 void read_training_section(const YAML::Node& root, const std::string& origin, Recipe& r) {
   const YAML::Node t = root["training"];
   read_section(t, training_schema(), r.training, "training");
-  if (r.training.epochs < 1) usage_error(at_line(origin, t["epochs"]) + ": 'training.epochs' must be ≥ 1");
   if (const YAML::Node o = t["optimizer"]) {
     auto& op = r.training.optimizer;
     read_section(o, optimizer_schema(), op, "training.optimizer");
@@ -827,8 +826,12 @@ void read_modifiers_section(const YAML::Node& root, const std::string& origin, c
       if (ms.end_epoch != -1.0 && ms.end_epoch <= ms.start_epoch)
         usage_error(entry + ": end_epoch " + number_text(ms.end_epoch) + " is not after start_epoch " +
                     number_text(ms.start_epoch) + " (end_epoch −1 runs to the end)");
-      // A window that opens after the run ends would silently do nothing.
-      if (ms.start_epoch >= static_cast<double>(r.training.epochs))
+      // A window that opens after the run ends would silently do nothing. A run of 0 epochs
+      // (calibration only) applies its modifiers once, at epoch 0.
+      if (r.training.epochs == 0 && ms.start_epoch > 0)
+        usage_error(entry + ": start_epoch " + number_text(ms.start_epoch) +
+                    ": training.epochs is 0 (calibration only), so every modifier applies at epoch 0");
+      if (r.training.epochs > 0 && ms.start_epoch >= static_cast<double>(r.training.epochs))
         usage_error(entry + ": start_epoch " + number_text(ms.start_epoch) + " is not inside the run of " +
                     std::to_string(r.training.epochs) + " epoch(s) (training.epochs): the modifier would never apply");
       for (const auto* patterns : {&ms.targets, &ms.ignore})

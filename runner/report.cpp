@@ -246,9 +246,10 @@ void print_report(std::ostream& log, const Recipe& r, const RunResult& result, c
   for (const auto& [format, path] : result.exports)
     log << "  " << std::left << std::setw(23) << (format + " export") << std::right << path << " ("
         << (result.export_bytes.count(format) ? result.export_bytes.at(format) : 0) << " bytes)\n";
-  log << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n"
-      << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s"
-      << (result.world_size > 1 ? " (all " + std::to_string(result.world_size) + " ranks)" : std::string()) << "\n";
+  log << "  wall time              " << std::setprecision(1) << result.wall_seconds << " s\n";
+  if (result.epochs_done > 0)  // a run of 0 epochs (calibration only) trained nothing
+    log << "  training speed         " << std::setprecision(0) << result.train_images_per_second << " images/s"
+        << (result.world_size > 1 ? " (all " + std::to_string(result.world_size) + " ranks)" : std::string()) << "\n";
   if (result.world_size > 1)
     log << "  data parallel          " << result.world_size << " ranks (" << result.distributed_backend << "), "
         << result.global_batch_size << " images a step\n";

@@ -83,6 +83,16 @@ double last_epoch_rate(const std::string& metrics_path) {
   return rate;
 }
 
+// Clears TrainContext::input and train_batch, which refer to a step's locals, when the hooks that
+// read them are done, also when one throws.
+struct ClearBatch {
+  TrainContext& tc;
+  ~ClearBatch() {
+    tc.input = nullptr;
+    tc.train_batch = nullptr;
+  }
+};
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Parameters and MACs of one image (the graph's declared batch divided out).
@@ -379,7 +389,8 @@ void Trainer::make_loaders() {
   train_opts.num_workers = static_cast<int>(r.data.num_workers);
   train_opts.prefetch_batches = static_cast<int>(r.data.prefetch);
   train_opts.pin_memory = device_.is_cuda();
-  train_opts.transform = make_transform(r.data, true);
+  // A run of 0 epochs reads training batches only to calibrate: with the evaluation transforms.
+  train_opts.transform = make_transform(r.data, t.epochs > 0);
   data::LoaderOptions test_opts = train_opts;
   test_opts.batch_size = r.data.eval_batch_size;
   test_opts.shuffle = false;
@@ -422,6 +433,10 @@ void Trainer::make_loaders() {
 std::unique_ptr<SavedTrainState> Trainer::read_saved_state() const {
   // (A pointer, not std::optional: clang 14 rejects std::optional for this type.)
   if (!options_.resume) return nullptr;
+  if (recipe_.training.epochs == 0)
+    throw Error("--resume: training.epochs is 0 (calibration only), so the run saves no training state to resume; "
+                "run it again (--overwrite replaces it)",
+                ErrorKind::kUsage);
   try {
     return std::make_unique<SavedTrainState>(SavedTrainState::read(state_path_, recipe_.text));
   } catch (const Error& e) {
@@ -437,6 +452,12 @@ void Trainer::build_model_and_modifiers(SavedTrainState* saved) {
   model_->to(device_);
   // Modifiers (their settings checked by their factories, their patterns against the model).
   for (const auto& spec : r.modifiers) modifiers_.push_back(modifier_info(spec.name).create(spec));
+  if (r.training.epochs == 0)
+    for (const auto& m : modifiers_)
+      if (const std::string why = m->needs_training(); !why.empty())
+        throw Error(m->spec().location + ": modifier '" + m->spec().name + "' needs training (" + why +
+                        "), and training.epochs is 0 (calibration only)",
+                    ErrorKind::kUsage);
   if (!saved) check_modifier_targets();
   check_input_shapes();
   check_export_forms();
@@ -654,6 +675,7 @@ void Trainer::check_previous_run() const {
 }
 
 void Trainer::check_modifier_windows() const {
+  if (recipe_.training.epochs == 0) return;  // every window opens at epoch 0 (read_recipe checked)
   // A step's fractional epoch is epoch + batch / batches; the last step's is
   // (epochs − 1) + (batches − 1) / batches. A window must open at or before it.
   const int64_t batches = train_loader_->num_batches();
@@ -821,13 +843,7 @@ void Trainer::step(const data::Batch& batch) {
   at::Tensor y = batch.labels.to(device_, true);
   if (t.channels_last && device_.is_cuda()) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   {
-    struct ClearBatch {  // tc_.input and tc_.train_batch refer to this step's locals, also when a hook throws
-      TrainContext& tc;
-      ~ClearBatch() {
-        tc.input = nullptr;
-        tc.train_batch = nullptr;
-      }
-    } clear_batch{tc_};
+    const ClearBatch clear_batch{tc_};
     tc_.input = &x;
     tc_.train_batch = [&](int64_t i) -> at::Tensor {
       if (i == 0) return x;
@@ -1062,6 +1078,10 @@ EvalMetrics Trainer::end_epoch() {
 
 RunResult Trainer::run() {
   if (result_.finished_before) return result_;  // --resume of a finished run: nothing to do, nothing written
+  if (recipe_.training.epochs == 0) {
+    calibrate();
+    return finish();
+  }
   while (state_.epoch < recipe_.training.epochs) {
     if (!train_epoch()) {
       // Save where we are: the next batch of this epoch (the running sums over every rank).
@@ -1080,6 +1100,50 @@ RunResult Trainer::run() {
     end_epoch();
   }
   return finish();
+}
+
+EvalMetrics Trainer::calibrate() {
+  tc_.epoch_index = 0;
+  tc_.epoch = 0;
+  for (auto& m : modifiers_) m->on_epoch_begin(tc_);
+  apply_parameter_changes();
+  const Clock::time_point t0 = Clock::now();
+  const int64_t batches = train_loader_->num_batches();
+  {
+    at::NoGradGuard no_grad;
+    model_->eval();
+    at::Tensor x = train_loader_->batch(0, 0).images.to(device_);
+    const ClearBatch clear_batch{tc_};
+    tc_.input = &x;
+    tc_.train_batch = [&](int64_t i) -> at::Tensor {
+      return i == 0 ? x : train_loader_->batch(0, i % batches).images.to(device_);
+    };
+    for (auto& m : modifiers_) m->on_step_begin(tc_);
+  }
+  apply_parameter_changes();
+  const double calibration_seconds = seconds_since(t0);
+  const Clock::time_point t_eval = Clock::now();
+  const EvalMetrics ev = evaluate();
+  if (!std::isfinite(ev.loss))
+    throw Error(std::string("calibration: the test loss of the calibrated model is ") + (std::isnan(ev.loss) ? "NaN" : "infinite") +
+                "; nothing was saved");
+  result_.test = ev;
+  tested_ = true;
+  json line;
+  line["epoch"] = 0;
+  line["test_top1"] = ev.top1;
+  line["test_top5"] = ev.top5;
+  line["test_loss"] = ev.loss;
+  line["calibration_seconds"] = calibration_seconds;
+  line["eval_seconds"] = seconds_since(t_eval);
+  if (writer_) {
+    start_writing();
+    write_metrics_line(0, line.dump());
+  }
+  *log_ << "calibration only (training.epochs 0): test top-1 " << std::fixed << std::setprecision(2) << 100 * ev.top1
+        << "%  top-5 " << 100 * ev.top5 << "%  loss " << std::setprecision(4) << ev.loss << "\n"
+        << std::flush;
+  return ev;
 }
 
 RunResult Trainer::finish() {

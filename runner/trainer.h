@@ -132,7 +132,15 @@ class Trainer {
   /// Trains from state() to the last epoch, train_epoch() then end_epoch() for each, then
   /// on_finish, the final checkpoint, report.json and the printed report. After request_stop()
   /// it saves the training state where training stopped and returns with `interrupted` set.
+  /// With training.epochs 0, calibrate() instead of the epochs.
   RunResult run();
+
+  /// A run of 0 epochs (post-training calibration): on_epoch_begin, then one on_step_begin in eval
+  /// mode without gradients, the batches it asks for (TrainContext::train_batch) from the training
+  /// split with the evaluation transforms; no loss and no optimizer step. Then the evaluation on the
+  /// test set and its metrics.jsonl line (epoch 0). Modifiers that need training were refused
+  /// when the Trainer was built (Modifier::needs_training).
+  EvalMetrics calibrate();
 
   /// Trains the rest of epoch state().epoch from batch state().batch: on_epoch_begin first when
   /// the epoch starts at batch 0 (not when a resumed run continues inside it), then step() per

@@ -54,6 +54,7 @@ BUDGET = [
     ("resnet20_budget_lsq_w2a2_kd", None, "LSQ W2A2 student, KD from FP32", "2/2"),
     ("resnet20_budget_pact_w4a4_kd", None, "PACT W4A4 student, KD from FP32", "4/4"),
     ("resnet20_budget_pact_w2a2_kd", None, "PACT W2A2 student, KD from FP32", "2/2"),
+    ("resnet20_budget_int8_ptq", None, "int8 post-training, percentile (no training)", "8/8"),
     ("resnet20_budget_int8_qat", None, "int8 QAT, BN folded (torch.ao's recipe)", "8/8"),
 ]
 # Runs each run starts from (trained first).
@@ -206,6 +207,8 @@ def write_html(build, path):
 def minutes(s):
     if s is None or s < 0:
         return "—"
+    if s < 60:
+        return f"{s:.0f} s"  # a calibration
     return f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 

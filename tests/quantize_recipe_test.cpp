@@ -7,6 +7,8 @@
 #include <cmath>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -14,7 +16,9 @@
 #include <vector>
 
 #include "export/checkpoint.h"
+#include "fuse/fuse.h"
 #include "graph/graph_module.h"
+#include "graph/op_registry.h"
 #include "graph/zoo.h"
 #include "core/error.h"
 #include "core/file_util.h"
@@ -219,6 +223,166 @@ modifiers:
       EXPECT_EQ(trained.at(n.name), want) << n.name;
     }
   }
+}
+
+// Post-training int8 from a recipe (training.epochs 0): the batch norms fold first, the int8
+// quantizers are calibrated by the entropy calibrator over the first two training batches with the
+// evaluation transforms, in eval mode, and no optimizer step moves a weight. The reference does
+// what `whittle calibrate` does to the same checkpoint in this process (fuse_for_inference,
+// quantize::apply, calibrate_learned on the trainer's loader order), so every scale, zero point
+// and weight is equal bit for bit; metrics.jsonl holds one line (epoch 0), report.json 0 epochs.
+TEST_F(QuantizeRecipe, CalibrationOnlyRunIsPostTrainingQuantization) {
+  const std::string dir = join_path(binary_dir(), "testdata/quantize_recipe");
+  make_directories(dir);
+  const std::string fp32 = join_path(dir, "lenet5_for_ptq.h5");
+  {
+    at::manual_seed(3);
+    ZooOptions zoo;
+    zoo.input_shape = {1, 1, 28, 28};
+    GraphModule m(build_model("lenet5", zoo));
+    // Batch-norm statistics away from 0 and 1, so that folding them matters.
+    for (Node& n : m->graph().nodes())
+      if (n.op == "batch_norm") {
+        n.buffers.at("running_mean").uniform_(-0.5, 0.5);
+        n.buffers.at("running_var").uniform_(0.5, 2.0);
+      }
+    save_checkpoint(fp32, m->graph());
+  }
+  const std::string out = join_path(dir, "ptq_run");
+  remove_tree(out);
+  const std::string text = "model: {file: " + fp32 + R"(}
+data: {train: data/mnist10k, test: data/mnist10k, train_split: t10k, test_split: t10k, test_limit: 500,
+       batch_size: 250, mean: [0.1307], std: [0.3081], num_workers: 0, random_crop_padding: 2}
+training: {epochs: 0, seed: 5}
+modifiers:
+  - {name: fuse_batchnorm}
+  - {name: quantize, method: int8, calibrator: entropy, calibration_batches: 2}
+)";
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  const runner::RunResult res = runner::run_recipe(runner::parse_recipe(text, "ptq.yaml", source_dir()), opt);
+  EXPECT_EQ(res.epochs_done, 0);
+  EXPECT_NE(log.str().find("calibration only (training.epochs 0)"), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("training speed"), std::string::npos) << log.str();
+
+  // The reference: the same checkpoint, folded, quantized and calibrated as `whittle calibrate` does.
+  GraphModule ref(load_checkpoint(fp32).graph);
+  ref->eval();
+  fuse::fuse_for_inference(ref);
+  quantize::Config config;
+  config.method = "int8";
+  config.options["calibrator"] = SettingValue("entropy");
+  config.options["calibration_batches"] = SettingValue(int64_t{2});
+  config = quantize::resolve(config);
+  const quantize::Report report = quantize::apply(ref, config);
+  ref->eval();
+  data::LoadOptions split;
+  split.split = "t10k";
+  data::LoaderOptions batches;  // the trainer's order (seed 5), the evaluation transform (no crop)
+  batches.batch_size = 250;
+  batches.seed = 5;
+  batches.num_workers = 0;
+  batches.transform.mean = {0.1307};
+  batches.transform.stddev = {0.3081};
+  const data::DataLoader loader(data::load_dataset("data/mnist10k", split), batches);
+  quantize::Calibration cal;
+  cal.calibrator = "entropy";
+  cal.batches = 2;
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_GT(quantize::calibrate_learned(ref, [&](int64_t i) { return loader.batch(0, i).images; }, cal,
+                                          quantize::nodes_to_initialize(ref->graph(), report)),
+              0);
+  }
+
+  // Both as checkpoints (int8 codes and scales), reloaded.
+  const std::string ref_path = join_path(dir, "lenet5_ptq_reference.h5");
+  save_checkpoint(ref_path, ref->graph());
+  GraphModule run(load_checkpoint(join_path(out, "model.h5")).graph);
+  const Graph want_graph = load_checkpoint(ref_path).graph;
+  int64_t act_quant = 0, batch_norms = 0;
+  for (const Node& n : run->graph().nodes()) {
+    batch_norms += n.op == "batch_norm";
+    if (n.op == "act_quant") ++act_quant;
+    const Node& want = want_graph.node(n.name);
+    for (const auto& [name, t] : n.params) {
+      SCOPED_TRACE(n.name + "." + name);
+      EXPECT_TRUE(at::equal(t, want.params.at(name).to(t.dtype()))) << t << want.params.at(name);
+    }
+    for (const auto& [name, t] : n.buffers) {
+      SCOPED_TRACE(n.name + "." + name);
+      EXPECT_TRUE(at::equal(t, want.buffers.at(name).to(t.dtype()))) << t << want.buffers.at(name);
+    }
+  }
+  EXPECT_EQ(batch_norms, 0);
+  EXPECT_GE(act_quant, 3);
+  EXPECT_EQ(run->graph().nodes().size(), want_graph.nodes().size());
+
+  // metrics.jsonl: one line, epoch 0, the test figures of the saved model.
+  const std::string metrics = read_file(join_path(out, "metrics.jsonl"));
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 1) << metrics;
+  const nlohmann::json line = nlohmann::json::parse(metrics.substr(0, metrics.find('\n')));
+  EXPECT_EQ(line.at("epoch").get<int64_t>(), 0);
+  EXPECT_DOUBLE_EQ(line.at("test_top1").get<double>(), res.test.top1);
+  const nlohmann::json rep = nlohmann::json::parse(read_file(join_path(out, "report.json")));
+  EXPECT_EQ(rep.at("epochs").get<int64_t>(), 0);
+  EXPECT_DOUBLE_EQ(rep.at("test_top1").get<double>(), res.test.top1);
+}
+
+// What a run of 0 epochs cannot do is refused before anything is written, naming the entry: a
+// modifier that needs training, a window after epoch 0, BN folding after the quantizers, --resume.
+TEST_F(QuantizeRecipe, CalibrationOnlyRunRefusesWhatNeedsTraining) {
+  const std::string out = join_path(binary_dir(), "testdata/quantize_recipe/ptq_refused");
+  const std::string head = R"(model: {name: lenet5}
+data: {train: data/mnist10k, test: data/mnist10k, test_split: t10k, train_limit: 64, test_limit: 64, batch_size: 32}
+training: {epochs: 0}
+modifiers:
+)";
+  const std::string quantize = "  - {name: quantize, method: int8, calibration_batches: 1}\n";
+  for (const auto& [entries, want] : std::vector<std::pair<std::string, std::string>>{
+           {quantize + "  - {name: distill, teacher: lenet5, method: [kd]}\n",
+            "modifiers.1: modifier 'distill' needs training (it acts on the training loss or the optimizer steps), and "
+            "training.epochs is 0 (calibration only)"},
+           {"  - {name: fuse_batchnorm, mode: qat}\n" + quantize,
+            "modifier 'fuse_batchnorm' needs training (mode qat simulates the folding while training"},
+           {"  - {name: prune, sparsity: 0.5, schedule: agp, end_epoch: 1}\n",
+            "modifiers.0: modifier 'prune' needs training (schedule 'agp' prunes in steps over the training)"},
+           {"  - {name: quantize, method: int8, start_epoch: 0.5}\n",
+            "start_epoch 0.5: training.epochs is 0 (calibration only), so every modifier applies at epoch 0"},
+           {quantize + "  - {name: fuse_batchnorm}\n",
+            "must come before the 'quantize' modifier (line 5)"}}) {
+    SCOPED_TRACE(entries);
+    const std::string modifiers = entries;  // (a lambda cannot capture a structured binding in C++17)
+    remove_tree(out);
+    runner::RunOptions opt;
+    opt.out_dir = out;
+    std::ostringstream log;
+    opt.log = &log;
+    const std::string msg = usage_error_message(
+        [&] { runner::run_recipe(runner::parse_recipe(head + modifiers, "ptq.yaml", source_dir()), opt); });
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+    EXPECT_FALSE(path_exists(join_path(out, "model.h5"))) << log.str();
+    EXPECT_FALSE(path_exists(join_path(out, "metrics.jsonl")));
+  }
+  // A one-shot L1 prune runs without training.
+  remove_tree(out);
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  const runner::RunResult res = runner::run_recipe(
+      runner::parse_recipe(head + "  - {name: prune, sparsity: 0.5, schedule: one_shot}\n" + quantize, "ptq.yaml", source_dir()),
+      opt);
+  EXPECT_EQ(res.epochs_done, 0);
+  ZooOptions zoo;
+  zoo.input_shape = {1, 1, 28, 28};
+  EXPECT_LT(res.macs, graph_cost(build_model("lenet5", zoo)).macs);
+  opt.resume = true;
+  const std::string msg = usage_error_message(
+      [&] { runner::run_recipe(runner::parse_recipe(head + quantize, "ptq.yaml", source_dir()), opt); });
+  EXPECT_NE(msg.find("--resume: training.epochs is 0 (calibration only)"), std::string::npos) << msg;
 }
 
 // Progressive bit widths in a recipe: LSQ W4A4 for the first epoch, then a second entry on the

@@ -425,6 +425,7 @@ RunSummary read_run(const std::string& dir) {
     std::istringstream in(read_file(metrics_path));
     std::string line;
     int64_t line_no = 0, images = -1;
+    double calibration_seconds = -1;  // the one line of a run of 0 epochs (calibration only)
     while (std::getline(in, line)) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -433,6 +434,12 @@ RunSummary read_run(const std::string& dir) {
         const json j = json::parse(line);
         EpochPoint p;
         p.epoch = json_int64(j.at("epoch"), where + ": epoch");
+        if (p.epoch == 0) {  // calibration only: test figures, no training, no curve point
+          calibration_seconds = j.at("calibration_seconds").get<double>();
+          check_range(calibration_seconds, 0, HUGE_VAL, where, "calibration_seconds");
+          r.calibration_only = true;
+          continue;
+        }
         p.train_loss = number_or_nan(j, "train_loss");
         p.train_top1 = j.at("train_top1").get<double>();
         p.test_loss = number_or_nan(j, "test_loss");
@@ -471,6 +478,7 @@ RunSummary read_run(const std::string& dir) {
     }
     if (all)
       for (const auto& p : r.curve) r.training_seconds += p.seconds;
+    if (r.curve.empty() && calibration_seconds >= 0) r.training_seconds = calibration_seconds;
   }
   if (r.training_seconds <= 0) {
     r.training_seconds = optional_value(rep, "wall_seconds", -1.0, report_path);
@@ -642,7 +650,9 @@ std::string render_report_html(const std::vector<RunSummary>& in, const std::str
         << line_chart(r.label + ": loss", {tl, vl}, "epoch", "cross-entropy", false, 360, 240, "curves-run")
         << line_chart(r.label + ": top-1", {ta, va}, "epoch", "top-1", true, 360, 240, "curves-run") << "</div>\n";
     } else {
-      o << "<p class=\"note\">No epochs recorded in metrics.jsonl: no curves.</p>\n";
+      o << "<p class=\"note\">"
+        << (r.calibration_only ? "Calibration only (0 epochs): no training curves." : "No epochs recorded in metrics.jsonl: no curves.")
+        << "</p>\n";
     }
     if (r.layers) {
       o << "<details><summary>Layer table (" << r.layers->layers.size() << " nodes; layers with parameters or MACs shown)</summary>\n"

@@ -41,9 +41,10 @@ struct RunSummary {
   int64_t macs = 0;  ///< per image
   int64_t checkpoint_bytes = 0;
   /// Training time over every sitting: the sum of the epochs' seconds (metrics.jsonl); report.json's
-  /// wall_seconds (the last sitting only) when the lines lack them.
+  /// wall_seconds (the last sitting only) when the lines lack them; a run of 0 epochs' calibration_seconds.
   double training_seconds = 0;
   bool training_seconds_from_wall = false;
+  bool calibration_only = false;  ///< a run of 0 epochs: metrics.jsonl's one line is its calibration's
   std::vector<EpochPoint> curve;
   std::optional<runner::ModelSummary> layers;  ///< absent when neither report.json nor a checkpoint has it
   std::string device, cpu_capability, torch_version;

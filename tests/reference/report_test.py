@@ -96,13 +96,21 @@ with open(os.path.join(repeated, "metrics.jsonl"), "a") as f:
 peer = make_run("peer", 0.4, 3000, [], [dict(timed, test_loss=None)], {"tool": "micronet 1.12.0", "checkpoint": "runs/peer/model.pth",
                                                                     "test_loss": None})
 open(os.path.join(peer, "model.pth"), "wb").write(b"not a whittle checkpoint")
-r = whittle("report", empty, repeated, peer, "--json", "--html", os.path.join(work, "edge.html"))
+# A run of 0 epochs (calibration only): its one metrics line, epoch 0, gives the time (3.5 s).
+calibrated = make_run("calibrated", 0.55, 1500, ["{name: quantize, method: int8}"], [])
+with open(os.path.join(calibrated, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"epoch": 0, "test_top1": 0.55, "test_top5": 0.99, "test_loss": 0.4, "calibration_seconds": 3.5,
+                        "eval_seconds": 9.0}) + "\n")
+r = whittle("report", empty, repeated, peer, calibrated, "--json", "--html", os.path.join(work, "edge.html"))
 edge = {x["label"]: x for x in json.loads(r.stdout)} if r.returncode == 0 else {}
 check(r.returncode == 0, f"no epochs, a repeated epoch, another tool's model.pth and a null loss: reported ({r.stderr.strip()})")
 if edge:
     check(edge["repeated"]["training_seconds"] == 24.0, f"a repeated epoch counts once: {edge['repeated']['training_seconds']} s (24)")
     check(edge["peer"]["test_loss"] is None and edge["peer"]["method"] == "FP32 (micronet 1.12.0)", "a null loss stays null")
+    check(edge["calibrated"]["training_seconds"] == 3.5 and not edge["calibrated"]["training_seconds_from_wall"],
+          f"calibration only: the calibration's seconds ({edge['calibrated']['training_seconds']}, 3.5)")
     edge_page = open(os.path.join(work, "edge.html")).read()
+    check("Calibration only (0 epochs)" in edge_page, "calibration only: said so in place of the curves")
     check("No epochs recorded" in edge_page and edge_page.count('<table class="layers">') == 0,
           "the empty run has no curves; no run has a layer table (none has a model summary or .h5 checkpoint)")
 

@@ -211,6 +211,8 @@ for name in reports:
     if name.startswith("micronet_") or not (os.path.isfile(recipe_path) and os.path.isfile(metrics_path)):
         continue
     t = yaml.safe_load(open(recipe_path))["training"]
+    if t["epochs"] == 0:
+        continue  # calibration only: no learning rate
     worst = 0.0
     for line in open(metrics_path):
         m = json.loads(line)
