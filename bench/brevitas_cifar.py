@@ -10,6 +10,7 @@ loop, its checks, --resume and the run directory are bench/peer_cifar_common.py'
 bench/micronet_cifar.py.
 
   lsq_w4a4: recipes/cifar10/resnet20_budget_lsq_w4a4.yaml (5 epochs; steps from the paper's rule)
+  lsq_w4a4_kd: recipes/cifar10/resnet20_budget_lsq_w4a4_kd.yaml (5 epochs, KD; steps from the MSE calibrator)
   lsq_w3a3: recipes/cifar10/resnet20_budget_lsq_w3a3_kd.yaml (5 epochs, KD; steps from the MSE calibrator)
   lsq_w2a2: recipes/cifar10/resnet20_budget_lsq_w2a2_kd.yaml (10 epochs, KD; steps from the MSE calibrator)
 
@@ -50,7 +51,7 @@ What is mirrored from whittle's LSQ (quantize/lsq.cpp) and what is Brevitas's ow
 usage: .venv/bin/python bench/brevitas_cifar.py METHOD [--fp32 RUN_DIR] [--out DIR] [--resume]
                                                 [--threads 2] [--build build] [--seed N]
                                                 [--max-batches N] [--max-epochs N]
-  METHOD: lsq_w4a4, lsq_w3a3 or lsq_w2a2; the run directory is runs/cifar10/brevitas_<METHOD> by default.
+  METHOD: lsq_w4a4, lsq_w4a4_kd, lsq_w3a3 or lsq_w2a2; the run directory is runs/cifar10/brevitas_<METHOD> by default.
   --max-batches and --max-epochs are for testing only: N training batches an epoch and N·500 test
   images spread over the set, the first N epochs (report.json records them as smoke_test).
 Prints the FP32 checkpoint's top-1 as PyTorch computes it (a check of the loading: it must equal
@@ -78,7 +79,8 @@ SCRIPT = "brevitas_cifar.py"
 # Importing Brevitas imports torch.utils.cpp_extension, which logs a line on a machine without CUDA.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 # METHOD → the whittle recipe it mirrors (recipes/cifar10/<stem>.yaml).
-RECIPES = {"lsq_w4a4": "resnet20_budget_lsq_w4a4", "lsq_w3a3": "resnet20_budget_lsq_w3a3_kd",
+RECIPES = {"lsq_w4a4": "resnet20_budget_lsq_w4a4", "lsq_w4a4_kd": "resnet20_budget_lsq_w4a4_kd",
+           "lsq_w3a3": "resnet20_budget_lsq_w3a3_kd",
            "lsq_w2a2": "resnet20_budget_lsq_w2a2_kd"}
 STEP_FLOOR = 1e-8  # whittle's lsq_step_floor for float32
 # The modifier keys mirrored (any other key stops the script, naming it).

@@ -67,6 +67,9 @@ class PruneModifier : public Modifier {
         }
     }
     if (config_.scoring.criterion == prune::Criterion::kTaylor) taylor_.attach(tc.model);
+    // A run of 0 epochs (calibration only): the one step now, in list order, so that the entries
+    // after it (BN folding, quantizers) see the pruned model.
+    if (tc.recipe && tc.recipe->training.epochs == 0 && done_ < steps_) step(tc);
   }
 
   // Not a claim (a prune and a quantize entry may share layers): the check, before training, that the

@@ -339,6 +339,10 @@ void Trainer::open_run_directory() {
   state_path_ = join_path(dir, run_files::kTrainState);
   if (options_.resume && options_.overwrite)
     throw Error("--resume continues the run in " + dir + " and --overwrite replaces it: give one", ErrorKind::kUsage);
+  if (options_.resume && recipe_.training.epochs == 0)
+    throw Error("--resume: training.epochs is 0 (calibration only), so the run saves no training state to resume; "
+                "run it again (--overwrite replaces it)",
+                ErrorKind::kUsage);
 
   // The run directory must be usable before any work starts, but nothing is created until the
   // recipe has been checked against the data and the model. Only rank 0 writes it.
@@ -410,10 +414,11 @@ void Trainer::make_loaders() {
                     (group_ ? " of this rank's shard (" + std::to_string(train_images) + " over " +
                                   std::to_string(group_->world_size()) + " ranks)"
                             : std::string()) +
-                    " and data.drop_last is true: an epoch would make no optimizer step",
+                    " and data.drop_last is true: " +
+                    (t.epochs == 0 ? std::string("there is no batch to calibrate from") : "an epoch would make no optimizer step"),
                 ErrorKind::kUsage);
   check_modifier_windows();
-  if (t.grad_accumulation > train_loader_->num_batches())
+  if (t.epochs > 0 && t.grad_accumulation > train_loader_->num_batches())
     throw Error(r.path + ": 'training.grad_accumulation' " + std::to_string(t.grad_accumulation) + " is more than the " +
                     std::to_string(train_loader_->num_batches()) + " batches of an epoch",
                 ErrorKind::kUsage);
@@ -433,10 +438,6 @@ void Trainer::make_loaders() {
 std::unique_ptr<SavedTrainState> Trainer::read_saved_state() const {
   // (A pointer, not std::optional: clang 14 rejects std::optional for this type.)
   if (!options_.resume) return nullptr;
-  if (recipe_.training.epochs == 0)
-    throw Error("--resume: training.epochs is 0 (calibration only), so the run saves no training state to resume; "
-                "run it again (--overwrite replaces it)",
-                ErrorKind::kUsage);
   try {
     return std::make_unique<SavedTrainState>(SavedTrainState::read(state_path_, recipe_.text));
   } catch (const Error& e) {
@@ -613,6 +614,8 @@ void Trainer::start_writing() {
   // something to write: a run that fails in its first epoch leaves the old one as it was.
   const std::string& dir = result_.run_dir;
   if (options_.overwrite) remove_file(join_path(dir, run_files::kReport));
+  // A run of 0 epochs saves no training state: one left by the run it replaces would be resumable.
+  if (options_.overwrite && recipe_.training.epochs == 0) remove_file(join_path(dir, run_files::kTrainState));
   // Whatever a run killed from here on leaves holds a metrics.jsonl (check_previous_run): a new one
   // is written first, and taken back should the recipe's write fail (a full disk), leaving the
   // directory as it was; one already there (--overwrite) is emptied last, kept should that fail.
@@ -669,8 +672,9 @@ void Trainer::check_previous_run() const {
                 ErrorKind::kUsage);
   }
   const bool finished = path_exists(join_path(dir, run_files::kReport));
-  throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found +
-                  "): --resume continues it, --overwrite replaces it, --out DIR writes elsewhere",
+  throw Error("run directory " + dir + " already holds " + (finished ? "a finished run" : "a run") + " (" + found + "): " +
+                  (recipe_.training.epochs == 0 ? "" : "--resume continues it, ") +
+                  "--overwrite replaces it, --out DIR writes elsewhere",
               ErrorKind::kUsage);
 }
 
@@ -1124,9 +1128,15 @@ EvalMetrics Trainer::calibrate() {
   const double calibration_seconds = seconds_since(t0);
   const Clock::time_point t_eval = Clock::now();
   const EvalMetrics ev = evaluate();
+  if (!std::isfinite(ev.loss) && group_) group_->mark_failed_together();  // summed: every rank sees it
   if (!std::isfinite(ev.loss))
     throw Error(std::string("calibration: the test loss of the calibrated model is ") + (std::isnan(ev.loss) ? "NaN" : "infinite") +
                 "; nothing was saved");
+  // Every rank agrees whether a Ctrl-C (or torchrun's SIGTERM) came: then nothing is written.
+  if (group_ ? group_->any(g_stop.load()) : g_stop.load()) {
+    g_stop.store(false);
+    throw Interrupted("interrupted during calibration; nothing was written");
+  }
   result_.test = ev;
   tested_ = true;
   json line;

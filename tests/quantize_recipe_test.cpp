@@ -258,26 +258,8 @@ modifiers:
   - {name: fuse_batchnorm}
   - {name: quantize, method: int8, calibrator: entropy, calibration_batches: 2}
 )";
-  runner::RunOptions opt;
-  opt.out_dir = out;
-  std::ostringstream log;
-  opt.log = &log;
-  const runner::RunResult res = runner::run_recipe(runner::parse_recipe(text, "ptq.yaml", source_dir()), opt);
-  EXPECT_EQ(res.epochs_done, 0);
-  EXPECT_NE(log.str().find("calibration only (training.epochs 0)"), std::string::npos) << log.str();
-  EXPECT_EQ(log.str().find("training speed"), std::string::npos) << log.str();
-
-  // The reference: the same checkpoint, folded, quantized and calibrated as `whittle calibrate` does.
-  GraphModule ref(load_checkpoint(fp32).graph);
-  ref->eval();
-  fuse::fuse_for_inference(ref);
-  quantize::Config config;
-  config.method = "int8";
-  config.options["calibrator"] = SettingValue("entropy");
-  config.options["calibration_batches"] = SettingValue(int64_t{2});
-  config = quantize::resolve(config);
-  const quantize::Report report = quantize::apply(ref, config);
-  ref->eval();
+  // The reference: the same checkpoint, folded (or not), quantized and calibrated as `whittle
+  // calibrate` does, in eval mode, saved as a checkpoint (int8 codes and scales) and reloaded.
   data::LoadOptions split;
   split.split = "t10k";
   data::LoaderOptions batches;  // the trainer's order (seed 5), the evaluation transform (no crop)
@@ -287,38 +269,57 @@ modifiers:
   batches.transform.mean = {0.1307};
   batches.transform.stddev = {0.3081};
   const data::DataLoader loader(data::load_dataset("data/mnist10k", split), batches);
-  quantize::Calibration cal;
-  cal.calibrator = "entropy";
-  cal.batches = 2;
-  {
+  auto reference = [&](bool fold) {
+    GraphModule ref(load_checkpoint(fp32).graph);
+    ref->eval();
+    if (fold) fuse::fuse_for_inference(ref);
+    quantize::Config config;
+    config.method = "int8";
+    config.options["calibrator"] = SettingValue("entropy");
+    config.options["calibration_batches"] = SettingValue(int64_t{2});
+    config = quantize::resolve(config);
+    const quantize::Report report = quantize::apply(ref, config);
+    ref->eval();
+    quantize::Calibration cal;
+    cal.calibrator = "entropy";
+    cal.batches = 2;
     at::NoGradGuard no_grad;
     EXPECT_GT(quantize::calibrate_learned(ref, [&](int64_t i) { return loader.batch(0, i).images; }, cal,
                                           quantize::nodes_to_initialize(ref->graph(), report)),
               0);
-  }
+    const std::string path = join_path(dir, "lenet5_ptq_reference.h5");
+    save_checkpoint(path, ref->graph());
+    return load_checkpoint(path).graph;
+  };
+  // Every tensor of the run's checkpoint equals the reference's; returns the batch norms left.
+  auto compare = [&](const Graph& want_graph) {
+    const Graph got = load_checkpoint(join_path(out, "model.h5")).graph;
+    int64_t act_quant = 0, batch_norms = 0;
+    for (const Node& n : got.nodes()) {
+      batch_norms += n.op == "batch_norm";
+      act_quant += n.op == "act_quant";
+      const Node& want = want_graph.node(n.name);
+      for (const auto* tensors : {&n.params, &n.buffers})
+        for (const auto& [name, t] : *tensors) {
+          SCOPED_TRACE(n.name + "." + name);
+          const at::Tensor& w = tensors == &n.params ? want.params.at(name) : want.buffers.at(name);
+          EXPECT_TRUE(at::equal(t, w.to(t.dtype()))) << t << w;
+        }
+    }
+    EXPECT_GE(act_quant, 3);
+    EXPECT_EQ(got.nodes().size(), want_graph.nodes().size());
+    return batch_norms;
+  };
 
-  // Both as checkpoints (int8 codes and scales), reloaded.
-  const std::string ref_path = join_path(dir, "lenet5_ptq_reference.h5");
-  save_checkpoint(ref_path, ref->graph());
-  GraphModule run(load_checkpoint(join_path(out, "model.h5")).graph);
-  const Graph want_graph = load_checkpoint(ref_path).graph;
-  int64_t act_quant = 0, batch_norms = 0;
-  for (const Node& n : run->graph().nodes()) {
-    batch_norms += n.op == "batch_norm";
-    if (n.op == "act_quant") ++act_quant;
-    const Node& want = want_graph.node(n.name);
-    for (const auto& [name, t] : n.params) {
-      SCOPED_TRACE(n.name + "." + name);
-      EXPECT_TRUE(at::equal(t, want.params.at(name).to(t.dtype()))) << t << want.params.at(name);
-    }
-    for (const auto& [name, t] : n.buffers) {
-      SCOPED_TRACE(n.name + "." + name);
-      EXPECT_TRUE(at::equal(t, want.buffers.at(name).to(t.dtype()))) << t << want.buffers.at(name);
-    }
-  }
-  EXPECT_EQ(batch_norms, 0);
-  EXPECT_GE(act_quant, 3);
-  EXPECT_EQ(run->graph().nodes().size(), want_graph.nodes().size());
+  runner::RunOptions opt;
+  opt.out_dir = out;
+  std::ostringstream log;
+  opt.log = &log;
+  const runner::RunResult res = runner::run_recipe(runner::parse_recipe(text, "ptq.yaml", source_dir()), opt);
+  EXPECT_EQ(res.epochs_done, 0);
+  EXPECT_NE(log.str().find("calibration only (training.epochs 0)"), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("training speed"), std::string::npos) << log.str();
+  EXPECT_EQ(compare(reference(true)), 0);
 
   // metrics.jsonl: one line, epoch 0, the test figures of the saved model.
   const std::string metrics = read_file(join_path(out, "metrics.jsonl"));
@@ -329,6 +330,20 @@ modifiers:
   const nlohmann::json rep = nlohmann::json::parse(read_file(join_path(out, "report.json")));
   EXPECT_EQ(rep.at("epochs").get<int64_t>(), 0);
   EXPECT_DOUBLE_EQ(rep.at("test_top1").get<double>(), res.test.top1);
+
+  // Without the fold the batch norms stay, their statistics as they were, and the scales are those
+  // of the eval-mode forward (in training mode each batch would normalize by its own statistics).
+  std::string unfolded = text;
+  unfolded.erase(unfolded.find("  - {name: fuse_batchnorm}\n"), std::string("  - {name: fuse_batchnorm}\n").size());
+  opt.overwrite = true;
+  runner::run_recipe(runner::parse_recipe(unfolded, "ptq.yaml", source_dir()), opt);
+  EXPECT_EQ(compare(reference(false)), 4);  // LeNet-5's four batch norms
+  const Graph before = load_checkpoint(fp32).graph;
+  const Graph after = load_checkpoint(join_path(out, "model.h5")).graph;
+  for (const Node& n : before.nodes())
+    if (n.op == "batch_norm")
+      for (const char* stat : {"running_mean", "running_var"})
+        EXPECT_TRUE(at::equal(after.node(n.name).buffers.at(stat), n.buffers.at(stat))) << n.name << "." << stat;
 }
 
 // What a run of 0 epochs cannot do is refused before anything is written, naming the entry: a
@@ -363,19 +378,22 @@ modifiers:
     const std::string msg = usage_error_message(
         [&] { runner::run_recipe(runner::parse_recipe(head + modifiers, "ptq.yaml", source_dir()), opt); });
     EXPECT_NE(msg.find(want), std::string::npos) << msg;
-    EXPECT_FALSE(path_exists(join_path(out, "model.h5"))) << log.str();
-    EXPECT_FALSE(path_exists(join_path(out, "metrics.jsonl")));
+    EXPECT_FALSE(path_exists(out)) << log.str();
   }
-  // A one-shot L1 prune runs without training.
+  // A one-shot prune runs without training, in list order: by the BN scales, before the batch
+  // norms fold.
   remove_tree(out);
   runner::RunOptions opt;
   opt.out_dir = out;
   std::ostringstream log;
   opt.log = &log;
   const runner::RunResult res = runner::run_recipe(
-      runner::parse_recipe(head + "  - {name: prune, sparsity: 0.5, schedule: one_shot}\n" + quantize, "ptq.yaml", source_dir()),
+      runner::parse_recipe(head + "  - {name: prune, sparsity: 0.5, schedule: one_shot, criterion: bn_scale}\n" +
+                               "  - {name: fuse_batchnorm}\n" + quantize,
+                           "ptq.yaml", source_dir()),
       opt);
   EXPECT_EQ(res.epochs_done, 0);
+  EXPECT_NE(log.str().find("prune step 1/1 at epoch 0"), std::string::npos) << log.str();
   ZooOptions zoo;
   zoo.input_shape = {1, 1, 28, 28};
   EXPECT_LT(res.macs, graph_cost(build_model("lenet5", zoo)).macs);
