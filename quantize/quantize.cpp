@@ -241,6 +241,22 @@ Config resolve(const Config& config) {
 }
 
 namespace {
+// The value a monotone quantizer (or a sign binarizer) of `v` may stand at instead: up through the
+// single-use, single-input ops that commute with it exactly in eval form (OpTraits::
+// commutes_with_sign: max pooling, flatten, dropout), to the first value whose producer does not.
+// Each op passed is appended to `chain`, the one reading the returned value last.
+std::string up_through_commuting_ops(const Graph& graph, std::string v, std::vector<std::string>* chain) {
+  while (true) {
+    const ValueInfo& vi = graph.value(v);
+    if (vi.producer.empty()) return v;
+    const Node& p = graph.node(vi.producer);
+    if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || graph.users(v).size() != 1 || graph.is_output(v))
+      return v;
+    chain->push_back(p.name);
+    v = p.inputs[0];
+  }
+}
+
 // The nodes joining quantized layers whose inputs a whole-network int8 quantizer quantizes too
 // (ActivationPlan::whole_network): nodes of an op the registry marks integer_inputs (residual
 // adds, concatenations) each of whose inputs comes from one of `layers` (its output or, shared,
@@ -382,18 +398,9 @@ Report apply(Graph& graph, const Config& config_in) {
         // (single-use ops that commute with a monotone quantizer exactly in eval form,
         // OpTraits::commutes_with_sign; in training a dropout between them scales the kept codes by
         // 1/(1 − p)), where an integer runtime fuses it into the layer producing the ReLU's input.
-        std::string cur = v;
-        std::string chain_head;  // the op of the chain reading `cur`, if any
-        while (acts->whole_network) {
-          const ValueInfo& ci = graph.value(cur);
-          if (ci.producer.empty()) break;
-          const Node& p = graph.node(ci.producer);
-          if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || graph.users(cur).size() != 1 ||
-              graph.is_output(cur))
-            break;
-          chain_head = p.name;
-          cur = p.inputs[0];
-        }
+        std::vector<std::string> chain;
+        const std::string cur = acts->whole_network ? up_through_commuting_ops(graph, v, &chain) : v;
+        const std::string chain_head = chain.empty() ? "" : chain.back();  // the op of the chain reading `cur`
         // A ReLU whose every use is an input quantized here (or that chain) becomes the quantizer
         // itself (relu = 1): the same values and gradients as ReLU then quantizer, one pass fewer
         // each way.
@@ -424,17 +431,8 @@ Report apply(Graph& graph, const Config& config_in) {
         continue;
       }
       // Binary: find the ReLU feeding the layer, possibly through sign-commuting single-use ops.
-      std::string cur = v;
       std::vector<std::string> chain;
-      while (true) {
-        const ValueInfo& vi = graph.value(cur);
-        if (vi.producer.empty()) break;
-        const Node& p = graph.node(vi.producer);
-        // Ops through which sign(relu input) may stand in for the ReLU (OpTraits::commutes_with_sign).
-        if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || graph.users(cur).size() != 1 || graph.is_output(cur)) break;
-        chain.push_back(p.name);
-        cur = p.inputs[0];
-      }
+      const std::string cur = up_through_commuting_ops(graph, v, &chain);
       const ValueInfo& ci = graph.value(cur);
       const Node* relu = ci.producer.empty() ? nullptr : &graph.node(ci.producer);
       if (relu && relu->op != "relu" && relu->op != "relu6") relu = nullptr;
