@@ -51,6 +51,8 @@ struct TrainContext {
   std::function<void(at::Tensor&)> replica_sum;
   /// Data-parallel runs: this process's rank (0 in one process).
   int64_t rank = 0;
+  /// The training batches of an epoch (this rank's): what train_batch reaches before it wraps.
+  int64_t train_batches = 0;
 };
 
 /// Base class of modifiers. Hooks default to doing nothing.

@@ -182,6 +182,14 @@ class QuantizeModifier : public Modifier {
     std::optional<quantize::Calibration> cal = quantize::quantizer_method(config_.method).calibration(config_);
     const at::Tensor first = *tc.input;
     int64_t count = 0;
+    // Training wraps around the epoch for more batches than it has; a calibration alone would
+    // count the same images twice.
+    if (cal && tc.recipe && tc.recipe->training.epochs == 0 && tc.train_batches > 0 && cal->batches > tc.train_batches)
+      throw Error(spec().location + ": modifier 'quantize': its " + cal->calibrator + " calibrator reads " +
+                      std::to_string(cal->batches) + " batches, but the training split has " +
+                      std::to_string(tc.train_batches) + " of " + std::to_string(tc.recipe->data.batch_size) +
+                      " images: lower calibration_batches (init_batches for the learned quantizers) or data.batch_size",
+                  ErrorKind::kUsage);
     if (cal) {
       // Each rank observes its own batches; the histograms are merged over the ranks, so every
       // rank computes the same values.

@@ -339,10 +339,19 @@ void Trainer::open_run_directory() {
   state_path_ = join_path(dir, run_files::kTrainState);
   if (options_.resume && options_.overwrite)
     throw Error("--resume continues the run in " + dir + " and --overwrite replaces it: give one", ErrorKind::kUsage);
-  if (options_.resume && recipe_.training.epochs == 0)
-    throw Error("--resume: training.epochs is 0 (calibration only), so the run saves no training state to resume; "
-                "run it again (--overwrite replaces it)",
-                ErrorKind::kUsage);
+  if (options_.resume && recipe_.training.epochs == 0) {
+    // A calibration saves no training state: a finished one has nothing to resume (as a finished
+    // training run), anything else is run again.
+    std::map<std::string, std::string> exports;
+    for (const std::string& format : recipe_.outputs.export_formats)
+      exports[format] = join_path(dir, export_file_name(recipe_.outputs, format));
+    if (!read_finished_report(dir, result_.checkpoint, exports, 0, result_))
+      throw Error("--resume: training.epochs is 0 (calibration only), which saves no training state, and " + dir +
+                      " holds no finished calibration: run it again (--overwrite replaces what is there)",
+                  ErrorKind::kUsage);
+    result_.finished_before = true;
+    *log_ << "the run in " << dir << " has finished (calibration only, report.json): nothing to resume\n";
+  }
 
   // The run directory must be usable before any work starts, but nothing is created until the
   // recipe has been checked against the data and the model. Only rank 0 writes it.
@@ -437,7 +446,7 @@ void Trainer::make_loaders() {
 
 std::unique_ptr<SavedTrainState> Trainer::read_saved_state() const {
   // (A pointer, not std::optional: clang 14 rejects std::optional for this type.)
-  if (!options_.resume) return nullptr;
+  if (!options_.resume || recipe_.training.epochs == 0) return nullptr;  // a calibration saves none
   try {
     return std::make_unique<SavedTrainState>(SavedTrainState::read(state_path_, recipe_.text));
   } catch (const Error& e) {
@@ -494,6 +503,7 @@ void Trainer::start_training(SavedTrainState* saved) {
     tc_.replica_sum = replica_sum(group_);
     tc_.rank = group_->rank();
   }
+  tc_.train_batches = train_loader_->num_batches();
   if (saved) saved->restore_modifiers(modifiers_);
   for (auto& m : modifiers_) m->on_start(tc_);
   if (saved) saved->restore_modifier_tensors(modifiers_);

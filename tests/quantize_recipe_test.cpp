@@ -397,10 +397,34 @@ modifiers:
   ZooOptions zoo;
   zoo.input_shape = {1, 1, 28, 28};
   EXPECT_LT(res.macs, graph_cost(build_model("lenet5", zoo)).macs);
+  // --resume: a finished calibration has nothing to resume (as a finished training run); an
+  // unfinished one (no report.json) is refused, a calibration saving no training state.
   opt.resume = true;
-  const std::string msg = usage_error_message(
-      [&] { runner::run_recipe(runner::parse_recipe(head + quantize, "ptq.yaml", source_dir()), opt); });
-  EXPECT_NE(msg.find("--resume: training.epochs is 0 (calibration only)"), std::string::npos) << msg;
+  const std::string recipe = head + "  - {name: prune, sparsity: 0.5, schedule: one_shot, criterion: bn_scale}\n" +
+                             "  - {name: fuse_batchnorm}\n" + quantize;
+  const runner::RunResult again = runner::run_recipe(runner::parse_recipe(recipe, "ptq.yaml", source_dir()), opt);
+  EXPECT_TRUE(again.finished_before);
+  EXPECT_DOUBLE_EQ(again.test.top1, res.test.top1);
+  remove_file(join_path(out, "report.json"));
+  const std::string msg =
+      usage_error_message([&] { runner::run_recipe(runner::parse_recipe(recipe, "ptq.yaml", source_dir()), opt); });
+  EXPECT_NE(msg.find("--resume: training.epochs is 0 (calibration only), which saves no training state"),
+            std::string::npos)
+      << msg;
+
+  // More calibration batches than the split has: refused, not counted twice.
+  remove_tree(out);
+  opt.resume = false;
+  const std::string many = usage_error_message([&] {
+    runner::run_recipe(
+        runner::parse_recipe(head + "  - {name: quantize, method: int8, calibration_batches: 3}\n", "ptq.yaml", source_dir()),
+        opt);
+  });
+  EXPECT_NE(many.find("ptq.yaml:5, modifiers.0: modifier 'quantize': its minmax calibrator reads 3 batches, but the "
+                      "training split has 2 of 32 images"),
+            std::string::npos)
+      << many;
+  EXPECT_FALSE(path_exists(out));
 }
 
 // Progressive bit widths in a recipe: LSQ W4A4 for the first epoch, then a second entry on the

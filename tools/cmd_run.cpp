@@ -24,7 +24,8 @@ int run_run(const std::vector<std::string>& args) {
       "with the checkpoint, metrics.jsonl, report.json and a resumable training state.\n"
       "Ctrl-C saves the training state; --resume continues from it. A run directory that already holds\n"
       "a run is left alone unless --resume or --overwrite is given; one run at a time uses a directory.\n"
-      "--resume auto resumes when the run directory holds a training state and starts the run otherwise\n"
+      "--resume auto resumes when the run directory holds a training state (a calibration, training.epochs 0: a\n"
+      "finished report.json) and starts the run otherwise\n"
       "(for a job wrapper that always passes it, as a preemptible queue's does).\n\n"
       "example:\n  whittle run recipes/mnist/lenet5.yaml --set training.epochs=2 --out runs/quick\n\noptions");
   std::string recipe_path, out, device;
@@ -67,9 +68,11 @@ int run_run(const std::vector<std::string>& args) {
   const bool resume = vm.count("resume") > 0, resume_auto = vm.count("resume-auto") > 0;
   if (resume_auto && vm.count("overwrite"))
     throw Error("run: --resume auto continues a run and --overwrite replaces it: give one", ErrorKind::kUsage);
-  // auto: resume only when a training state is there to resume from.
+  // auto: resume only when a training state is there to resume from (a calibration, training.epochs
+  // 0, saves none: its report.json says it finished).
   const std::string dir = out.empty() ? recipe.outputs.dir : out;
-  ro.resume = resume || (resume_auto && path_exists(join_path(dir, runner::run_files::kTrainState)));
+  const char* resumable = recipe.training.epochs == 0 ? runner::run_files::kReport : runner::run_files::kTrainState;
+  ro.resume = resume || (resume_auto && path_exists(join_path(dir, resumable)));
   ro.overwrite = vm.count("overwrite") > 0;
   runner::install_sigint_handler();
   // Data-parallel when a launcher (torchrun, srun) says so: join the job's process group.
