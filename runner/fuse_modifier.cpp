@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <iostream>
+#include <utility>
+#include <vector>
 
 #include "fuse/fuse.h"
 #include "core/error.h"
@@ -79,19 +81,23 @@ class FuseBatchNormModifier : public Modifier {
   // The quantizers must be on the layers before they are folded (quantize skips conv_bn_qat
   // nodes), so a quantize modifier must come earlier in the list and start no later.
   void check_order(const TrainContext& tc) const {
-    if (!tc.recipe) return;
-    bool seen_self = false;
-    for (const auto& m : tc.recipe->modifiers) {
-      if (m.line == spec().line && m.name == spec().name) {
-        seen_self = true;
-        continue;
-      }
-      if (m.name != "quantize") continue;
-      if (seen_self || m.start_epoch > spec().start_epoch)
+    for (const auto& [m, before] : quantize_entries(tc))
+      if (!before || m->start_epoch > spec().start_epoch)
         throw Error(where() + ": mode qat folds the BN into the layers, so the 'quantize' modifier (line " +
-                        std::to_string(m.line) + ") must come before it in the modifiers list and start no later",
+                        std::to_string(m->line) + ") must come before it in the modifiers list and start no later",
                     ErrorKind::kUsage);
+  }
+
+  // The recipe's quantize entries, each with whether it comes before this entry in the list.
+  std::vector<std::pair<const ModifierSpec*, bool>> quantize_entries(const TrainContext& tc) const {
+    std::vector<std::pair<const ModifierSpec*, bool>> out;
+    if (!tc.recipe) return out;
+    bool before = true;
+    for (const auto& m : tc.recipe->modifiers) {
+      if (m.line == spec().line && m.name == spec().name) before = false;
+      else if (m.name == "quantize") out.emplace_back(&m, before);
     }
+    return out;
   }
 
   void fold(TrainContext& tc) {
@@ -105,14 +111,12 @@ class FuseBatchNormModifier : public Modifier {
   // Calibration only: a quantize entry before this one would have put its quantizers on the layers
   // already, and a quantized layer's weight takes no BN folded into it.
   void check_fold_first(const TrainContext& tc) const {
-    for (const auto& m : tc.recipe->modifiers) {
-      if (m.line == spec().line && m.name == spec().name) return;
-      if (m.name == "quantize")
+    for (const auto& [m, before] : quantize_entries(tc))
+      if (before)
         throw Error(where() + ": with training.epochs 0 (calibration only) the batch norms fold before the layers "
                         "are quantized, so it must come before the 'quantize' modifier (line " +
-                        std::to_string(m.line) + ") in the modifiers list",
+                        std::to_string(m->line) + ") in the modifiers list",
                     ErrorKind::kUsage);
-    }
   }
 
   // Prepares when the window has opened and freezes when freeze_bn_epoch has come (epoch tc.epoch).

@@ -41,6 +41,13 @@ std::atomic<bool> g_stop{false};
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::ordered_json;
 
+/// The files a finished run's exports are written to in `dir`: format → path.
+std::map<std::string, std::string> export_paths(const OutputsSpec& outputs, const std::string& dir) {
+  std::map<std::string, std::string> paths;
+  for (const std::string& format : outputs.export_formats) paths[format] = join_path(dir, export_file_name(outputs, format));
+  return paths;
+}
+
 /// Whether the run in `dir` is complete after `epochs` epochs: its report.json (the last file a run
 /// writes) records them, its checkpoint is there at the size the report gives, and every export
 /// (format → path) is there and in the report. Fills `result`'s test figures from the report. Anything else (no report,
@@ -342,10 +349,7 @@ void Trainer::open_run_directory() {
   if (options_.resume && recipe_.training.epochs == 0) {
     // A calibration saves no training state: a finished one has nothing to resume (as a finished
     // training run), anything else is run again.
-    std::map<std::string, std::string> exports;
-    for (const std::string& format : recipe_.outputs.export_formats)
-      exports[format] = join_path(dir, export_file_name(recipe_.outputs, format));
-    if (!read_finished_report(dir, result_.checkpoint, exports, 0, result_))
+    if (!read_finished_report(dir, result_.checkpoint, export_paths(recipe_.outputs, dir), 0, result_))
       throw Error("--resume: training.epochs is 0 (calibration only), which saves no training state, and " + dir +
                       " holds no finished calibration: run it again (--overwrite replaces what is there)",
                   ErrorKind::kUsage);
@@ -539,11 +543,8 @@ void Trainer::restore_position(SavedTrainState& saved) {
   tc_.step = state_.step;
   result_.epochs_done = state_.epoch;
   saved.restore_rng();
-  std::map<std::string, std::string> exports;
-  for (const std::string& format : r.outputs.export_formats)
-    exports[format] = join_path(dir, export_file_name(r.outputs, format));
   bool finished = state_.epoch >= r.training.epochs &&
-                  read_finished_report(dir, result_.checkpoint, exports, state_.epoch, result_);
+                  read_finished_report(dir, result_.checkpoint, export_paths(r.outputs, dir), state_.epoch, result_);
   // Every rank reads the same files; should one see them otherwise (a network file system's
   // cache), all finish the run again rather than some waiting for the others.
   if (group_) finished = !group_->any(!finished);
