@@ -190,9 +190,17 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
   for (const auto& [layer_name, bn_name] : matches) {
     Node& l = graph.node(layer_name);
     Node& bn = graph.node(bn_name);
+    // bn_fold goes in front of the quantizer (or at the end of a stack without one).
+    const int64_t q = find_transform_kind(l, TransformKind::kQuantizer);
+    const size_t fold_at = q >= 0 ? static_cast<size_t>(q) : l.weight_transforms.size();
+    at::Tensor unfolded;
+    {
+      at::NoGradGuard no_grad;
+      unfolded = transformed_weight(l, false, fold_at);
+    }
     l.attrs["base_op"] = l.op;
     l.op = kOp;
-    push_weight_transform(l, "bn_fold", find_transform_kind(l, TransformKind::kQuantizer));
+    push_weight_transform(l, "bn_fold", q);
     l.attrs["bn_eps"] = bn.attr_float("eps");
     l.attrs["bn_momentum"] = bn.attr_float("momentum");
     l.attrs["bn_frozen"] = int64_t{0};
@@ -201,6 +209,14 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
     move_tensor(bn.buffers, "running_mean", l.buffers, "bn_running_mean");
     move_tensor(bn.buffers, "running_var", l.buffers, "bn_running_var");
     move_tensor(bn.buffers, "num_batches_tracked", l.buffers, "bn_num_batches_tracked");
+    // The stages after it read W·γ/σ now: those with state set from W adapt it (LSQ's steps).
+    {
+      at::NoGradGuard no_grad;
+      const at::Tensor folded = transformed_weight(l, false, fold_at + 1);
+      for (size_t i = fold_at + 1; i < l.weight_transforms.size(); ++i)
+        if (const WeightTransform& t = weight_transform(l.weight_transforms[i]); t.input_changed)
+          t.input_changed(l, unfolded, folded);
+    }
     const std::string bn_out = bn.outputs.at(0), layer_out = l.outputs.at(0);
     graph.replace_all_uses(bn_out, layer_out);
     graph.remove_node(bn_name);

@@ -296,6 +296,11 @@ struct WeightTransform {
   /// Learned parameters it owns (a quantizer's step size): trained with the weight, without weight
   /// decay (ParamRole::kQuantizer), removed with it.
   std::vector<std::string> params;
+  /// Called (without autograd) when a stage inserted before this one in a node's stack changes the
+  /// weight this stage reads from `old_input` to `new_input` (same shape; QAT BN folding's W·γ/σ):
+  /// adapts the learned state that was set from the old weight (LSQ's steps) to the new one. Empty:
+  /// nothing to adapt (a transform that derives everything from its input on every forward).
+  std::function<void(Node& node, const at::Tensor& old_input, const at::Tensor& new_input)> input_changed;
 };
 
 /// The weight transform registry ("transforms" in `whittle inspect`).

@@ -276,6 +276,28 @@ int64_t weight_elements(const Node& n, const at::Tensor& w) {
   return axis < w.dim() && w.size(axis) > 0 ? w.numel() / w.size(axis) : w.numel();
 }
 
+// The weight a step quantizes changed from `old_w` to `new_w` (QAT BN folding put W·γ/σ in front of
+// the quantizer): each step is multiplied by mean|new|/mean|old| over the weights it quantizes, so
+// it keeps its place relative to its weights (exactly γ/σ for a step per output channel; what the
+// paper's 2·mean|w|/√Q_P would give anew for a step per tensor). A slice of zeros keeps its step.
+void rescale_weight_step(Node& n, const at::Tensor& old_w, const at::Tensor& new_w) {
+  at::Tensor* step = n.params.find("weight_step");
+  if (!step || !step->defined()) node_fail(n, "LSQ weights need a learned parameter 'weight_step'");
+  at::NoGradGuard no_grad;
+  const bool per_channel = step->numel() > 1 || node_granularity(n) == Granularity::kPerChannel;
+  const int64_t axis = n.attr_int("weight_axis");
+  auto slice_means = [&](const at::Tensor& w) {
+    const at::Tensor a = w.detach().abs().to(at::kFloat);
+    return per_channel ? a.movedim(axis, 0).reshape({a.size(axis), -1}).mean(1) : a.mean().reshape({1});
+  };
+  const at::Tensor before = slice_means(old_w), after = slice_means(new_w);
+  if (before.numel() != step->numel())
+    node_fail(n, "weight_step has " + std::to_string(step->numel()) + " elements for " + std::to_string(before.numel()) +
+                     " weight slices");
+  const at::Tensor ratio = at::where(before > 0, after / before.clamp_min(1e-30), at::ones_like(before));
+  step->mul_(ratio.to(step->device(), step->scalar_type()).view_as(*step)).clamp_min_(lsq_step_floor(step->scalar_type()));
+}
+
 class LsqMethod final : public MethodWithOptions<LsqOptions> {
  public:
   LsqMethod(std::string name, std::string activation_quantizer, std::string description, std::string label)
@@ -436,6 +458,7 @@ void register_lsq() {
     if (!step || !step->defined()) node_fail(n, "LSQ weights need a learned parameter 'weight_step'");
     return lsq_encode(weight, *step, n.attr_int("weight_bits"), n.attr_int("weight_axis"));
   };
+  w.input_changed = rescale_weight_step;
   // s·q with q integral in [−128, 127]: an int8 grid with the step as its scale.
   w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
     if (e.encoding != Encoding::kUniform || e.bits < 2 || e.bits > 8) return std::nullopt;

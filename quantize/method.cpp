@@ -37,6 +37,7 @@ void register_weight_quantizer(WeightQuantizer q) {
   t.kind = TransformKind::kQuantizer;
   t.attributes = q.attributes;
   t.params = q.params;
+  t.input_changed = q.input_changed;
   auto forward = q.forward;
   const std::string name = q.name;
   t.apply = [forward, name](const Node& n, const at::Tensor& w, bool training) {

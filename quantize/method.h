@@ -71,6 +71,9 @@ struct WeightQuantizer {
   /// The int8 grid of an encoded weight of `shape`, when it is one; empty or nullopt: the ONNX
   /// writer stores the decoded float weight.
   std::function<std::optional<IntegerGrid>(const EncodedWeight& e, const Shape& shape)> integer_grid;
+  /// Adapts learned state set from the old weight when a stage inserted before the quantizer (QAT
+  /// BN folding) changes the weight it reads (WeightTransform::input_changed); empty: none to adapt.
+  std::function<void(Node& node, const at::Tensor& old_input, const at::Tensor& new_input)> input_changed;
 };
 
 /// The int8 grid of the weight `node` runs with (its weight quantizer's integer_grid, for a

@@ -19,6 +19,7 @@
 #include "graph/graph_module.h"
 #include "graph/op_registry.h"
 #include "graph/zoo.h"
+#include "quantize/lsq.h"
 #include "quantize/quantize.h"
 #include "runner/modifier.h"
 #include "runner/recipe.h"
@@ -626,6 +627,50 @@ TEST_F(QatFold, DoReFaW4A4Resnet20ExportsWithoutBatchNormAndMatchesItsEvalOutput
   GraphModule exported(c.graph);
   EXPECT_TRUE(same_function(run_eval(exported, x), eval_out));
   EXPECT_TRUE(run_eval(m, x).equal(eval_out));  // finalize itself is exact
+}
+
+// A learned weight step set from the unfolded weight W must follow it to W·γ/σ when QAT folding
+// puts bn_fold in front of the quantizer: per output channel exactly ×|γ/σ| (so every code stays
+// what it was), per tensor ×mean|W·γ/σ|/mean|W|. Without this the steps of an LSQ layer folded
+// after quantize (the recipe order) were off by γ/σ per channel.
+TEST_F(QatFold, LsqWeightStepsFollowTheFoldedWeight) {
+  for (const std::string granularity : {"per_channel", "per_tensor"}) {
+    SCOPED_TRACE(granularity);
+    GraphModule m(small_net());
+    Node& bn = m->graph().node("features.1");
+    {
+      at::NoGradGuard no_grad;
+      bn.params.at("weight")[0] = -0.7;  // a negative γ: the step scales by |γ/σ|
+    }
+    const at::Tensor sigma = (bn.buffers.at("running_var") + 1e-5).sqrt();
+    const at::Tensor s = bn.params.at("weight").detach() / sigma;
+    quantize::Config qc;
+    qc.method = "lsq";
+    qc.weight_bits = 4;
+    qc.activation_bits = 4;
+    qc.options["granularity"] = granularity;
+    qc.targets = {"features.0"};
+    quantize::apply(m, qc);
+    const Node& before = m->graph().node("features.0");
+    const at::Tensor w = before.params.at("weight").detach().clone();
+    const at::Tensor step = before.params.at("weight_step").detach().clone();
+    const quantize::EncodedWeight codes_before = quantize::lsq_encode(w, step, 4);
+
+    ASSERT_EQ(f::prepare_qat_batchnorm(m).fused.size(), 1u);
+    const Node& after = m->graph().node("features.0");
+    EXPECT_EQ(after.weight_transforms, (std::vector<std::string>{"bn_fold", "lsq"}));
+    const at::Tensor folded = w * s.reshape({8, 1, 1, 1});
+    const at::Tensor expected = granularity == "per_channel"
+                                    ? step * s.abs()
+                                    : step * folded.abs().mean() / w.abs().mean();
+    EXPECT_TRUE(all_close(after.params.at("weight_step").detach(), expected, 1e-6, 1e-6))
+        << after.params.at("weight_step") << " vs " << expected;
+    if (granularity == "per_channel") {
+      const quantize::EncodedWeight codes_after = quantize::lsq_encode(folded, after.params.at("weight_step"), 4);
+      // Channels 1..7 (γ > 0) keep every code; channel 0's weights changed sign.
+      EXPECT_TRUE(codes_after.codes.slice(0, 1).equal(codes_before.codes.slice(0, 1)));
+    }
+  }
 }
 
 TEST_F(QatFold, InferenceModeModifierFoldsAtTheEnd) {
