@@ -45,7 +45,8 @@ class PruneModifier : public Modifier {
       steps_ = 1;
     } else {
       if (spec.end_epoch < 0)
-        fail("schedule '" + o.schedule + "' prunes in steps between start_epoch and end_epoch: give end_epoch");
+        fail("schedule '" + o.schedule + "' prunes in steps between start_epoch and end_epoch: give end_epoch "
+             "(or schedule one_shot, the one schedule that also runs without training, training.epochs 0)");
       steps_ = static_cast<int64_t>(std::floor((spec.end_epoch - spec.start_epoch) / o.update_frequency + 1e-9));
       if (steps_ < 1)
         fail("update_frequency " + SettingValue(o.update_frequency).text() + " leaves no pruning step in [" +

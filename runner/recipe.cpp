@@ -912,6 +912,7 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
   Recipe r;
   r.path = origin;
   r.base_dir = base_dir;
+  r.overrides = overrides;
   if (overrides.empty()) {
     r.text = text;
   } else {
@@ -959,6 +960,11 @@ DataSpec parse_recipe_data(const std::string& text, const std::string& origin) {
   validate_keys(root["data"], section_spec("data").children, origin, "data");
   read_data_section(root["data"], out);
   return out;
+}
+
+bool overridden(const Recipe& recipe, const std::string& key) {
+  return std::any_of(recipe.overrides.begin(), recipe.overrides.end(),
+                     [&](const std::string& o) { return o.rfind(key + "=", 0) == 0; });
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {

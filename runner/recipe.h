@@ -163,7 +163,11 @@ struct Recipe {
   std::vector<ModifierSpec> modifiers;
   OutputsSpec outputs;
   DistributedSpec distributed;
+  std::vector<std::string> overrides;  ///< the --set strings it was read with ("training.epochs=0")
 };
+
+/// Whether --set gave `key` (a dotted path, "training.epochs") a value in `recipe`.
+bool overridden(const Recipe& recipe, const std::string& key);
 
 /// The schema of the recipe's sections (model, data, training, modifiers, outputs, distributed).
 const std::vector<KeySpec>& recipe_schema();

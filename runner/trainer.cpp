@@ -470,7 +470,8 @@ void Trainer::build_model_and_modifiers(SavedTrainState* saved) {
     for (const auto& m : modifiers_)
       if (const std::string why = m->needs_training(); !why.empty())
         throw Error(m->spec().location + ": modifier '" + m->spec().name + "' needs training (" + why +
-                        "), and training.epochs is 0 (calibration only)",
+                        "), and training.epochs is 0 (calibration only" +
+                        (overridden(r, "training.epochs") ? ", with --set" : "") + ")",
                     ErrorKind::kUsage);
   if (!saved) check_modifier_targets();
   check_input_shapes();

@@ -383,6 +383,23 @@ modifiers:
     EXPECT_NE(msg.find(want), std::string::npos) << msg;
     EXPECT_FALSE(path_exists(out)) << log.str();
   }
+  // When --set made the run calibration only, the refusal says so.
+  {
+    std::string trained = head;
+    trained.replace(trained.find("{epochs: 0}"), 11, "{epochs: 2}");
+    remove_tree(out);
+    runner::RunOptions opt;
+    opt.out_dir = out;
+    std::ostringstream log;
+    opt.log = &log;
+    const std::string msg = usage_error_message([&] {
+      runner::run_recipe(runner::parse_recipe(trained + quantize + "  - {name: distill, teacher: lenet5, method: [kd]}\n",
+                                              "ptq.yaml", source_dir(), {"training.epochs=0"}),
+                         opt);
+    });
+    EXPECT_NE(msg.find("training.epochs is 0 (calibration only, with --set)"), std::string::npos) << msg;
+    EXPECT_FALSE(path_exists(out));
+  }
   // A one-shot prune runs without training, in list order: by the BN scales, before the batch
   // norms fold.
   remove_tree(out);
