@@ -375,7 +375,10 @@ class LsqMethod final : public MethodWithOptions<LsqOptions> {
       const at::Tensor& step = n.params.at("weight_step");
       if (cal) {
         const bool per_channel = node_granularity(n) == Granularity::kPerChannel;
-        const at::Tensor fresh = calibrated_weight_step(n, n.params.at("weight"), c.weight_bits, *cal, per_channel,
+        // The weight as the quantizer reads it (after a mask, and QAT folding's W·γ/σ).
+        const int64_t q = find_transform_kind(n, TransformKind::kQuantizer);
+        const at::Tensor w = transformed_weight(n, false, q >= 0 ? static_cast<size_t>(q) : n.weight_transforms.size());
+        const at::Tensor fresh = calibrated_weight_step(n, w, c.weight_bits, *cal, per_channel,
                                                         n.attr_int("weight_axis"));
         step.copy_(fresh.to(step.device(), step.scalar_type()).view_as(step));
       } else {

@@ -20,6 +20,7 @@
 #include "graph/op_registry.h"
 #include "graph/zoo.h"
 #include "quantize/lsq.h"
+#include "quantize/method.h"
 #include "quantize/quantize.h"
 #include "runner/modifier.h"
 #include "runner/recipe.h"
@@ -669,6 +670,26 @@ TEST_F(QatFold, LsqWeightStepsFollowTheFoldedWeight) {
       const quantize::EncodedWeight codes_after = quantize::lsq_encode(folded, after.params.at("weight_step"), 4);
       // Channels 1..7 (γ > 0) keep every code; channel 0's weights changed sign.
       EXPECT_TRUE(codes_after.codes.slice(0, 1).equal(codes_before.codes.slice(0, 1)));
+      // A later stage at 2 bits calibrates its steps on the folded weight too: channels 1..7 get
+      // the steps an unfolded twin gets, times γ/σ (the MSE calibrator scales with its input, to
+      // within its histogram's bins: 0.1 % here, where γ/σ itself ranges over 0.5..1.6).
+      GraphModule twin(small_net());
+      {
+        at::NoGradGuard no_grad;
+        twin->graph().node("features.0").params.at("weight").copy_(w);
+      }
+      quantize::apply(twin, qc);
+      quantize::Config two = qc;
+      two.weight_bits = 2;
+      two.activation_bits = 2;
+      two.options["step_init"] = std::string("mse");
+      const quantize::QuantizerMethod& lsq = quantize::quantizer_method("lsq");
+      lsq.change_bits(twin->graph(), {"features.0"}, two);
+      lsq.change_bits(m->graph(), {"features.0"}, two);
+      const at::Tensor folded_steps = m->graph().node("features.0").params.at("weight_step").detach();
+      const at::Tensor twin_steps = twin->graph().node("features.0").params.at("weight_step").detach();
+      EXPECT_TRUE(all_close(folded_steps.slice(0, 1), (twin_steps * s).slice(0, 1), 0, 5e-3))
+          << folded_steps << " vs " << twin_steps * s;
     }
   }
 }
