@@ -209,14 +209,12 @@ Report prepare_qat_batchnorm(Graph& graph, const QatOptions& options) {
     move_tensor(bn.buffers, "running_mean", l.buffers, "bn_running_mean");
     move_tensor(bn.buffers, "running_var", l.buffers, "bn_running_var");
     move_tensor(bn.buffers, "num_batches_tracked", l.buffers, "bn_num_batches_tracked");
-    // The stages after it read W·γ/σ now: those with state set from W adapt it (LSQ's steps).
-    {
-      at::NoGradGuard no_grad;
-      const at::Tensor folded = transformed_weight(l, false, fold_at + 1);
-      for (size_t i = fold_at + 1; i < l.weight_transforms.size(); ++i)
-        if (const WeightTransform& t = weight_transform(l.weight_transforms[i]); t.input_changed)
-          t.input_changed(l, unfolded, folded);
-    }
+    // The stage after it (the quantizer) reads W·γ/σ now: state it set from W adapts (LSQ's steps).
+    if (fold_at + 1 < l.weight_transforms.size())
+      if (const WeightTransform& t = weight_transform(l.weight_transforms[fold_at + 1]); t.input_changed) {
+        at::NoGradGuard no_grad;
+        t.input_changed(l, unfolded, transformed_weight(l, false, fold_at + 1));
+      }
     const std::string bn_out = bn.outputs.at(0), layer_out = l.outputs.at(0);
     graph.replace_all_uses(bn_out, layer_out);
     graph.remove_node(bn_name);

@@ -278,8 +278,10 @@ int64_t weight_elements(const Node& n, const at::Tensor& w) {
 
 // The weight a step quantizes changed from `old_w` to `new_w` (QAT BN folding put W·γ/σ in front of
 // the quantizer): each step is multiplied by mean|new|/mean|old| over the weights it quantizes, so
-// it keeps its place relative to its weights (exactly γ/σ for a step per output channel; what the
-// paper's 2·mean|w|/√Q_P would give anew for a step per tensor). A slice of zeros keeps its step.
+// it keeps its place relative to its weights (exactly |γ/σ| where a step covers one output channel;
+// a grouped conv_transpose2d's step covers one per group, and gets their mean; what the paper's
+// 2·mean|w|/√Q_P would give anew for a step per tensor). A slice that is all zeros before or after
+// (a γ of 0) keeps its step, so the step is still in place if the slice comes back.
 void rescale_weight_step(Node& n, const at::Tensor& old_w, const at::Tensor& new_w) {
   at::Tensor* step = n.params.find("weight_step");
   if (!step || !step->defined()) node_fail(n, "LSQ weights need a learned parameter 'weight_step'");
@@ -294,7 +296,7 @@ void rescale_weight_step(Node& n, const at::Tensor& old_w, const at::Tensor& new
   if (before.numel() != step->numel())
     node_fail(n, "weight_step has " + std::to_string(step->numel()) + " elements for " + std::to_string(before.numel()) +
                      " weight slices");
-  const at::Tensor ratio = at::where(before > 0, after / before.clamp_min(1e-30), at::ones_like(before));
+  const at::Tensor ratio = at::where((before > 0) & (after > 0), after / before.clamp_min(1e-30), at::ones_like(before));
   step->mul_(ratio.to(step->device(), step->scalar_type()).view_as(*step)).clamp_min_(lsq_step_floor(step->scalar_type()));
 }
 

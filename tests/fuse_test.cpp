@@ -642,6 +642,7 @@ TEST_F(QatFold, LsqWeightStepsFollowTheFoldedWeight) {
     {
       at::NoGradGuard no_grad;
       bn.params.at("weight")[0] = -0.7;  // a negative γ: the step scales by |γ/σ|
+      bn.params.at("weight")[1] = 0.0;   // a γ of 0: the channel keeps its step
     }
     const at::Tensor sigma = (bn.buffers.at("running_var") + 1e-5).sqrt();
     const at::Tensor s = bn.params.at("weight").detach() / sigma;
@@ -661,16 +662,15 @@ TEST_F(QatFold, LsqWeightStepsFollowTheFoldedWeight) {
     const Node& after = m->graph().node("features.0");
     EXPECT_EQ(after.weight_transforms, (std::vector<std::string>{"bn_fold", "lsq"}));
     const at::Tensor folded = w * s.reshape({8, 1, 1, 1});
-    const at::Tensor expected = granularity == "per_channel"
-                                    ? step * s.abs()
-                                    : step * folded.abs().mean() / w.abs().mean();
+    at::Tensor expected = granularity == "per_channel" ? step * s.abs() : step * folded.abs().mean() / w.abs().mean();
+    if (granularity == "per_channel") expected[1] = step[1];
     EXPECT_TRUE(all_close(after.params.at("weight_step").detach(), expected, 1e-6, 1e-6))
         << after.params.at("weight_step") << " vs " << expected;
     if (granularity == "per_channel") {
       const quantize::EncodedWeight codes_after = quantize::lsq_encode(folded, after.params.at("weight_step"), 4);
-      // Channels 1..7 (γ > 0) keep every code; channel 0's weights changed sign.
-      EXPECT_TRUE(codes_after.codes.slice(0, 1).equal(codes_before.codes.slice(0, 1)));
-      // A later stage at 2 bits calibrates its steps on the folded weight too: channels 1..7 get
+      // Channels 2..7 (γ > 0) keep every code; channel 0's weights changed sign, channel 1's are 0.
+      EXPECT_TRUE(codes_after.codes.slice(0, 2).equal(codes_before.codes.slice(0, 2)));
+      // A later stage at 2 bits calibrates its steps on the folded weight too: channels 2..7 get
       // the steps an unfolded twin gets, times γ/σ (the MSE calibrator scales with its input, to
       // within its histogram's bins: 0.1 % here, where γ/σ itself ranges over 0.5..1.6).
       GraphModule twin(small_net());
@@ -688,7 +688,7 @@ TEST_F(QatFold, LsqWeightStepsFollowTheFoldedWeight) {
       lsq.change_bits(m->graph(), {"features.0"}, two);
       const at::Tensor folded_steps = m->graph().node("features.0").params.at("weight_step").detach();
       const at::Tensor twin_steps = twin->graph().node("features.0").params.at("weight_step").detach();
-      EXPECT_TRUE(all_close(folded_steps.slice(0, 1), (twin_steps * s).slice(0, 1), 0, 5e-3))
+      EXPECT_TRUE(all_close(folded_steps.slice(0, 2), (twin_steps * s).slice(0, 2), 0, 5e-3))
           << folded_steps << " vs " << twin_steps * s;
     }
   }
