@@ -169,17 +169,22 @@ at::Tensor lsq_quantize(const at::Tensor& x, const at::Tensor& step, LsqGrid gri
                       grid.q_p, gradient_scale, axis);
 }
 
-at::Tensor lsq_initial_step(const at::Tensor& x_in, LsqGrid grid, bool per_channel, int64_t axis) {
+namespace {
+
+// mean|x| as float, [1] over the whole tensor or [C] per channel along `axis`; no gradient.
+at::Tensor abs_means(const at::Tensor& x_in, bool per_channel, int64_t axis) {
   at::NoGradGuard no_grad;
   const at::Tensor x = x_in.detach().abs().to(at::kFloat);
-  at::Tensor mean;
-  if (!per_channel) {
-    mean = x.mean().reshape({1});
-  } else {
-    if (x.dim() < 1 || axis < 0 || axis >= x.dim())
-      throw Error("LSQ: channel axis " + std::to_string(axis) + " out of range for shape " + shape_str(x.sizes().vec()));
-    mean = x.movedim(axis, 0).reshape({x.size(axis), -1}).mean(1);
-  }
+  if (!per_channel) return x.mean().reshape({1});
+  if (x.dim() < 1 || axis < 0 || axis >= x.dim())
+    throw Error("LSQ: channel axis " + std::to_string(axis) + " out of range for shape " + shape_str(x.sizes().vec()));
+  return x.movedim(axis, 0).reshape({x.size(axis), -1}).mean(1);
+}
+
+}  // namespace
+
+at::Tensor lsq_initial_step(const at::Tensor& x_in, LsqGrid grid, bool per_channel, int64_t axis) {
+  const at::Tensor mean = abs_means(x_in, per_channel, axis);
   const double q_p = static_cast<double>(std::max<int64_t>(grid.q_p, 1));
   return (mean * (2.0 / std::sqrt(q_p))).clamp_min(lsq_step_floor(at::kFloat));
 }
@@ -288,11 +293,7 @@ void rescale_weight_step(Node& n, const at::Tensor& old_w, const at::Tensor& new
   at::NoGradGuard no_grad;
   const bool per_channel = step->numel() > 1 || node_granularity(n) == Granularity::kPerChannel;
   const int64_t axis = n.attr_int("weight_axis");
-  auto slice_means = [&](const at::Tensor& w) {
-    const at::Tensor a = w.detach().abs().to(at::kFloat);
-    return per_channel ? a.movedim(axis, 0).reshape({a.size(axis), -1}).mean(1) : a.mean().reshape({1});
-  };
-  const at::Tensor before = slice_means(old_w), after = slice_means(new_w);
+  const at::Tensor before = abs_means(old_w, per_channel, axis), after = abs_means(new_w, per_channel, axis);
   if (before.numel() != step->numel())
     node_fail(n, "weight_step has " + std::to_string(step->numel()) + " elements for " + std::to_string(before.numel()) +
                      " weight slices");
