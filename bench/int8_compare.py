@@ -163,9 +163,10 @@ def nncf_quantize(fp32_onnx, out, preset, calib, input_name):
 
 
 def deploy_ms(build, model, batch, threads, repeats):
-    """whittle's deploy runtime (`whittle bench --json`): its median ms a batch of `model`."""
+    """whittle's deploy runtime (`whittle bench --json`): its median ms a batch of `model`, its runs
+    back to back (`--back-to-back`) as latency_ms times ONNX Runtime's."""
     r = json.loads(whittle(build, "bench", model, "--batch", str(batch), "--threads", str(threads),
-                           "--repeat", str(repeats), "--json"))
+                           "--repeat", str(repeats), "--back-to-back", "--json"))
     return r["deploy_ms"]
 
 

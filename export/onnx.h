@@ -42,13 +42,17 @@ struct OnnxOptions {
   bool qoperator = false;
 };
 
-/// Rewrites the int8 Q/DQ pattern of `model` into ONNX's QOperator form (QLinearConv, ONNX
-/// operators spec): each Conv reading DequantizeLinear(x_q, s_x, z_x) with a per-tensor scale and
-/// DequantizeLinear of int8 weight codes, whose output only a QuantizeLinear reads, becomes one
-/// QLinearConv(x_q, s_x, z_x, codes, s_w, z_w, s_y, z_y, bias) writing that QuantizeLinear's
-/// output, the float bias as int32 round(b/(s_x·s_w)) per output channel; DequantizeLinear nodes
-/// and initializers left unread are dropped. Linear layers and additions keep the Q/DQ form (the
-/// default domain has no QLinear form with a bias, or of Add). Returns the layers rewritten.
+/// Rewrites the int8 Q/DQ pattern of `model` into ONNX's QOperator form (QLinearConv,
+/// MatMulInteger; ONNX operators spec). A DequantizeLinear with a per-tensor scale first moves past
+/// the MaxPool (without padding) or Flatten reading it (exact). Each Conv reading
+/// DequantizeLinear(x_q, s_x, z_x) with a per-tensor scale and DequantizeLinear of int8 weight
+/// codes, whose output only a QuantizeLinear reads, becomes one QLinearConv(x_q, s_x, z_x, codes,
+/// s_w, z_w, s_y, z_y, bias) writing that QuantizeLinear's output, the float bias as int32
+/// round(b/(s_x·s_w)) per output channel. Each Gemm (transB 1) reading such DequantizeLinear
+/// nodes becomes MatMulInteger(x_q, codesᵀ, z_x, z_w) + that int32 bias, Cast to float and Mul by
+/// s_x·s_w per output channel (its float output kept, for its QuantizeLinear or the graph's
+/// output). DequantizeLinear nodes and initializers left unread are dropped. Additions keep the
+/// Q/DQ form (the default domain has no integer Add). Returns the layers rewritten.
 int64_t to_qoperator(onnx_proto::ModelSpec& model);
 
 /// The ONNX bytes of `graph` (deploy form, checked by onnx::checker and strict shape inference).

@@ -14,7 +14,7 @@ namespace {
 struct OnnxExportOptions {
   int64_t opset = 17;         ///< default-domain opset
   bool static_batch = false;  ///< fix the batch dimension to the model's declared one (default: dynamic "N")
-  bool qoperator = false;     ///< int8 convolutions as QLinearConv (onnx.h, to_qoperator)
+  bool qoperator = false;     ///< int8 layers as QLinearConv and MatMulInteger (onnx.h, to_qoperator)
 };
 
 const OptionsSchema<OnnxExportOptions>& onnx_schema() {
@@ -25,8 +25,8 @@ const OptionsSchema<OnnxExportOptions>& onnx_schema() {
           .in_range(Range::closed(13, 17))
           .add("static_batch", &O::static_batch, "fix the batch dimension to the model's declared one (else a dynamic 'N')")
           .add("qoperator", &O::qoperator,
-               "the QOperator form: int8 convolutions as QLinearConv with int32 biases (else the QuantizeLinear/"
-               "DequantizeLinear form)");
+               "the QOperator form: int8 convolutions as QLinearConv and linear layers as MatMulInteger, with "
+               "int32 biases (else the QuantizeLinear/DequantizeLinear form)");
   return schema;
 }
 

@@ -133,6 +133,15 @@ void set_scale(const Node& n, double s, int64_t z) {
   buffer_of(n, "act_zero_point").fill_(static_cast<double>(z));
 }
 
+// The scale and zero point of the observed range [observed_min, observed_max] (0 included).
+void scale_from_observers(const Node& n) {
+  const double m_lo = buffer_of(n, "observed_min").item<double>(), m_hi = buffer_of(n, "observed_max").item<double>();
+  const double r_lo = std::min(m_lo, 0.0), r_hi = std::max(m_hi, 0.0);
+  const bool signed_codes = n.attr_bool("signed_codes");
+  const int64_t z = signed_codes ? 0 : zero_point_for(r_lo, r_hi);
+  set_scale(n, step_for_range(grid_for(signed_codes, z), r_lo, r_hi), z);
+}
+
 // One observer update from a training batch `x` (see the top of this file).
 void observe_batch(const Node& n, const at::Tensor& x) {
   at::NoGradGuard no_grad;
@@ -147,10 +156,7 @@ void observe_batch(const Node& n, const at::Tensor& x) {
   const double m_hi = mx.item<double>() + Histogram::kMovingAverage * (hi - mx.item<double>());
   mn.fill_(m_lo);
   mx.fill_(m_hi);
-  const double r_lo = std::min(m_lo, 0.0), r_hi = std::max(m_hi, 0.0);
-  const bool signed_codes = n.attr_bool("signed_codes");
-  const int64_t z = signed_codes ? 0 : zero_point_for(r_lo, r_hi);
-  set_scale(n, step_for_range(grid_for(signed_codes, z), r_lo, r_hi), z);
+  scale_from_observers(n);
 }
 
 void check_activation(const Node& n) {
@@ -382,6 +388,13 @@ void register_int8() {
     return "(torch.clamp(torch.round(" + x + " / " + s + ") + " + z + ", " + t.number(static_cast<double>(r.q_min)) +
            ", " + t.number(static_cast<double>(r.q_max)) + ") - " + z + ") * " + s;
   };
+  // Data-parallel training: the observers follow each rank's batches; their mean over the ranks
+  // gives every rank the same grid after each step.
+  a.replica_buffers = [](const Node& n) -> std::vector<at::Tensor> {
+    if (!n.attr_bool("observe")) return {};
+    return {buffer_of(n, "observed_min"), buffer_of(n, "observed_max")};
+  };
+  a.replicas_synced = scale_from_observers;
   // Before calibration: the grid [0, 1] (uint8) or [−1, 1) (int8), and observers at its ends.
   a.attach = [](Node& n) {
     n.buffers.set("act_scale", at::full({1}, n.attr_bool("signed_codes") ? 1.0 / 128.0 : 1.0 / 255.0, at::kFloat));

@@ -167,6 +167,12 @@ struct ActivationQuantizer {
   /// Sets the learned parameters from the statistics of its input over several batches with the
   /// calibrator `c` (no gradient), for calibrate_learned(); empty: it cannot be calibrated.
   std::function<void(const Node& node, const Histogram& h, const Calibrator& c, const CalibrationOptions& o)> calibrate;
+  /// Data-parallel training: the buffers of the node that follow this rank's training batches
+  /// (int8's observers while `observe` is set), which sync_replicas() averages over the ranks after
+  /// each optimizer step; empty (or an empty list): none.
+  std::function<std::vector<at::Tensor>(const Node& node)> replica_buffers;
+  /// After those buffers were averaged: derives what depends on them (int8's scale and zero point).
+  std::function<void(const Node& node)> replicas_synced;
 };
 
 /// The activation quantizer registry ("activation quantizers" in `whittle inspect`).

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -244,14 +245,17 @@ namespace {
 // The value a monotone quantizer (or a sign binarizer) of `v` may stand at instead: up through the
 // single-use, single-input ops that commute with it exactly in eval form (OpTraits::
 // commutes_with_sign: max pooling, flatten, dropout), to the first value whose producer does not.
-// Each op passed is appended to `chain`, the one reading the returned value last.
-std::string up_through_commuting_ops(const Graph& graph, std::string v, std::vector<std::string>* chain) {
-  while (true) {
+// Each op passed is appended to `chain`, the one reading the returned value last. `all_uses_quantized`
+// (optional) also lets the first value have several users when every use of it is quantized there
+// (an ImageNet stem's max pooling read by a block's first convolution and its residual add).
+std::string up_through_commuting_ops(const Graph& graph, std::string v, std::vector<std::string>* chain,
+                                     const std::function<bool(const std::string&)>& all_uses_quantized = {}) {
+  for (bool first = true;; first = false) {
     const ValueInfo& vi = graph.value(v);
     if (vi.producer.empty()) return v;
     const Node& p = graph.node(vi.producer);
-    if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || graph.users(v).size() != 1 || graph.is_output(v))
-      return v;
+    const bool single_use = graph.users(v).size() == 1 || (first && all_uses_quantized && all_uses_quantized(v));
+    if (!op_traits(p.op).commutes_with_sign || p.inputs.size() != 1 || !single_use || graph.is_output(v)) return v;
     chain->push_back(p.name);
     v = p.inputs[0];
   }
@@ -399,7 +403,16 @@ Report apply(Graph& graph, const Config& config_in) {
         // OpTraits::commutes_with_sign; in training a dropout between them scales the kept codes by
         // 1/(1 − p)), where an integer runtime fuses it into the layer producing the ReLU's input.
         std::vector<std::string> chain;
-        const std::string cur = acts->whole_network ? up_through_commuting_ops(graph, v, &chain) : v;
+        auto all_uses_quantized = [&](const std::string& value) {
+          for (const auto& u : graph.users(value)) {
+            const Node& un = graph.node(u);
+            for (size_t j = 0; j < un.inputs.size(); ++j)
+              if (un.inputs[j] == value && !use_set.count({u, j})) return false;
+          }
+          return true;
+        };
+        const std::string cur =
+            acts->whole_network ? up_through_commuting_ops(graph, v, &chain, all_uses_quantized) : v;
         const std::string chain_head = chain.empty() ? "" : chain.back();  // the op of the chain reading `cur`
         // A ReLU whose every use is an input quantized here (or that chain) becomes the quantizer
         // itself (relu = 1): the same values and gradients as ReLU then quantizer, one pass fewer
@@ -513,6 +526,38 @@ Report apply(GraphModule& module, const Config& config) {
 int64_t after_step(Graph& graph, const Config& resolved) {
   register_all();
   return quantizer_method(resolved.method).after_step(graph, resolved);
+}
+
+int64_t sync_replicas(Graph& graph, const std::function<void(at::Tensor&)>& replica_sum, int64_t ranks) {
+  register_all();
+  if (ranks < 1) throw Error("sync_replicas: " + std::to_string(ranks) + " ranks");
+  std::vector<const Node*> nodes;
+  std::vector<at::Tensor> buffers;
+  for (const Node& n : graph.nodes()) {
+    if (n.op != "act_quant") continue;
+    const ActivationQuantizer& q = activation_quantizer_of(n);
+    if (!q.replica_buffers) continue;
+    std::vector<at::Tensor> own = q.replica_buffers(n);
+    if (own.empty()) continue;
+    nodes.push_back(&n);
+    for (at::Tensor& b : own) buffers.push_back(std::move(b));
+  }
+  if (nodes.empty()) return 0;
+  // One collective for all of them: their values in float64, summed, divided, written back.
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& b : buffers) flat.push_back(b.detach().reshape({-1}).to(at::kDouble));
+  at::Tensor all = at::cat(flat);
+  replica_sum(all);
+  all.div_(static_cast<double>(ranks));
+  int64_t offset = 0;
+  for (at::Tensor& b : buffers) {
+    const int64_t k = b.numel();
+    b.copy_(all.slice(0, offset, offset + k).view(b.sizes()).to(b.device(), b.scalar_type()));
+    offset += k;
+  }
+  for (const Node* n : nodes) activation_quantizer_of(*n).replicas_synced(*n);
+  return static_cast<int64_t>(nodes.size());
 }
 
 int64_t at_epoch(Graph& graph, const Config& resolved, double epoch) {

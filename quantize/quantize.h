@@ -109,6 +109,15 @@ Report apply(GraphModule& module, const Config& config);
 /// (resolve()). Returns the number of layers changed.
 int64_t after_step(Graph& graph, const Config& resolved);
 
+/// Data-parallel training: makes every act_quant node's buffers that follow the training batches
+/// (ActivationQuantizer::replica_buffers, int8's observers) the mean over the ranks, then lets the
+/// quantizer derive what depends on them, so that every rank starts the next step from the same
+/// observers (each forward then moves them once more towards its own batch).
+/// `replica_sum` sums a tensor in place over the ranks (every rank calls this with the same graph
+/// in the same state), `ranks` is their number. Returns the nodes synchronized (0: no collective
+/// was called).
+int64_t sync_replicas(Graph& graph, const std::function<void(at::Tensor&)>& replica_sum, int64_t ranks);
+
 /// The method's schedule at fractional `epoch` (QuantizerMethod::at_epoch; int8 stops its
 /// activation observers at freeze_observers_epoch), for a `resolved` config. Returns the nodes changed.
 int64_t at_epoch(Graph& graph, const Config& resolved, double epoch);

@@ -91,6 +91,9 @@ class Modifier {
   /// batch, with the evaluation transforms, in eval mode, no gradients) and then on_finish: no loss,
   /// no optimizer step. The default: the entry needs training.
   virtual std::string needs_training() const { return "it acts on the training loss or the optimizer steps"; }
+  /// For a run of 0 epochs that this modifier accepts: what it leaves at a value no data set (printed
+  /// as a note), or "" when nothing.
+  virtual std::string without_training_note() const { return ""; }
   /// The student's graph values (node or value names) this modifier reads in on_loss through
   /// TrainContext::features while it is active (distillation's feature pairs); none by default.
   virtual std::vector<std::string> captures() const { return {}; }

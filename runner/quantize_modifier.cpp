@@ -73,11 +73,36 @@ class QuantizeModifier : public Modifier {
     if (!to_initialize_.empty() && tc.input) initialize(tc);
   }
   void on_step_end(TrainContext& tc) override {
-    if (applied_) quantize::after_step(tc.model->graph(), config_);
+    if (!applied_) return;
+    quantize::after_step(tc.model->graph(), config_);
+    // Data-parallel runs: buffers that followed this rank's batches (int8's observers) become the
+    // mean over the ranks, so that every rank quantizes the next batch on the same grid.
+    if (tc.replica_sum) {
+      if (ranks_ == 0) {
+        at::Tensor one = at::ones({1}, at::TensorOptions().device(tc.device).dtype(at::kDouble));
+        tc.replica_sum(one);
+        ranks_ = static_cast<int64_t>(std::llround(one.item<double>()));
+      }
+      quantize::sync_replicas(tc.model->graph(), tc.replica_sum, ranks_);
+    }
   }
   // Attached in on_start, its steps or scales from the method's calibrator at the first batch: a
   // run of 0 epochs is post-training quantization.
   std::string needs_training() const override { return ""; }
+  // Learned activation parameters with neither a calibrator nor a rule from data (PACT's clips
+  // without clip_calibrator) keep the values they were created with when nothing trains.
+  std::string without_training_note() const override {
+    const quantize::QuantizerMethod& method = quantize::quantizer_method(config_.method);
+    const std::optional<quantize::ActivationPlan> plan = method.activations(config_);
+    if (!plan || method.calibration(config_)) return "";
+    const quantize::ActivationQuantizer& q = quantize::activation_quantizers().get(plan->quantizer);
+    if (q.params.empty() || q.initialize) return "";
+    std::string params;
+    for (const auto& p : q.params) params += (params.empty() ? "" : ", ") + p;
+    return "method '" + config_.method + "' learns its activation parameters (" + params +
+           ") in training; without a calibrator they keep their initial values in a run of 0 epochs" +
+           (q.calibrate ? " (its calibrator option, docs/recipes.md, sets them from data)" : "");
+  }
   // The method's loss term (PACT's penalty on its clip levels), while its quantizers are attached.
   at::Tensor on_loss(TrainContext& tc, const at::Tensor& loss, const at::Tensor&, const at::Tensor&,
                      const at::Tensor&) override {
@@ -256,6 +281,7 @@ class QuantizeModifier : public Modifier {
 
   quantize::Config config_;
   bool applied_ = false;
+  int64_t ranks_ = 0;  ///< data-parallel ranks (counted at the first step that needs them)
   std::vector<std::string> to_initialize_;  ///< act_quant nodes this entry made whose parameters start from data
 };
 

@@ -829,8 +829,8 @@ void read_modifiers_section(const YAML::Node& root, const std::string& origin, c
       // A window that opens after the run ends would silently do nothing. A run of 0 epochs
       // (calibration only) applies its modifiers once, at epoch 0.
       if (r.training.epochs == 0 && ms.start_epoch > 0)
-        usage_error(entry + ": start_epoch " + number_text(ms.start_epoch) +
-                    ": training.epochs is 0 (calibration only), so every modifier applies at epoch 0");
+        usage_error(entry + ": start_epoch " + number_text(ms.start_epoch) + ": training.epochs is 0 (calibration only" +
+                    (overridden(r, "training.epochs") ? ", with --set" : "") + "), so every modifier applies at epoch 0");
       if (r.training.epochs > 0 && ms.start_epoch >= static_cast<double>(r.training.epochs))
         usage_error(entry + ": start_epoch " + number_text(ms.start_epoch) + " is not inside the run of " +
                     std::to_string(r.training.epochs) + " epoch(s) (training.epochs): the modifier would never apply");
@@ -963,8 +963,11 @@ DataSpec parse_recipe_data(const std::string& text, const std::string& origin) {
 }
 
 bool overridden(const Recipe& recipe, const std::string& key) {
-  return std::any_of(recipe.overrides.begin(), recipe.overrides.end(),
-                     [&](const std::string& o) { return o.rfind(key + "=", 0) == 0; });
+  return std::any_of(recipe.overrides.begin(), recipe.overrides.end(), [&](const std::string& o) {
+    const std::string path = o.substr(0, o.find('='));
+    // The key itself, or a section holding it (--set training={epochs: 0}).
+    return path == key || key.rfind(path + ".", 0) == 0;
+  });
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {

@@ -166,7 +166,8 @@ struct Recipe {
   std::vector<std::string> overrides;  ///< the --set strings it was read with ("training.epochs=0")
 };
 
-/// Whether --set gave `key` (a dotted path, "training.epochs") a value in `recipe`.
+/// Whether --set gave `key` (a dotted path, "training.epochs") a value in `recipe`, itself or as part
+/// of a section holding it ("training={epochs: 0}").
 bool overridden(const Recipe& recipe, const std::string& key);
 
 /// The schema of the recipe's sections (model, data, training, modifiers, outputs, distributed).

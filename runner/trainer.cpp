@@ -350,7 +350,9 @@ void Trainer::open_run_directory() {
     // A calibration saves no training state: a finished one has nothing to resume (as a finished
     // training run), anything else is run again.
     if (!read_finished_report(dir, result_.checkpoint, export_paths(recipe_.outputs, dir), 0, result_))
-      throw Error("--resume: training.epochs is 0 (calibration only), which saves no training state, and " + dir +
+      throw Error(std::string("--resume: training.epochs is 0 (calibration only") +
+                      (overridden(recipe_, "training.epochs") ? ", with --set" : "") +
+                      "), which saves no training state, and " + dir +
                       " holds no finished calibration: run it again (--overwrite replaces what is there)",
                   ErrorKind::kUsage);
     result_.finished_before = true;
@@ -466,6 +468,10 @@ void Trainer::build_model_and_modifiers(SavedTrainState* saved) {
   model_->to(device_);
   // Modifiers (their settings checked by their factories, their patterns against the model).
   for (const auto& spec : r.modifiers) modifiers_.push_back(modifier_info(spec.name).create(spec));
+  if (r.training.epochs == 0)
+    for (const auto& m : modifiers_)
+      if (const std::string note = m->without_training_note(); !note.empty())
+        *log_ << "note: " << m->spec().location << ": " << note << "\n";
   if (r.training.epochs == 0)
     for (const auto& m : modifiers_)
       if (const std::string why = m->needs_training(); !why.empty())

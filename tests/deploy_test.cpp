@@ -16,6 +16,8 @@
 #include "core/file_util.h"
 #include "data/loader.h"
 #include "deploy/int8.h"
+#include "kernels/int8_conv.h"
+#include "kernels/isa.h"
 #include "deploy/model.h"
 #include "export/checkpoint.h"
 #include "fuse/fuse.h"
@@ -184,20 +186,23 @@ TEST_F(Deploy, TwoBitCodesRunOnBitplaneKernels) {
 }
 
 // int8 (whole network) of BN-folded ResNet-20 and LeNet-5, calibrated with min-max on random
-// batches: every convolution and the residual adds joining them run on the quantized CPU engine,
-// requantizing to the next quantizer's grid; the last add (read by the ReLU before the float
-// pooling) and the classifier (float logits) run in float on dequantized values. The integer
+// batches: every convolution and the residual adds joining them run on integer kernels (whittle's
+// own for each vector instruction set, kernels/int8_conv.h), requantizing to the next quantizer's
+// grid; the classifier (float logits) on the same kernels with float output; the last add (read by
+// the ReLU before the float pooling) runs in float on dequantized values. The integer
 // requantization lands a code one level apart from the graph's float rounding now and then:
 // logits within 3 % of the largest (measured: 1.2 % on the trained ResNet-20, whittle bench). The
-// integer sums do not depend on the thread count; without VNNI the model runs in float (exact), so
-// the margin of 2.5x covers other calibrated ranges, not other machines.
+// integer sums do not depend on the thread count or the instruction set (the variants write the same
+// codes, int8_kernels_test); without integer kernels the model runs in float (exact), so the margin
+// of 2.5x covers other calibrated ranges, not other machines.
 TEST_F(Deploy, Int8ModelsRunOnIntegerKernels) {
   struct Case {
     std::string model;
     Shape input;
     int64_t convs, adds, linears, pools;
   };
-  for (const Case& c : {Case{"resnet20", {1, 3, 32, 32}, 21, 8, 0, 0}, Case{"lenet5", {1, 1, 28, 28}, 2, 0, 2, 2}}) {
+  // The classifiers (float logits) run on the int8 kernels with float output.
+  for (const Case& c : {Case{"resnet20", {1, 3, 32, 32}, 21, 8, 1, 0}, Case{"lenet5", {1, 1, 28, 28}, 2, 0, 3, 2}}) {
     SCOPED_TRACE(c.model);
     ZooOptions zo;
     zo.input_shape = c.input;
@@ -217,18 +222,40 @@ TEST_F(Deploy, Int8ModelsRunOnIntegerKernels) {
     quantize::calibrate_learned(m, [&](int64_t i) { return batches.at(static_cast<size_t>(i)); },
                                 *quantize::quantizer_method("int8").calibration(quantize::resolve(q)),
                                 quantize::nodes_to_initialize(m->graph(), r));
-    const deploy::Model model(m->graph());
-    // Without VNNI the int8 steps decline (deploy/int8.h) and everything runs in float.
-    const int64_t k = deploy::int8_kernels_available() ? 1 : 0;
-    EXPECT_EQ(count_kernel(model, "int8 conv2d"), k * c.convs);
-    EXPECT_EQ(count_kernel(model, "int8 add"), k * c.adds);
-    EXPECT_EQ(count_kernel(model, "int8 linear"), k * c.linears);
-    EXPECT_EQ(count_kernel(model, "int8 max_pool2d"), k * c.pools);
     const at::Tensor x = at::randn(batch_shape);
     const at::Tensor expected = reference_logits(m->graph(), x);
-    const at::Tensor got = model.forward(x);
-    const double diff = (got - expected).abs().max().item<double>();
-    EXPECT_LE(diff, 0.03 * expected.abs().max().item<double>());
+    // Each instruction set: whittle's int8 kernels where it has a vector variant (AVX2, AVX-512
+    // VNNI), else LibTorch's quantized engine where fbgemm sums exactly (VNNI), else float.
+    for (kernels::Isa isa : kernels::supported_isas()) {
+      SCOPED_TRACE(kernels::isa_name(isa));
+      struct IsaScope {
+        kernels::Isa saved = kernels::active_isa();
+        ~IsaScope() { kernels::set_isa(saved); }
+      } scope;
+      kernels::set_isa(isa);
+      const deploy::Model model(m->graph());
+      const at::Tensor got = model.forward(x);
+      const bool own = kernels::int8_variant_supported(kernels::Int8Variant::kAvx2) && isa != kernels::Isa::kScalar;
+      const int64_t k = own || deploy::fbgemm_exact() ? 1 : 0;
+      EXPECT_EQ(count_kernel(model, "int8 conv2d"), k * c.convs);
+      EXPECT_EQ(count_kernel(model, "int8 add"), (own ? 1 : 0) * c.adds);
+      EXPECT_EQ(count_kernel(model, "int8 linear"), (own ? 1 : 0) * c.linears);
+      EXPECT_EQ(count_kernel(model, "int8 max_pool2d"), k * c.pools);
+      const double diff = (got - expected).abs().max().item<double>();
+      EXPECT_LE(diff, 0.03 * expected.abs().max().item<double>());
+    }
+    // An input of another channel count is named, not read past its end.
+    if (deploy::int8_kernels_available()) {
+      Shape wrong = batch_shape;
+      wrong[1] += 1;
+      const deploy::Model model(m->graph());
+      try {
+        model.forward(at::randn(wrong));
+        ADD_FAILURE() << "an input of " << wrong[1] << " channels ran";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("input channels got codes of shape"), std::string::npos) << e.what();
+      }
+    }
   }
 }
 

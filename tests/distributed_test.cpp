@@ -551,6 +551,27 @@ TEST(DataParallelRun, TaylorPruningRemovesTheSameChannelsOnEveryRank) {
   EXPECT_EQ(pruned.at("conv1.weight").size(0), 3) << "half of conv1's 6 channels removed";
 }
 
+TEST(DataParallelRun, Int8ObserversTrainOnTheSameGridOnEveryRank) {
+  // int8 QAT with observers: after each step the observers' mean over the ranks sets every rank's
+  // grid (quantize::sync_replicas; its arithmetic is held in int8_test). Here the collectives of
+  // both ranks line up through a whole run (a rank calling one collective more or fewer would hang
+  // until the timeout), and the checkpoint keeps the observers.
+  const std::string dir = fresh_dir("distributed/int8_observers");
+  const std::string recipe = write_recipe(dir, 1);
+  {
+    std::ofstream f(recipe, std::ios::app);
+    f << "modifiers:\n  - {name: quantize, method: int8, calibration_batches: 1, observe: true}\n";
+  }
+  auto ranks = start_ranks(recipe, dir);
+  EXPECT_EQ(wait_for(ranks[0], 120), 0) << read_text(ranks[0].log);
+  EXPECT_EQ(wait_for(ranks[1], 30), 0) << read_text(ranks[1].log);
+  const auto saved = checkpoint_parameters(join_path(dir, "run/model.h5"), /*with_buffers=*/true);
+  int64_t observers = 0;
+  for (const auto& [name, t] : saved)
+    if (name.size() > 13 && name.compare(name.size() - 13, 13, ".observed_max") == 0) ++observers;
+  EXPECT_GT(observers, 0);
+}
+
 TEST(DataParallelRun, CtrlCStopsEveryRankAndResumeEndsAsTheUninterruptedRun) {
   // Batches of 50: 80 steps an epoch, so the Ctrl-C sent once epoch 2 shows lands inside it even
   // when this process is slow to see the line (with 20 steps the window was a few tenths of a second).

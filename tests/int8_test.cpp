@@ -221,6 +221,43 @@ TEST(Int8Activations, ObserversMoveTheScaleUntilFrozen) {
   EXPECT_EQ(q::at_epoch(g, resolved, 2.0), 0);  // already frozen
 }
 
+// Data-parallel QAT: two ranks' observers saw different batches; sync_replicas makes both the mean
+// and derives the scale from it (here rank 1's sums are added by hand: each rank's replica_sum
+// adds the other's values). Rank 0 observed [−0.2, 1.0], rank 1 [0.0, 3.0]: the mean [−0.1, 2.0],
+// zero point round(0.1·255/2.1) = 12, and the step that covers both ends around it:
+// max(0.1/12, 2.0/243) = 0.1/12.
+TEST(Int8Activations, DataParallelObserversAverageOverTheRanks) {
+  q::register_all();
+  Graph g[2] = {small_net(), small_net()};
+  q::Config c;
+  c.method = "int8";
+  c.options["observe"] = true;
+  c.targets = {"classifier"};
+  for (Graph& gr : g) q::apply(gr, c);
+  const double lo[2] = {-0.2, 0.0}, hi[2] = {1.0, 3.0};
+  for (int r = 0; r < 2; ++r) {
+    g[r].node("features.2").buffers.at("observed_min").fill_(lo[r]);
+    g[r].node("features.2").buffers.at("observed_max").fill_(hi[r]);
+  }
+  auto values = [](const Graph& gr) {
+    const Node& n = gr.node("features.2");
+    return at::cat({n.buffers.at("observed_min"), n.buffers.at("observed_max")}).to(at::kDouble);
+  };
+  const at::Tensor before[2] = {values(g[0]), values(g[1])};
+  for (int r = 0; r < 2; ++r) {
+    const at::Tensor other = before[1 - r];
+    EXPECT_EQ(q::sync_replicas(g[r], [&](at::Tensor& t) { t += other; }, 2), 1);
+    const Node& n = g[r].node("features.2");
+    EXPECT_FLOAT_EQ(n.buffers.at("observed_min").item<float>(), -0.1f);
+    EXPECT_FLOAT_EQ(n.buffers.at("observed_max").item<float>(), 2.0f);
+    EXPECT_EQ(n.buffers.at("act_zero_point").item<float>(), 12.0f);
+    EXPECT_FLOAT_EQ(n.buffers.at("act_scale").item<float>(), static_cast<float>(0.1 / 12.0));
+  }
+  // Frozen observers take part in no collective.
+  g[0].node("features.2").attrs["observe"] = false;
+  EXPECT_EQ(q::sync_replicas(g[0], [](at::Tensor&) { ADD_FAILURE() << "a collective without observers"; }, 2), 0);
+}
+
 // The whole network in int8 (whole_network, the default): a residual block
 //   x → stem → relu0 → conv_a → relu_a → conv_b → add(conv_b, relu0) → relu_out → pool → flatten → fc
 // gets one quantizer per value: relu0 and relu_a become quantizers (every use quantized: conv_a
@@ -280,6 +317,39 @@ TEST(Int8Model, WholeNetworkPlacement) {
   EXPECT_EQ(h.node("add").inputs, (std::vector<std::string>{"conv_b", "relu0"}));
   EXPECT_EQ(h.node("relu0").op, "relu");
   EXPECT_EQ(h.node("fc.act_quant").inputs.at(0), "flatten");
+}
+
+// An ImageNet stem: x → stem → relu0 → pool (max, padding 1) → {conv_a, add}. The pool's output has
+// two readers, both quantized inputs, so the quantizer still stands at relu0 (through the pool, which
+// commutes with it): the stem requantizes into it, the pool moves codes, and conv_a and the add read
+// them; no quantizer after the pool.
+TEST(Int8Model, StemMaxPoolingReadByABlockKeepsOneQuantizerBeforeIt) {
+  Graph g;
+  g.add_input("x", {1, 2, 8, 8});
+  auto conv = [&](const std::string& name, const std::string& in) {
+    Node n = make(name, "conv2d", {in}, {{"padding", std::vector<int64_t>{1, 1}}});
+    n.params.set("weight", at::randn({2, 2, 3, 3}));
+    g.add_node(n);
+  };
+  conv("stem", "x");
+  g.add_node(make("relu0", "relu", {"stem"}));
+  g.add_node(make("pool", "max_pool2d", {"relu0"},
+                  {{"kernel_size", int64_t{3}}, {"stride", int64_t{2}}, {"padding", std::vector<int64_t>{1, 1}}}));
+  conv("conv_a", "pool");
+  g.add_node(make("relu_a", "relu", {"conv_a"}));
+  conv("conv_b", "relu_a");
+  g.add_node(make("add", "add", {"conv_b", "pool"}));
+  g.set_outputs({"add"});
+  g.infer_shapes();
+  q::Config c;
+  c.method = "int8";
+  const q::Report r = q::apply(g, c);
+  EXPECT_EQ(r.replaced, (std::vector<std::string>{"relu0", "relu_a"}));
+  EXPECT_EQ(r.inserted, (std::vector<std::string>{"stem.act_quant", "add.act_quant"}));
+  EXPECT_EQ(g.node("pool").inputs.at(0), "relu0");
+  EXPECT_EQ(g.node("conv_a").inputs.at(0), "pool");
+  EXPECT_EQ(g.node("add").inputs, (std::vector<std::string>{"add.act_quant", "pool"}));
+  EXPECT_EQ(g.node("relu0").op, "act_quant");
 }
 
 // Weight scales per output channel: a grouped conv (axis 0) and a transposed conv (axis 1, weight

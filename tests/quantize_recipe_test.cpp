@@ -343,10 +343,12 @@ modifiers:
   EXPECT_EQ(compare(reference(false)), 4);  // LeNet-5's four batch norms
   const Graph before = load_checkpoint(fp32).graph;
   const Graph after = load_checkpoint(join_path(out, "model.h5")).graph;
-  for (const Node& n : before.nodes())
-    if (n.op == "batch_norm")
-      for (const char* stat : {"running_mean", "running_var"})
-        EXPECT_TRUE(at::equal(after.node(n.name).buffers.at(stat), n.buffers.at(stat))) << n.name << "." << stat;
+  for (const Node& n : before.nodes()) {
+    if (n.op != "batch_norm") continue;
+    for (const char* stat : {"running_mean", "running_var"}) {
+      EXPECT_TRUE(at::equal(after.node(n.name).buffers.at(stat), n.buffers.at(stat))) << n.name << "." << stat;
+    }
+  }
 }
 
 // What a run of 0 epochs cannot do is refused before anything is written, naming the entry: a
@@ -383,22 +385,42 @@ modifiers:
     EXPECT_NE(msg.find(want), std::string::npos) << msg;
     EXPECT_FALSE(path_exists(out)) << log.str();
   }
-  // When --set made the run calibration only, the refusal says so.
-  {
-    std::string trained = head;
-    trained.replace(trained.find("{epochs: 0}"), 11, "{epochs: 2}");
+  // When --set made the run calibration only (the key itself, or its section), the refusal says so.
+  std::string trained = head;
+  trained.replace(trained.find("{epochs: 0}"), 11, "{epochs: 2}");
+  for (const auto& [entries, set] : std::vector<std::pair<std::string, std::string>>{
+           {quantize + "  - {name: distill, teacher: lenet5, method: [kd]}\n", "training.epochs=0"},
+           {quantize + "  - {name: distill, teacher: lenet5, method: [kd]}\n", "training={epochs: 0}"},
+           {"  - {name: quantize, method: int8, start_epoch: 0.5}\n", "training.epochs=0"}}) {
+    SCOPED_TRACE(set + " " + entries);
+    const std::string modifiers = entries, assignment = set;
     remove_tree(out);
     runner::RunOptions opt;
     opt.out_dir = out;
     std::ostringstream log;
     opt.log = &log;
     const std::string msg = usage_error_message([&] {
-      runner::run_recipe(runner::parse_recipe(trained + quantize + "  - {name: distill, teacher: lenet5, method: [kd]}\n",
-                                              "ptq.yaml", source_dir(), {"training.epochs=0"}),
-                         opt);
+      runner::run_recipe(runner::parse_recipe(trained + modifiers, "ptq.yaml", source_dir(), {assignment}), opt);
     });
     EXPECT_NE(msg.find("training.epochs is 0 (calibration only, with --set)"), std::string::npos) << msg;
     EXPECT_FALSE(path_exists(out));
+  }
+  // PACT without a calibrator: its clips keep clip_init in a run of 0 epochs, which the log says;
+  // with clip_calibrator they come from data, and nothing is said.
+  for (const bool calibrated : {false, true}) {
+    remove_tree(out);
+    runner::RunOptions opt;
+    opt.out_dir = out;
+    std::ostringstream log;
+    opt.log = &log;
+    runner::run_recipe(
+        runner::parse_recipe(head + "  - {name: quantize, method: pact, weight_bits: 4, activation_bits: 4" +
+                                 (calibrated ? ", clip_calibrator: mse" : "") + "}\n",
+                             "ptq.yaml", source_dir()),
+        opt);
+    const bool noted = log.str().find("modifiers.0: method 'pact' learns its activation parameters (act_clip) in "
+                                      "training; without a calibrator they keep their initial values") != std::string::npos;
+    EXPECT_EQ(noted, !calibrated) << log.str();
   }
   // A one-shot prune runs without training, in list order: by the BN scales, before the batch
   // norms fold.
@@ -469,8 +491,11 @@ modifiers:
   EXPECT_NE(log.str().find("quantize (lsq): 3 layers now W2A2, their learned steps carried"), std::string::npos) << log.str();
   const Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
   for (const std::string layer : {"conv2", "fc1", "fc2"}) EXPECT_EQ(ck.graph.node(layer).attr_int("weight_bits"), 2) << layer;
-  for (const Node& n : ck.graph.nodes())
-    if (n.op == "act_quant") EXPECT_EQ(n.attr_int("activation_bits"), 2) << n.name;
+  for (const Node& n : ck.graph.nodes()) {
+    if (n.op == "act_quant") {
+      EXPECT_EQ(n.attr_int("activation_bits"), 2) << n.name;
+    }
+  }
 
   std::string dorefa = text;
   for (const std::string from : {"method: lsq, weight_bits: 4", "method: lsq, weight_bits: 2"})

@@ -87,16 +87,19 @@ std::string join_nodes(const std::vector<std::string>& nodes) {
 
 int run_bench(const std::vector<std::string>& args) {
   po::options_description opts(
-      "usage: whittle bench MODEL [--batch N] [--threads T] [--repeat R] [--input-shape N,C,H,W] [--json]\n\n"
+      "usage: whittle bench MODEL [--batch N] [--threads T] [--repeat R] [--input-shape N,C,H,W] [--back-to-back]\n"
+      "                     [--json]\n\n"
       "Times the deploy runtime (binary and bit-plane layers on the bitpacked kernels, int8 layers on\n"
-      "LibTorch's quantized engine; docs/kernels.md) against the float execution of the same fused model\n"
+      "whittle's int8 kernels; docs/kernels.md) against the float execution of the same fused model\n"
       "through ATen (oneDNN), per step and in total, on a\n"
-      "random input of the model's input shape. Runs alternate between the two; medians are given.\n"
+      "random input of the model's input shape. Runs alternate between the two (each starts on caches\n"
+      "the other left), or with --back-to-back each model's runs follow one another (warm caches, as\n"
+      "ONNX Runtime's timings of repeated runs are); medians are given.\n"
       "Both run the same fused, packed graph, so their outputs agree to float rounding (printed; int8\n"
       "layers requantize in integer arithmetic, so a code may land one level apart).\n"
       "MODEL is a whittle checkpoint (.h5), a zoo model name or a TorchScript file (.pt); zoo and\n"
       "TorchScript models are float, so only a quantized checkpoint has layers on the packed kernels.\n"
-      "--json prints: model, batch, threads, isa, repeat, packed_layers, int8_steps, steps [{nodes, kernel,\n"
+      "--json prints: model, batch, threads, isa, repeat, back_to_back, packed_layers, int8_steps, steps [{nodes, kernel,\n"
       "deploy_ms, float_ms}], deploy_ms, float_ms, speedup, deploy_images_per_s, float_images_per_s,\n"
       "max_relative_difference.\n\n"
       "example:\n  whittle bench runs/mnist/lenet5_bnn/model.h5 --batch 1 --threads 1\n\noptions");
@@ -106,6 +109,7 @@ int run_bench(const std::vector<std::string>& args) {
       "threads", po::value<int64_t>(&threads)->default_value(0), "intra-op threads (0: LibTorch's default)")(
       "repeat", po::value<int64_t>(&repeat)->default_value(20), "timed runs of each model (after 3 warm-up runs)")(
       "input-shape", po::value<std::string>(&shape_text), "input shape of a TorchScript file or zoo model, comma-separated (the batch comes from --batch)")(
+      "back-to-back", "time all runs of the deploy runtime, then all of the float execution, rather than alternating")(
       "json", "print JSON");
   po::variables_map vm = parse_command_line(args, opts, {{"model", &model_spec}});
   if (vm.count("help")) {
@@ -186,9 +190,14 @@ int run_bench(const std::vector<std::string>& args) {
     fast.forward(x);
     reference.forward(x);
   }
-  for (int64_t i = 0; i < repeat; ++i) {
-    time_once(fast, x, tf);
-    time_once(reference, x, tr);
+  if (vm.count("back-to-back")) {
+    for (int64_t i = 0; i < repeat; ++i) time_once(fast, x, tf);
+    for (int64_t i = 0; i < repeat; ++i) time_once(reference, x, tr);
+  } else {
+    for (int64_t i = 0; i < repeat; ++i) {
+      time_once(fast, x, tf);
+      time_once(reference, x, tr);
+    }
   }
 
   // Float time of each deploy step: the reference steps (one node each) of the same nodes.
@@ -209,12 +218,12 @@ int run_bench(const std::vector<std::string>& args) {
   const double deploy_ms = 1e3 * median(tf.total), float_ms = 1e3 * median(tr.total);
   const std::string isa = kernels::isa_name(kernels::active_isa());
   const int num_threads = at::get_num_threads();
-  int64_t int8_steps = 0;  // steps on LibTorch's quantized engine (deploy/int8.h)
+  int64_t int8_steps = 0;  // steps on integer kernels (deploy/int8.h)
   for (const Row& r : rows) int8_steps += r.kernel.rfind("int8 ", 0) == 0;
 
   if (vm.count("json")) {
     nlohmann::ordered_json j{{"model", model_spec}, {"batch", batch}, {"threads", num_threads}, {"isa", isa},
-                             {"repeat", repeat}, {"packed_layers", fast.num_packed_layers()}, {"int8_steps", int8_steps}};
+                             {"repeat", repeat}, {"back_to_back", vm.count("back-to-back") > 0}, {"packed_layers", fast.num_packed_layers()}, {"int8_steps", int8_steps}};
     nlohmann::ordered_json steps = nlohmann::ordered_json::array();
     for (const Row& r : rows)
       steps.push_back({{"nodes", r.nodes}, {"kernel", r.kernel}, {"deploy_ms", r.deploy_ms}, {"float_ms", r.float_ms}});

@@ -223,15 +223,20 @@ def check_recipes():
                 h.check(s["integer_kernels"].get("QLinearConv") == 2,
                         f"lenet5_int8: both convolutions run as ONNX Runtime's QLinearConv"
                         f" ({s['integer_kernels']}, {s['op_types']})")
-            # The QOperator form: conv1 (reading a DequantizeLinear) as QLinearConv in the file itself,
-            # int32 bias; it computes in integers unoptimized too, so both runs hold INTEGER_BOUND.
+            # The QOperator form: both convolutions as QLinearConv (conv2's DequantizeLinear moved past
+            # the max pooling) and the three linear layers as MatMulInteger in the file itself, int32
+            # biases, no DequantizeLinear left; it computes in integers unoptimized too, so both runs
+            # hold INTEGER_BOUND.
             qop, qdata = os.path.join(OUT, "lenet5_int8_qop.onnx"), os.path.join(OUT, "lenet5_int8_qop.onnx.h5")
             r = whittle("export", int8, "--out", qop, "--qoperator", "--check-data", qdata)
             if h.check(r.returncode == 0, "lenet5_int8: whittle export --qoperator"):
                 q = run_check(qop, qdata)
-                h.check(q["op_types"].get("QLinearConv") == 1 and q["op_types"].get("Conv") == 1 and
+                ops = q["op_types"]
+                h.check(ops.get("QLinearConv") == 2 and ops.get("MatMulInteger") == 3 and
+                        not any(ops.get(k) for k in ("Conv", "Gemm", "DequantizeLinear")) and
                         q["relative"] <= INTEGER_BOUND and q["optimized_relative"] <= INTEGER_BOUND,
-                        f"lenet5_int8: --qoperator writes QLinearConv, onnxruntime within {INTEGER_BOUND:g}"
+                        f"lenet5_int8: --qoperator writes QLinearConv and MatMulInteger only, onnxruntime within"
+                        f" {INTEGER_BOUND:g}"
                         f" ({q['op_types']}, {q['relative']:.2g}, {q['optimized_relative']:.2g})")
                 got = top1(lambda x: run_onnx(qop, [x])[0], images, labels)
                 expected = json.loads(whittle("eval", int8, "--json").stdout)["top1"]
