@@ -171,6 +171,9 @@ bool lower_act_quant(const Node& n, Lowering& l) {
     l.set_form(n.outputs[0], f);
     return true;
   }
+  // A learned threshold (RSign) is packed by its threshold_sign form (fuse::fold_bn_into_threshold);
+  // left as an act_quant it runs as its forward.
+  if (const OpTraits& t = op_traits(n.op); t.sign_shift && t.sign_shift(n).defined()) return false;
   const Shape& shape = l.graph().value(n.inputs[0]).shape;
   const Form in = l.form(n.inputs[0]);
   if (!in.packed_map && shape.size() != 2 && shape.size() != 4) return false;

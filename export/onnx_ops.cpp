@@ -124,6 +124,19 @@ void attach_activations() {
     e.node(n, "LeakyRelu", {n.inputs[0]}, {n.outputs[0]},
            {A::of("alpha", static_cast<float>(n.attr_float("negative_slope")))});
   });
+  attach("rprelu", [](const Node& n, OnnxEmitter& e) {
+    // PRelu(x − γ; β) + ζ with γ, β, ζ as [C, 1, ...] initializers (broadcast over the rest).
+    std::vector<int64_t> view = e.shape(n.inputs[0]);
+    view.erase(view.begin());
+    std::fill(view.begin() + 1, view.end(), 1);
+    auto shaped = [&](const char* name) {
+      return e.initializer(n, name, at::reshape(n.params.at(name).detach().to(at::kFloat), view));
+    };
+    const std::string centered = e.temp(n, "centered"), activated = e.temp(n, "prelu");
+    e.node(n, "Sub", {n.inputs[0], shaped("shift_in")}, {centered}, {}, "shift_in");
+    e.node(n, "PRelu", {centered, shaped("slope")}, {activated}, {}, "prelu");
+    e.node(n, "Add", {activated, shaped("shift_out")}, {n.outputs[0]});
+  });
   attach("silu", [](const Node& n, OnnxEmitter& e) {
     const std::string s = e.temp(n, "sigmoid");
     e.node(n, "Sigmoid", {n.inputs[0]}, {s}, {}, "sigmoid");
@@ -353,7 +366,19 @@ void attach_quantized() {
   attach("act_quant", [](const Node& n, OnnxEmitter& e) {
     // The form follows the grid the node's activation quantizer puts its outputs on.
     const quantize::ActivationGrid g = quantize::activation_quantizer_of(n).grid(n);
-    if (g.sign) return e.sign_plus_one(n, n.inputs[0], n.outputs[0], "");
+    if (g.sign) {
+      // RSign: the sign of x − β, β [C] as a [C, 1, ...] initializer.
+      const OpTraits& traits = op_traits(n.op);
+      const at::Tensor shift = traits.sign_shift ? traits.sign_shift(n) : at::Tensor();
+      if (!shift.defined()) return e.sign_plus_one(n, n.inputs[0], n.outputs[0], "");
+      std::vector<int64_t> view = e.shape(n.inputs[0]);
+      view.erase(view.begin());
+      std::fill(view.begin() + 1, view.end(), 1);
+      const std::string centered = e.temp(n, "centered");
+      e.node(n, "Sub", {n.inputs[0], e.initializer(n, "shift", at::reshape(shift.detach().to(at::kFloat).cpu(), view))},
+             {centered}, {}, "shift");
+      return e.sign_plus_one(n, centered, n.outputs[0], "");
+    }
     // relu: the quantizer stands for a ReLU then itself (same values below 32 bits).
     if (g.bits == 32) return e.node(n, g.relu ? "Relu" : "Identity", {n.inputs[0]}, {n.outputs[0]});
     if (g.bits < 1 || g.bits > 8) e.unsupported(n, "an activation grid of " + std::to_string(g.bits) + " bits");

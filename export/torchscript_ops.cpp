@@ -67,6 +67,15 @@ void attach_layers() {
 }
 
 void attach_activations() {
+  attach("rprelu", [](const Node& n, E& e) {
+    // As the forward: prelu(x − γ.view, β) + ζ.view, γ and ζ viewed as [1, C, 1, ...].
+    const std::string x = in(n, e);
+    std::string view = "[1, " + std::to_string(e.shape(n.inputs[0]).at(1));
+    for (size_t i = 2; i < e.shape(n.inputs[0]).size(); ++i) view += ", 1";
+    view += "]";
+    e.line(out(n, e) + " = torch.prelu(" + x + " - torch.reshape(" + e.tensor(n, "shift_in") + ", " + view + "), " +
+           e.tensor(n, "slope") + ") + torch.reshape(" + e.tensor(n, "shift_out") + ", " + view + ")");
+  });
   call("relu", "torch.relu");
   call("relu6", "torch.hardtanh", [](const Node&) { return std::string("0.0, 6.0"); });
   call("leaky_relu", "torch.leaky_relu", [](const Node& n) { return E::number(n.attr_float("negative_slope")); });

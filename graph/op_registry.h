@@ -173,6 +173,10 @@ struct OpTraits {
   /// binarizer, as an act_quant whose quantizer's grid is the sign): a batch norm before it folds
   /// into a per-channel threshold (fuse/bn_threshold.h). Empty: never.
   std::function<bool(const Node& node)> binarizes;
+  /// For a node that binarizes: the per-channel threshold β [C] (dim 1) it compares with, when it
+  /// outputs sign(input − β) (RSign): BN → threshold folding and the deploy runtime fold it into the
+  /// comparison. Empty, or an undefined tensor: it compares with 0.
+  std::function<at::Tensor(const Node& node)> sign_shift;
   /// Learned parameters of a node that belong to its quantizer (an activation quantizer's step or
   /// clip): they get no weight decay (ParamRole::kQuantizer). Empty: none.
   std::function<std::vector<std::string>(const Node& node)> quantizer_params;

@@ -348,6 +348,43 @@ void register_activations() {
   }, {AttrSpec::integer("dim", -1, "the dimension normalized over")});
 }
 
+// A [C] tensor viewed to broadcast along dim 1 of a rank-`rank` value: [1, C, 1, ...].
+at::Tensor channel_view(const at::Tensor& t, int64_t rank) {
+  std::vector<int64_t> view(static_cast<size_t>(rank), 1);
+  view[1] = t.size(0);
+  return at::reshape(t, view);
+}
+
+// RPReLU (ReActNet, Liu et al. 2020, eq. 3): y = x − γ + ζ where x > γ, β·(x − γ) + ζ elsewhere,
+// i.e. PReLU(x − γ; β) + ζ with γ (shift_in), β (slope) and ζ (shift_out) learned per channel.
+// γ = ζ = 0 and β = 0 is exactly a ReLU (what the bireal pass starts from).
+void register_rprelu() {
+  OpTraits t;
+  t.kind = "rprelu";
+  t.description = "ReActNet RPReLU (Liu et al. 2020): PReLU(x − shift_in; slope) + shift_out, each [C] over dim 1";
+  t.channel_flow = ChannelFlow::kPassThrough;
+  t.required_params = {"shift_in", "slope", "shift_out"};
+  t.channel_tensors = fixed_channels({{"shift_in", false, ChannelRole::kChannel, 0, false},
+                                      {"slope", false, ChannelRole::kChannel, 0, false},
+                                      {"shift_out", false, ChannelRole::kChannel, 0, false}});
+  t.forward = [](const Node& n, const std::vector<at::Tensor>& in, bool) {
+    const int64_t rank = in[0].dim();
+    return one(at::prelu(in[0] - channel_view(n.params.at("shift_in"), rank), n.params.at("slope")) +
+               channel_view(n.params.at("shift_out"), rank));
+  };
+  t.infer_shapes = [](const Node& n, const std::vector<Shape>& in) {
+    if (in[0].size() < 2) fail(n, "expects input [N, C, ...], got " + shape_str(in[0]));
+    for (const char* name : {"shift_in", "slope", "shift_out"}) {
+      const at::Tensor& p = n.params.at(name);
+      if (p.dim() != 1 || p.size(0) != in[0][1])
+        fail(n, std::string(name) + " has shape " + shape_str(p.sizes().vec()) + " but the input has " +
+                    std::to_string(in[0][1]) + " channels");
+    }
+    return std::vector<Shape>{in[0]};
+  };
+  detail::register_builtin(std::move(t));
+}
+
 void register_pooling() {
   OpTraits mp;
   mp.kind = "max_pool2d";
@@ -792,6 +829,7 @@ void register_builtin_ops() {
   register_conv();
   register_batch_norm();
   register_activations();
+  register_rprelu();
   register_pooling();
   register_shape_ops();
   register_torchscript_ops_and_sign(detail::builtin_registry());

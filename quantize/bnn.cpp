@@ -15,15 +15,18 @@ namespace whittle::quantize {
 namespace {
 
 // The BNN options a recipe or Config may give.
-struct BnnOptions {
+struct BnnOptions : BinaryOptions {
   /// Clip the latent float weights to [−1, 1] after each optimizer step (the paper's rule).
   bool clip_latent_weights = true;
 };
 
 const OptionsSchema<BnnOptions>& bnn_schema() {
   using O = BnnOptions;
-  static const OptionsSchema<O> schema = OptionsSchema<O>().add(
-      "clip_latent_weights", &O::clip_latent_weights, "clip the latent weights to [-1, 1] after each optimizer step");
+  static const OptionsSchema<O> schema = [] {
+    OptionsSchema<O> s;
+    s.add("clip_latent_weights", &O::clip_latent_weights, "clip the latent weights to [-1, 1] after each optimizer step");
+    return add_binary_keys(s);
+  }();
   return schema;
 }
 
@@ -36,6 +39,7 @@ class BnnMethod final : public BinaryMethod<BnnOptions> {
   void attach_weight(Node& n, const Config& c) const override {
     n.attrs["weight_bits"] = c.weight_bits;
     n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
+    attach_binary_weight(n, options(c));
   }
   int64_t after_step(Graph& graph, const Config& c) const override {
     if (!options(c).clip_latent_weights || c.weight_bits != 1) return 0;
@@ -58,21 +62,16 @@ class BnnMethod final : public BinaryMethod<BnnOptions> {
 
 }  // namespace
 
-std::optional<ActivationPlan> sign_activation_plan(const Config& c) {
-  if (c.activation_bits == 32) return std::nullopt;
-  ActivationPlan p;
-  p.quantizer = "sign";
-  p.attrs["activation_bits"] = int64_t{1};
-  return p;
-}
-
 void register_bnn() {
   WeightQuantizer w;
   w.name = "bnn";
   w.description = "BNN sign weights (Hubara et al. 2016): sign(W), gradient where |W| ≤ 1";
   w.attributes = weight_quantizer_attributes(1, 1);
-  w.forward = [](const Node&, const at::Tensor& w, bool) { return bnn_sign(w); };
-  w.encode = [](const Node& n, const at::Tensor& w) { return bnn_encode(w, n.attr_int("weight_axis")); };
+  for (AttrSpec& a : binary_weight_attributes()) w.attributes.push_back(std::move(a));
+  w.forward = [](const Node& n, const at::Tensor& w, bool) { return node_sign(n, binary_weight_input(n, w)); };
+  w.encode = [](const Node& n, const at::Tensor& w) {
+    return bnn_encode(binary_weight_input(n, w), n.attr_int("weight_axis"));
+  };
   // s·(2c − 1): q = ±1 times the scale (1).
   w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {
     if (e.encoding != Encoding::kSign) return std::nullopt;
@@ -84,9 +83,11 @@ void register_bnn() {
   a.name = "sign";
   a.description = "binarizer sign(x), sign(0) = +1, gradient where |x| ≤ 1 (BNN, XNOR-Net activations)";
   a.placement = Placement::kBinarizeReluInput;
-  a.attributes = {AttrSpec::integer("activation_bits", 1, "bits per activation: 1, the sign").range(1, 1)};
+  a.attributes = sign_gradient_attributes();
+  a.attributes.insert(a.attributes.begin(),
+                      AttrSpec::integer("activation_bits", 1, "bits per activation: 1, the sign").range(1, 1));
   a.check = [](const Node&) {};
-  a.forward = [](const Node&, const at::Tensor& x, bool) { return bnn_sign(x); };
+  a.forward = [](const Node& n, const at::Tensor& x, bool) { return node_sign(n, x); };
   a.grid = [](const Node&) {
     ActivationGrid g;
     g.sign = true;
@@ -100,6 +101,7 @@ void register_bnn() {
   };
   register_activation_quantizer(std::move(a));
   register_quantizer_method(std::make_unique<BnnMethod>());
+  register_binary_quantizers();
 }
 
 }  // namespace whittle::quantize

@@ -33,6 +33,7 @@
 #include "core/options.h"
 #include "core/registry.h"
 #include "graph/graph.h"
+#include "graph/op_registry.h"
 #include "quantize/calibrate.h"
 #include "quantize/quantize.h"
 #include "quantize/quantizers.h"
@@ -167,6 +168,13 @@ struct ActivationQuantizer {
   /// Sets the learned parameters from the statistics of its input over several batches with the
   /// calibrator `c` (no gradient), for calibrate_learned(); empty: it cannot be calibrated.
   std::function<void(const Node& node, const Histogram& h, const Calibrator& c, const CalibrationOptions& o)> calibrate;
+  /// Its learned parameters that carry the input's channels (RSign's shift [C], axis 0), which
+  /// channel pruning slices with the channels they belong to; empty: none.
+  ChannelTensorsFn channel_tensors;
+  /// A sign quantizer that compares its input with a per-channel threshold: sign(x − β) with β
+  /// [C] on dim 1 (RSign, Liu et al. 2020); BN → threshold folding and the deploy runtime fold β
+  /// into the comparison. Empty: it compares with 0.
+  std::function<at::Tensor(const Node& node)> sign_shift;
   /// Data-parallel training: the buffers of the node that follow this rank's training batches
   /// (int8's observers while `observe` is set), which sync_replicas() averages over the ranks after
   /// each optimizer step; empty (or an empty list): none.

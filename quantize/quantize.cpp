@@ -15,6 +15,7 @@
 #include "graph/op_registry.h"
 #include "graph/pass_registry.h"
 #include "graph/select.h"
+#include "quantize/binary.h"
 #include "quantize/method.h"
 #include "quantize/pack.h"
 
@@ -72,8 +73,17 @@ void register_ops() {
     activation_quantizer_of(n).check(n);
     return std::vector<Shape>{in[0]};
   };
+  // The quantizer's per-channel parameters (RSign's shift) go with the channels they belong to.
+  aq.channel_tensors = [](const Node& n) {
+    const ActivationQuantizer& q = activation_quantizer_of(n);
+    return q.channel_tensors ? q.channel_tensors(n) : std::vector<ChannelTensor>{};
+  };
   aq.quantizer_params = [](const Node& n) { return activation_quantizer_of(n).params; };
   aq.binarizes = [](const Node& n) { return activation_quantizer_of(n).grid(n).sign; };
+  aq.sign_shift = [](const Node& n) {
+    const ActivationQuantizer& q = activation_quantizer_of(n);
+    return q.sign_shift ? q.sign_shift(n) : at::Tensor();
+  };
   register_op(std::move(aq));
 }
 
@@ -206,6 +216,7 @@ void register_all() {
     register_pact();
     register_int8();
     register_passes();  // after the methods: the pass takes their options
+    register_bireal_pass();
   });
 }
 

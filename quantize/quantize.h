@@ -73,6 +73,10 @@ struct Config {
   std::vector<std::string> targets;
   /// Patterns excluded from targets.
   std::vector<std::string> ignore;
+  /// The epochs a method's schedule spans (QuantizerMethod::at_epoch; the binary methods' EDE):
+  /// the quantize modifier sets its start_epoch and the run's epochs. End below 0: not given.
+  double schedule_start_epoch = 0.0;
+  double schedule_end_epoch = -1.0;
 };
 
 /// What apply() changed.

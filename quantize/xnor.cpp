@@ -14,7 +14,7 @@ namespace whittle::quantize {
 namespace {
 
 // The XNOR-Net options a recipe or Config may give.
-struct XnorOptions {
+struct XnorOptions : BinaryOptions {
   /// Where α = mean|W| is computed (unset: per_channel, the paper's).
   std::optional<std::string> granularity;
   /// No gradient through α = mean|W|.
@@ -25,12 +25,14 @@ struct XnorOptions {
 
 const OptionsSchema<XnorOptions>& xnor_schema() {
   using O = XnorOptions;
-  static const OptionsSchema<O> schema =
-      OptionsSchema<O>()
-          .add("granularity", &O::granularity, "where the scale α (the mean absolute weight) is computed", {"per_tensor", "per_channel"},
-               "per_channel")
-          .add("xnor_detach_alpha", &O::xnor_detach_alpha, "no gradient through α (the mean absolute weight)")
-          .add("xnor_scale_k", &O::xnor_scale_k, "scale each binarized layer's output by K");
+  static const OptionsSchema<O> schema = [] {
+    OptionsSchema<O> s;
+    s.add("granularity", &O::granularity, "where the scale α (the mean absolute weight) is computed", {"per_tensor", "per_channel"},
+          "per_channel")
+        .add("xnor_detach_alpha", &O::xnor_detach_alpha, "no gradient through α (the mean absolute weight)")
+        .add("xnor_scale_k", &O::xnor_scale_k, "scale each binarized layer's output by K");
+    return add_binary_keys(s);
+  }();
   return schema;
 }
 
@@ -47,10 +49,12 @@ class XnorMethod final : public BinaryMethod<XnorOptions> {
     n.attrs["weight_axis"] = weight_output_axis(n).value_or(0);
     n.attrs["granularity"] = o.granularity.value_or("per_channel");
     n.attrs["xnor_detach_alpha"] = int64_t{o.xnor_detach_alpha ? 1 : 0};
+    attach_binary_weight(n, o);
   }
   // K: the layer's output times K computed from its real-valued input.
   void finish(Graph& graph, const Config& c, const std::vector<std::string>& layers, const RealSources& real_sources,
               Report& report) const override {
+    BinaryMethod<XnorOptions>::finish(graph, c, layers, real_sources, report);  // RSign's shifts
     if (!options(c).xnor_scale_k || c.activation_bits == 32) return;
     for (const auto& name : layers) {
       auto found = real_sources.find(name);
@@ -121,12 +125,23 @@ void register_xnor() {
   w.attributes = weight_quantizer_attributes(1, 1);
   w.attributes.push_back(granularity_attribute(Granularity::kPerChannel));
   w.attributes.push_back(AttrSpec::boolean("xnor_detach_alpha", false, "no gradient through the scale α"));
+  for (AttrSpec& a : binary_weight_attributes()) w.attributes.push_back(std::move(a));
   w.forward = [](const Node& n, const at::Tensor& w, bool) {
-    return xnor_weight(w, n.attr_bool("xnor_detach_alpha"), node_granularity(n),
-                       n.attr_int("weight_axis"));
+    const at::Tensor v = binary_weight_input(n, w);
+    const int64_t axis = n.attr_int("weight_axis");
+    if (n.attr_str("sign_gradient") == "ste")
+      return xnor_weight(v, n.attr_bool("xnor_detach_alpha"), node_granularity(n), axis);
+    // α·sign(v) with the layer's sign gradient: α = mean|v| as xnor_encode computes it.
+    const at::Tensor a = n.attr_bool("xnor_detach_alpha") ? v.detach() : v;
+    at::Tensor alpha = node_granularity(n) == Granularity::kPerTensor
+                           ? a.abs().mean().reshape({1})
+                           : a.abs().movedim(axis, 0).reshape({a.size(axis), -1}).mean(1);
+    std::vector<int64_t> shape(static_cast<size_t>(v.dim()), 1);
+    shape[static_cast<size_t>(axis)] = alpha.numel();
+    return node_sign(n, v) * alpha.reshape(shape);
   };
   w.encode = [](const Node& n, const at::Tensor& w) {
-    return xnor_encode(w, node_granularity(n), n.attr_int("weight_axis"));
+    return xnor_encode(binary_weight_input(n, w), node_granularity(n), n.attr_int("weight_axis"));
   };
   // α·(2c − 1): q = ±1 times the per-channel α.
   w.integer_grid = [](const EncodedWeight& e, const Shape& shape) -> std::optional<IntegerGrid> {

@@ -7,6 +7,7 @@
 #include "core/registration.h"
 #include "runner/distill_modifier.h"
 #include "runner/fuse_modifier.h"
+#include "runner/pass_modifier.h"
 #include "runner/prune_modifier.h"
 #include "runner/quantize_modifier.h"
 
@@ -44,6 +45,7 @@ void register_builtin_modifiers() {
     register_fuse_modifier();
     register_prune_modifiers();
     register_distill_modifier();
+    register_graph_pass_modifier();
   });
 }
 

@@ -58,6 +58,9 @@ class QuantizeModifier : public Modifier {
   }
 
   void on_start(TrainContext& tc) override {
+    // The span of the method's schedule (EDE's): from the entry's start to the end of the run.
+    config_.schedule_start_epoch = std::max(0.0, spec().start_epoch);
+    if (tc.recipe) config_.schedule_end_epoch = static_cast<double>(tc.recipe->training.epochs);
     if (!applied_ && spec().start_epoch <= 0) attach(tc);
   }
   void on_epoch_begin(TrainContext& tc) override {
@@ -139,8 +142,10 @@ class QuantizeModifier : public Modifier {
     if (a.ignore != b.ignore) lacks.push_back("the same ignore list");
     if (options_key(a) != options_key(b))
       lacks.push_back("the same settings (that entry: " + shown(a) + "; this one: " + shown(b) + ")");
-    if ((a.weight_bits == 32) != (b.weight_bits == 32) || (a.activation_bits == 32) != (b.activation_bits == 32))
-      lacks.push_back("weights and activations quantized (or left float) as that entry does");
+    // Weights left float by the earlier entry may be quantized from this one on (ReActNet's
+    // stages: W32A1, then W1A1); nothing quantized returns to float.
+    if ((a.weight_bits != 32 && b.weight_bits == 32) || (a.activation_bits == 32) != (b.activation_bits == 32))
+      lacks.push_back("activations quantized (or left float) as that entry does, and weights it quantized still quantized");
     std::string out;
     for (size_t i = 0; i < lacks.size(); ++i) out += (i == 0 ? "" : "; ") + lacks[i];
     return out;

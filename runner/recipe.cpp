@@ -227,15 +227,15 @@ const OptionsSchema<ScheduleSpec>& schedule_schema() {
   using S = ScheduleSpec;
   static const auto schema =
       OptionsSchema<S>()
-          .add("name", &S::name, "constant, step, multistep, cosine or one_cycle",
-               {"constant", "step", "multistep", "cosine", "one_cycle"})
+          .add("name", &S::name, "constant, step, multistep, cosine, linear or one_cycle",
+               {"constant", "step", "multistep", "cosine", "linear", "one_cycle"})
           .add("step_size", &S::step_size, "step: epochs between decays")
           .in_range(Range::above(0))
           .add("milestones", &S::milestones, "multistep: epochs where lr is multiplied by gamma")
           .in_range(Range::at_least(0))
           .add("gamma", &S::gamma, "step/multistep decay factor")
           .in_range(Range::above(0))
-          .add("min_lr", &S::min_lr, "cosine: final learning rate (at most optimizer.lr)")
+          .add("min_lr", &S::min_lr, "cosine, linear: final learning rate (at most optimizer.lr)")
           .in_range(Range::closed(0, 1e6))
           .add("max_lr", &S::max_lr, "one_cycle: peak learning rate", {}, "= optimizer.lr")
           .in_range(Range::closed(0, 1e6))

@@ -75,11 +75,11 @@ struct OptimizerSpec {
 
 /// `training.lr_schedule:`.
 struct ScheduleSpec {
-  std::string name = "constant";    ///< constant | step | multistep | cosine | one_cycle
+  std::string name = "constant";    ///< constant | step | multistep | cosine | linear | one_cycle
   double step_size = 30;            ///< step: epochs between decays
   std::vector<double> milestones;   ///< multistep: epochs at which lr *= gamma
   double gamma = 0.1;               ///< step, multistep
-  double min_lr = 0.0;              ///< cosine: final lr
+  double min_lr = 0.0;              ///< cosine, linear: final lr
   double max_lr = 0.0;              ///< one_cycle: peak lr (0: training.optimizer.lr)
   double pct_start = 0.3;           ///< one_cycle: fraction of steps spent rising
   double warmup_epochs = 0.0;       ///< linear warmup from 0 to the schedule's lr over this many epochs

@@ -24,6 +24,10 @@ double learning_rate_at(const ScheduleSpec& s, double lr, double e, double total
   } else if (s.name == "cosine") {
     double f = std::min(1.0, std::max(0.0, e / total));
     rate = s.min_lr + (lr - s.min_lr) * 0.5 * (1 + std::cos(kPi * f));
+  } else if (s.name == "linear") {
+    // From lr to min_lr in a straight line over the run (ReActNet's decay).
+    double f = std::min(1.0, std::max(0.0, e / total));
+    rate = lr + (s.min_lr - lr) * f;
   } else if (s.name == "one_cycle") {
     const double peak = s.max_lr > 0 ? s.max_lr : lr;
     const double start = peak / 25.0, end = peak / 1e4;

@@ -126,6 +126,11 @@ Graph op_zoo() {
   chain("gelu_tanh", "gelu", {{"approximate", std::string("tanh")}});
   chain("silu", "silu");
   chain("leaky", "leaky_relu", {{"negative_slope", 0.2}});
+  // RPReLU with shifts on both sides and a slope per channel, negative for some.
+  g.add_node(with(make("rprelu", "rprelu", {v}), {{"shift_in", at::randn({8}) * 0.3},
+                                                   {"slope", at::randn({8}) * 0.4},
+                                                   {"shift_out", at::randn({8}) * 0.3}}));
+  v = "rprelu";
   chain("relu6", "relu6");
   chain("htanh", "hardtanh", {{"min_val", -0.5}, {"max_val", 0.75}});
   chain("hsig", "hardsigmoid");
