@@ -16,7 +16,8 @@
 //     uint8 with zero point 0 and scale c/(2^k − 1), per tensor; int8 activations as
 //     QuantizeLinear → DequantizeLinear with their scale and uint8 or int8 zero point, the pattern
 //     integer runtimes fuse into QLinearConv and QLinearAdd;
-//   - sign binarizers (BNN activations, threshold_sign) as Sign(2·Sign(x) + 1), so sign(0) = +1;
+//   - sign binarizers (BNN activations, threshold_sign) as Sign(2·Sign(x) + 1), so sign(0) = +1,
+//     after a Sub of the learned threshold for RSign;
 //   - batch_norm as BatchNormalization in inference form with the running statistics.
 // Spec: ONNX operators, https://github.com/onnx/onnx/blob/main/docs/Operators.md (opsets 13..17).
 

@@ -57,8 +57,9 @@ Report fold_bn_into_threshold(Graph& graph, const ThresholdOptions& options) {
       BatchNormParams p = detail::bn_params(bn);
       if (shift.defined()) {
         at::NoGradGuard no_grad;
-        const at::Tensor beta = p.bias.defined() ? p.bias.detach().to(at::kDouble) : at::zeros({shift.numel()}, at::kDouble);
-        p.bias = beta - shift.detach().to(at::kDouble).cpu().to(beta.device());
+        const at::Tensor beta = p.bias.defined() ? p.bias.detach().to(at::kDouble)
+                                                 : at::zeros({shift.numel()}, p.running_mean.options().dtype(at::kDouble));
+        p.bias = beta - shift.detach().to(beta.device(), at::kDouble);
       }
       t = bn_sign_threshold(p);
       y = bn.inputs.at(0);

@@ -28,6 +28,10 @@ struct ThresholdOptions {
 /// The binarizer node keeps its name and output (downstream nodes are untouched) and holds the
 /// buffers `threshold` and `direction` [C]; the BN node is removed. Uses running statistics only.
 /// A BN whose output has other users or is a graph output is skipped and reported.
+/// A binarizer with a learned threshold β (OpTraits::sign_shift: RSign, sign(x − β)) folds too:
+/// with the BN before it into the threshold of a BN whose bias is β_BN − β, and without one (or
+/// with a BN that cannot fold) into `threshold_sign` reading its own input, threshold β, direction
+/// +1. `targets` and `ignore` select BN nodes; a lone RSign is always rewritten.
 /// Example: conv2 → bn2 → act_quant(sign) → max_pool becomes conv2 → threshold_sign → max_pool.
 Report fold_bn_into_threshold(Graph& graph, const ThresholdOptions& options = {});
 

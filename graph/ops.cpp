@@ -357,7 +357,7 @@ at::Tensor channel_view(const at::Tensor& t, int64_t rank) {
 
 // RPReLU (ReActNet, Liu et al. 2020, eq. 3): y = x − γ + ζ where x > γ, β·(x − γ) + ζ elsewhere,
 // i.e. PReLU(x − γ; β) + ζ with γ (shift_in), β (slope) and ζ (shift_out) learned per channel.
-// γ = ζ = 0 and β = 0 is exactly a ReLU (what the bireal pass starts from).
+// γ = ζ = 0 and β = 0 is exactly a ReLU.
 void register_rprelu() {
   OpTraits t;
   t.kind = "rprelu";

@@ -149,9 +149,11 @@ void check_binary_options(const std::string& method, const BinaryOptions& o) {
   auto bad = [&](const std::string& what) {
     throw Error("quantize: method '" + method + "', " + what, ErrorKind::kUsage);
   };
-  if (!(o.ede_t_min > 0.0) || !std::isfinite(o.ede_t_min))
-    bad("key 'ede_t_min': " + SettingValue(o.ede_t_min).text() + " is not a positive number");
-  if (!(o.ede_t_max >= o.ede_t_min) || !std::isfinite(o.ede_t_max))
+  if (!(o.ede_t_min >= 1e-6 && o.ede_t_min <= 1e6))
+    bad("key 'ede_t_min': " + SettingValue(o.ede_t_min).text() + " is not in [1e-06, 1e+06]");
+  if (!(o.ede_t_max >= 1e-6 && o.ede_t_max <= 1e6))
+    bad("key 'ede_t_max': " + SettingValue(o.ede_t_max).text() + " is not in [1e-06, 1e+06]");
+  if (o.ede_t_max < o.ede_t_min)
     bad("key 'ede_t_max': " + SettingValue(o.ede_t_max).text() + " is below ede_t_min " + SettingValue(o.ede_t_min).text());
 }
 
@@ -176,24 +178,25 @@ at::Tensor binary_weight_input(const Node& n, const at::Tensor& w) {
 }
 
 void attach_binary_weight(Node& layer, const BinaryOptions& o) {
-  layer.attrs["sign_gradient"] = o.sign_gradient;
+  // ApproxSign is an activation gradient (Bi-Real Net): on latent weights clipped to ±1 it would
+  // be 0 for good. EDE shapes both, as in IR-Net.
+  layer.attrs["sign_gradient"] = o.sign_gradient == "ede" ? "ede" : "ste";
   layer.attrs["ede_t"] = o.ede_t_min;
   layer.attrs["weight_standardize"] = int64_t{o.weight_standardize ? 1 : 0};
 }
 
 void attach_rsign_shifts(Graph& graph, const std::vector<std::string>& layers) {
-  graph.infer_shapes();
-  for (const auto& name : layers) {
-    const Node& layer = graph.node(name);
-    const std::string& producer = graph.value(layer.inputs.at(0)).producer;
-    if (producer.empty()) continue;
-    Node& a = graph.node(producer);
+  // On the layers' device and dtype, as the weight quantizers' parameters are.
+  at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
+  for (const auto& name : layers)
+    if (const at::Tensor* w = graph.node(name).params.find("weight"); w && w->defined())
+      options = options.device(w->device()).dtype(w->scalar_type());
+  // Every RSign without its shift: the binarizer may reach its layer through max pooling or
+  // flatten, so it is not always the layer's input producer.
+  for (Node& a : graph.nodes()) {
     if (a.op != "act_quant" || a.attr_str("method") != "rsign" || a.params.contains("shift")) continue;
     const Shape& shape = graph.value(a.inputs.at(0)).shape;
     if (shape.size() < 2) node_fail(a, "RSign needs an input [N, C, ...], got " + shape_str(shape));
-    at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
-    if (const at::Tensor* w = layer.params.find("weight"); w && w->defined())
-      options = options.device(w->device()).dtype(w->scalar_type());
     a.params.set("shift", at::zeros({shape[1]}, options).set_requires_grad(true));
   }
 }

@@ -93,8 +93,9 @@ void register_binary_quantizers();
 /// Registers the bireal_shortcuts pass (bireal.cpp; called by register_all).
 void register_bireal_pass();
 
-/// Creates RSign's shift [C] (zeros, on the layers' device) on the rsign act_quant nodes feeding
-/// `layers`, from their input's channel count (the quantize pass's finish step).
+/// Creates RSign's shift [C] (zeros, on the device and in the dtype of `layers`' weights) on every
+/// rsign act_quant node of the graph that has none, from its input's channel count (the quantize
+/// pass's finish step).
 void attach_rsign_shifts(Graph& graph, const std::vector<std::string>& layers);
 
 /// EDE's schedule: sets ede_t on the layers `method`'s weight quantizer holds and on the sign and
@@ -133,14 +134,9 @@ class BinaryMethod : public MethodWithOptions<Options> {
   }
   // Stages: activations first (W32A1), then the weights too (W1A1), as ReActNet trains. The
   // later entry's apply() binarizes the weights (the quantize modifier); a stage at the same widths
-  // has nothing to carry.
+  // has nothing to carry, and the modifier refuses a stage returning anything to 32 bits.
   bool changes_bits() const override { return true; }
-  void change_bits(Graph&, const std::vector<std::string>&, const Config& c) const override {
-    if (c.weight_bits == 32 || c.activation_bits == 32)
-      throw Error("quantize: " + this->name() + " cannot return binarized layers to 32 bits (weight_bits " +
-                      std::to_string(c.weight_bits) + ", activation_bits " + std::to_string(c.activation_bits) + ")",
-                  ErrorKind::kUsage);
-  }
+  void change_bits(Graph&, const std::vector<std::string>&, const Config&) const override {}
 };
 
 }  // namespace whittle::quantize

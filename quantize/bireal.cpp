@@ -5,8 +5,9 @@
 // A basic block  x → conv1 → bn1 → act1 → conv2 → bn2 → add(·, s) → ...  (s = x or a projection
 // of x) becomes  x → conv1 → bn1 → add(·, s) → act1 → conv2 → bn2 → add(·, h) → ...  where h is
 // act1's output: conv1's shortcut is the block's own (identity or projection, at the same MACs),
-// conv2's is h. Nothing else changes; the block is recognized from the graph's structure, so every
-// ResNet basic block (the CIFAR ResNets, ResNet-18/34) is rewritten.
+// conv2's is h. No tensor changes (the function does: a pretrained model is fine-tuned after it);
+// the block is recognized from the graph's structure, so every ResNet basic block (the CIFAR
+// ResNets, ResNet-18/34) is rewritten. A model without one is an error.
 
 #include <ATen/ATen.h>
 
@@ -126,7 +127,10 @@ std::string bireal_shortcuts(Graph& graph, const BirealOptions& o) {
       break;
     }
   }
-  if (blocks.empty()) return "bireal_shortcuts: no basic residual block found (conv → BN → ReLU → conv → BN → add)\n";
+  if (blocks.empty())
+    throw Error("bireal_shortcuts: the model has no basic residual block (conv → BN → ReLU → conv → BN → add, "
+                "before any quantizer replaced its ReLU)",
+                ErrorKind::kUsage);
 
   std::vector<Node> nodes = graph.nodes();
   std::map<std::string, double> rank;
@@ -165,7 +169,13 @@ std::string bireal_shortcuts(Graph& graph, const BirealOptions& o) {
       Node& n = find(name);
       if (n.op != "relu") continue;
       const int64_t c = graph.value(name).shape.at(1);  // a ReLU's output has its input's channels
-      const at::TensorOptions f = at::TensorOptions().dtype(at::kFloat);
+      // On the device and in the dtype of the model's tensors (the block's convolution weights).
+      at::TensorOptions f = at::TensorOptions().dtype(at::kFloat);
+      for (const Node& m : graph.nodes())
+        if (const at::Tensor* w = m.params.find("weight"); m.op == "conv2d" && w && w->defined()) {
+          f = f.device(w->device()).dtype(w->scalar_type());
+          break;
+        }
       n.op = "rprelu";
       n.attrs.clear();
       n.params.set("shift_in", at::zeros({c}, f).set_requires_grad(true));

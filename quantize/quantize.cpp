@@ -457,6 +457,13 @@ Report apply(Graph& graph, const Config& config_in) {
       // Binary: find the ReLU feeding the layer, possibly through sign-commuting single-use ops.
       std::vector<std::string> chain;
       const std::string cur = up_through_commuting_ops(graph, v, &chain);
+      if (quantized_value.count(cur)) {
+        // Binarized already, behind max pooling or flatten (an earlier entry's binarizer: the
+        // activations stage before the weights one): the layer reads signs as it is.
+        quantized_value[v] = v;
+        real_source[name] = "";
+        continue;
+      }
       const ValueInfo& ci = graph.value(cur);
       const Node* relu = ci.producer.empty() ? nullptr : &graph.node(ci.producer);
       if (relu && relu->op != "relu" && relu->op != "relu6") relu = nullptr;

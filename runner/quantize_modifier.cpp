@@ -58,8 +58,9 @@ class QuantizeModifier : public Modifier {
   }
 
   void on_start(TrainContext& tc) override {
-    // The span of the method's schedule (EDE's): from the entry's start to the end of the run.
-    config_.schedule_start_epoch = std::max(0.0, spec().start_epoch);
+    // The span of the method's schedule (EDE's): the whole run, whichever stage entry calls it, so
+    // that the stages of one run agree on it.
+    config_.schedule_start_epoch = 0.0;
     if (tc.recipe) config_.schedule_end_epoch = static_cast<double>(tc.recipe->training.epochs);
     if (!applied_ && spec().start_epoch <= 0) attach(tc);
   }
@@ -120,8 +121,9 @@ class QuantizeModifier : public Modifier {
   }
 
   // A later entry of a method with progressive bit widths takes over an earlier entry's layers.
-  // Only the bits may differ: the same method, targets, ignore and options, weights and
-  // activations quantized (or not) in both, and a later window.
+  // Only the bits may differ: the same method, targets, ignore and options, activations quantized
+  // (or not) in both, weights quantized in both or only from the later entry on (at the earlier
+  // entry's activation bits), and a later window.
   bool takes_over(const Modifier& earlier) const override {
     return stage_candidate(earlier) && stage_mismatch(earlier).empty();
   }
@@ -146,6 +148,10 @@ class QuantizeModifier : public Modifier {
     // stages: W32A1, then W1A1); nothing quantized returns to float.
     if ((a.weight_bits != 32 && b.weight_bits == 32) || (a.activation_bits == 32) != (b.activation_bits == 32))
       lacks.push_back("activations quantized (or left float) as that entry does, and weights it quantized still quantized");
+    // The stage that quantizes the weights attaches their quantizers and keeps the activations'.
+    if (a.weight_bits == 32 && b.weight_bits != 32 && a.activation_bits != b.activation_bits)
+      lacks.push_back("the activation_bits of that entry (" + std::to_string(a.activation_bits) +
+                      ") in the stage that quantizes the weights it left at 32 bits");
     std::string out;
     for (size_t i = 0; i < lacks.size(); ++i) out += (i == 0 ? "" : "; ") + lacks[i];
     return out;

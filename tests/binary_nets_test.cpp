@@ -208,9 +208,14 @@ TEST(BirealShortcuts, EveryBasicBlockOfResnet20) {
   EXPECT_EQ(y.sizes(), (at::IntArrayRef{2, 10}));
   for (const Node& n : g.nodes())
     if (n.op == "rprelu") expect_close(n.params.at("slope").mean().reshape({1}), {0.25});
-  // Nothing to rewrite in a model without basic blocks.
+  // A model without basic blocks is refused, naming what the pass looks for.
   Graph lenet = build_model("lenet5");
-  EXPECT_NE(run_pass("bireal_shortcuts", lenet).find("no basic residual block"), std::string::npos);
+  try {
+    run_pass("bireal_shortcuts", lenet);
+    ADD_FAILURE() << "LeNet-5 has no basic block";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no basic residual block"), std::string::npos) << e.what();
+  }
 }
 
 // RSign's learned threshold folds into threshold_sign with the BN before it, and alone; the
@@ -284,8 +289,41 @@ TEST(BinaryStages, ActivationsFirstThenWeights) {
   EXPECT_EQ(act_quants, 18);
 }
 
-// EDE over the run: t from ede_t_min at the entry's start to ede_t_max at the run's end, changed
-// once a whole epoch, on the binarized layers and their binarizers alike.
+// LeNet-5's binarizers reach conv2 and fc1 through max pooling and flatten: each RSign still gets
+// its shift, and the W1A1 stage neither adds a second binarizer behind those ops nor loses one.
+TEST(BinaryStages, BinarizersBehindPoolingAndFlatten) {
+  q::register_all();
+  Graph g = build_model("lenet5");
+  q::Config c;
+  c.method = "bnn";
+  c.weight_bits = 32;
+  c.activation_bits = 1;
+  c.options["learned_threshold"] = true;
+  q::apply(g, c);
+  auto binarizers = [&] {
+    int64_t count = 0;
+    for (const Node& n : g.nodes())
+      if (n.op == "act_quant") {
+        EXPECT_TRUE(n.params.contains("shift")) << n.name;
+        ++count;
+      }
+    return count;
+  };
+  const int64_t first = binarizers();
+  EXPECT_EQ(first, 3);  // conv2's, fc1's and fc2's inputs
+  c.weight_bits = 1;
+  const q::Report second = q::apply(g, c);
+  EXPECT_EQ(second.quantized.size(), 3u) << second.summary();
+  EXPECT_TRUE(second.inserted.empty()) << second.summary();
+  EXPECT_EQ(binarizers(), first);
+  GraphModule m(g);
+  const at::Tensor y = m->forward(at::randn({2, 1, 28, 28}));
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{2, 10}));
+}
+
+// EDE over the run: t from ede_t_min at the start (epoch 0 < 1 whole epoch done) to ede_t_max once
+// the span is done, changed once a whole epoch, on the binarized layers and their binarizers alike
+// (IR-Net's schedule: its last epoch trains at t_min·(t_max/t_min)^((N − 1)/N)).
 TEST(Ede, ScheduledOverTheRun) {
   q::register_all();
   Graph g = build_model("resnet20");

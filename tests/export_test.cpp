@@ -350,6 +350,74 @@ TEST_F(ExportTest, EveryQuantizerTypeMatchesInBothRuntimes) {
   EXPECT_TRUE(verify_torchscript_file(g, ts).bitwise_equal);
 }
 
+// Today's binary-network pieces: conv1 (FP) → bn1 → relu1 → conv2 (XNOR with Libra-PB, RSign
+// input: relu1 also feeds the add, so RSign reads bn1) → bn2 → add(·, relu1) → RPReLU → conv3
+// (RSign on the RPReLU's output) → bn3 → relu3 → conv4 (RSign in place of relu3, reading bn3
+// alone) → bn4 → relu4 → pool → fc, with random learned thresholds. Exported as trained (act_quant
+// rsign: Sub then the sign) and folded for deployment (bn3 + RSign one threshold, the other two
+// RSigns thresholds of their own), both matching in onnxruntime and torch.jit.load, and the packed
+// checkpoint's TorchScript bitwise.
+TEST_F(ExportTest, BinaryNetworkPiecesMatchInBothRuntimes) {
+  at::manual_seed(11);
+  Graph g;
+  g.add_input("x", {1, 3, 8, 8});
+  auto conv = [&](const std::string& name, const std::string& in, int64_t cin) {
+    g.add_node(with(make(name, "conv2d", {in}, {{"padding", int64_t{1}}}), {{"weight", at::randn({8, cin, 3, 3}) * 0.4}}));
+  };
+  conv("conv1", "x", 3);
+  g.add_node(batch_norm("bn1", "conv1", 8));
+  g.add_node(make("relu1", "relu", {"bn1"}));
+  conv("conv2", "relu1", 8);
+  g.add_node(batch_norm("bn2", "conv2", 8));
+  g.add_node(make("add", "add", {"bn2", "relu1"}));
+  g.add_node(with(make("rprelu", "rprelu", {"add"}), {{"shift_in", at::randn({8}) * 0.2},
+                                                      {"slope", at::rand({8}) * 0.5},
+                                                      {"shift_out", at::randn({8}) * 0.2}}));
+  conv("conv3", "rprelu", 8);
+  g.add_node(batch_norm("bn3", "conv3", 8));
+  g.add_node(make("relu3", "relu", {"bn3"}));
+  conv("conv4", "relu3", 8);
+  g.add_node(batch_norm("bn4", "conv4", 8));
+  g.add_node(make("relu4", "relu", {"bn4"}));
+  g.add_node(make("pool", "adaptive_avg_pool2d", {"relu4"}, {{"output_size", std::vector<int64_t>{2, 2}}}));
+  g.add_node(make("flat", "flatten", {"pool"}));
+  g.add_node(with(make("fc", "linear", {"flat"}), {{"weight", at::randn({10, 32}) * 0.3}, {"bias", at::randn({10})}}));
+  g.set_outputs({"fc"});
+  quantize::Config c;
+  c.method = "xnor";
+  c.options["learned_threshold"] = true;
+  c.options["weight_standardize"] = true;
+  c.options["sign_gradient"] = std::string("approx_sign");
+  c.targets = {"conv2", "conv3", "conv4"};
+  quantize::apply(g, c);
+  int64_t rsigns = 0;
+  for (Node& n : g.nodes())
+    if (n.op == "act_quant" && n.attr_str("method") == "rsign") {
+      n.params.set("shift", at::randn({8}) * 0.3);
+      ++rsigns;
+    }
+  ASSERT_EQ(rsigns, 3) << g;
+  const Json trained = export_and_run(g, "binary_nets_trained");
+  EXPECT_EQ(count(trained, "PRelu"), 1);
+
+  Graph folded = g.clone();
+  const fuse::Report r = fuse::fold_bn_into_threshold(folded);
+  EXPECT_EQ(r.fused.size(), 3u) << r.summary();
+  int64_t thresholds = 0;
+  for (const Node& n : folded.nodes()) thresholds += n.op == "threshold_sign";
+  EXPECT_EQ(thresholds, 3);
+  EXPECT_FALSE(folded.find_node("bn3"));  // folded with conv4's RSign
+  EXPECT_TRUE(folded.find_node("bn1"));   // relu1 reads it too: its RSign became a threshold alone
+  export_and_run(folded, "binary_nets_folded");
+
+  const std::string ck = join_path(out_dir(), "binary_nets_checkpoint.h5");
+  save_checkpoint(ck, folded);
+  const Graph packed = load_checkpoint(ck).graph;
+  const std::string ts = join_path(out_dir(), "binary_nets_packed.pt");
+  export_torchscript(packed, ts);
+  EXPECT_TRUE(verify_torchscript_file(folded, ts).bitwise_equal);
+}
+
 // conv1 (FP) → bn → relu → conv2 (LSQ W4A4, per-channel steps) → bn → relu → conv3 (PACT W2A2) →
 // bn → relu → conv4 (LSQ W8A8, 8-bit codes down to −128) → bn → relu → pool → fc (LSQ+ W4A3, an
 // offset of −0.3 on its input), with the
