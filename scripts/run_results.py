@@ -56,6 +56,8 @@ BUDGET = [
     ("resnet20_budget_pact_w2a2_kd", None, "PACT W2A2 student, KD from FP32", "2/2"),
     ("resnet20_budget_int8_ptq", None, "int8 post-training, percentile (no training)", "8/8"),
     ("resnet20_budget_int8_qat", None, "int8 QAT, BN folded (torch.ao's recipe)", "8/8"),
+    ("resnet20_budget_reactnet", None, "W1A1, Bi-Real shortcuts, RSign + RPReLU, two stages, KD", "1/1"),
+    ("resnet20_budget_xnor_w1a32", None, "XNOR-Net weights, real activations, KD", "1/32"),
 ]
 # Runs each run starts from (trained first).
 NEEDS = {"resnet20_budget_prune_w4a4": "resnet20_budget_prune_l1"}
