@@ -145,10 +145,15 @@ at::Tensor node_sign(const Node& node, const at::Tensor& x) {
   return sign_with_gradient(x, sign_gradient_named(node.attr_str("sign_gradient")), node.attr_float("ede_t"));
 }
 
-void check_binary_options(const std::string& method, const BinaryOptions& o) {
+void check_binary_options(const std::string& method, const Config& c, const BinaryOptions& o) {
   auto bad = [&](const std::string& what) {
     throw Error("quantize: method '" + method + "', " + what, ErrorKind::kUsage);
   };
+  if (o.learned_threshold && c.activation_bits == 32)
+    bad("key 'learned_threshold': applies to binary activations (activation_bits 1), not 32");
+  for (const char* key : {"ede_t_min", "ede_t_max"})
+    if (c.options.contains(key) && o.sign_gradient != "ede")
+      bad("key '" + std::string(key) + "': applies with sign_gradient ede only (it is " + o.sign_gradient + ")");
   if (!(o.ede_t_min >= 1e-6 && o.ede_t_min <= 1e6))
     bad("key 'ede_t_min': " + SettingValue(o.ede_t_min).text() + " is not in [1e-06, 1e+06]");
   if (!(o.ede_t_max >= 1e-6 && o.ede_t_max <= 1e6))

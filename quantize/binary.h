@@ -73,8 +73,10 @@ OptionsSchema<Options>& add_binary_keys(OptionsSchema<Options>& schema) {
                           "weights balanced and standardized per output channel before the sign (IR-Net's Libra-PB)");
 }
 
-/// Checks BinaryOptions' values; throws whittle::Error (usage) "quantize: method '<m>', key ...".
-void check_binary_options(const std::string& method, const BinaryOptions& o);
+/// Checks BinaryOptions' values in config `c` (keys that would change nothing are refused too:
+/// learned_threshold at activation_bits 32, EDE's t without sign_gradient ede); throws
+/// whittle::Error (usage) "quantize: method '<m>', key ...".
+void check_binary_options(const std::string& method, const Config& c, const BinaryOptions& o);
 
 /// The sign binarizer's act_quant plan ("sign", or "rsign" with learned_threshold) with the
 /// gradient attributes; nullopt at activation_bits 32.
@@ -118,7 +120,7 @@ class BinaryMethod : public MethodWithOptions<Options> {
     if (c.weight_bits != 1 && c.weight_bits != 32) bad_bits(this->name(), "weight_bits", c.weight_bits, "1 or 32");
     if (c.activation_bits != 1 && c.activation_bits != 32)
       bad_bits(this->name(), "activation_bits", c.activation_bits, "1 or 32");
-    check_binary_options(this->name(), this->options(c));  // checks the keys given
+    check_binary_options(this->name(), c, this->options(c));  // checks the keys given
     return c;
   }
   std::string weight_quantizer(const Config& c) const override { return c.weight_bits == 32 ? "" : this->name(); }

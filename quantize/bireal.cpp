@@ -26,7 +26,8 @@ namespace whittle::quantize {
 namespace {
 
 struct BirealOptions {
-  /// Convolutions whose blocks are rewritten (graph/select.h patterns); empty: every conv2d.
+  /// Convolutions whose blocks are rewritten (graph/select.h patterns): a block is rewritten when
+  /// both of its convolutions are selected; empty: every conv2d.
   std::vector<std::string> targets;
   /// Patterns excluded from targets.
   std::vector<std::string> ignore;
@@ -40,7 +41,8 @@ const OptionsSchema<BirealOptions>& bireal_schema() {
   using O = BirealOptions;
   static const auto schema =
       OptionsSchema<O>()
-          .add("targets", &O::targets, "convolutions whose basic blocks are rewritten (names, op kinds, re:<regex>)", {},
+          .add("targets", &O::targets,
+               "convolutions whose basic blocks are rewritten, both of a block's (names, op kinds, re:<regex>)", {},
                "every conv2d")
           .add("ignore", &O::ignore, "patterns excluded from targets")
           .add("activation", &O::activation, "what the blocks' activations become: keep, or rprelu (ReActNet)",
@@ -99,8 +101,10 @@ std::vector<Node> topological(const Graph& g, std::vector<Node> nodes, const std
   return out;
 }
 
-std::string bireal_shortcuts(Graph& graph, const BirealOptions& o) {
+std::string bireal_shortcuts(Graph& graph, const BirealOptions& o, const PassCall& call) {
   register_all();
+  if (o.activation != "rprelu" && call.settings.contains("rprelu_slope"))
+    throw Error(call.source.about("rprelu_slope") + ": applies with activation rprelu only", ErrorKind::kUsage);
   graph.infer_shapes();
   const std::vector<std::string> chosen_list = select_nodes(graph, o.targets, o.ignore);
   const std::set<std::string> chosen(chosen_list.begin(), chosen_list.end());
@@ -127,10 +131,19 @@ std::string bireal_shortcuts(Graph& graph, const BirealOptions& o) {
       break;
     }
   }
-  if (blocks.empty())
-    throw Error("bireal_shortcuts: the model has no basic residual block (conv → BN → ReLU → conv → BN → add, "
-                "before any quantizer replaced its ReLU)",
-                ErrorKind::kUsage);
+  if (blocks.empty()) {
+    // Why not: rewritten already, ReLUs already quantizers, or no such block (among the targets).
+    bool rewritten = false, quantized = false;
+    for (const Node& n : graph.nodes()) {
+      rewritten = rewritten || n.name.find(".bireal_add") != std::string::npos;
+      quantized = quantized || n.op == "act_quant";
+    }
+    std::string why = "no basic residual block (conv → BN → ReLU or RPReLU → conv → BN → add)";
+    if (!o.targets.empty() || !o.ignore.empty()) why += " with both of its convolutions selected by targets and ignore";
+    if (rewritten) why += "; the model was rewritten by bireal_shortcuts already (it has its .bireal_add nodes)";
+    if (quantized) why += "; its activations are quantized (act_quant nodes): run the pass before quantizing";
+    throw Error("bireal_shortcuts: the model has " + why, ErrorKind::kUsage);
+  }
 
   std::vector<Node> nodes = graph.nodes();
   std::map<std::string, double> rank;
@@ -203,8 +216,8 @@ void register_bireal_pass() {
   register_pass(make_pass("bireal_shortcuts", "quantize",
                           "Bi-Real Net (Liu et al. 2018): a real-valued shortcut around every convolution of a basic "
                           "residual block; optionally its ReLUs become ReActNet's RPReLU",
-                          bireal_schema(), [](Graph& g, const BirealOptions& o, const PassCall&) {
-                            return bireal_shortcuts(g, o);
+                          bireal_schema(), [](Graph& g, const BirealOptions& o, const PassCall& call) {
+                            return bireal_shortcuts(g, o, call);
                           }));
 }
 

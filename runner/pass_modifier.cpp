@@ -24,6 +24,11 @@ class GraphPassModifier : public Modifier {
     if (!spec.settings.contains("pass")) refuse("key 'pass' is required (one of: " + known() + ")");
     pass_ = spec.settings["pass"].as<std::string>();
     if (!passes().find(pass_)) refuse("key 'pass': '" + pass_ + "' is not a registered pass (" + known() + ")");
+    // A pass that has a modifier of its own (quantize, prune) also works during training there
+    // (latent weight clips, schedules, fine-tuning windows): one graph rewrite would drop that.
+    if (modifiers().find(pass_))
+      refuse("key 'pass': '" + pass_ + "' has its modifier of the same name, which also does its work during training: "
+             "use `- {name: " + pass_ + ", ...}`");
     if (spec.start_epoch > 0 || spec.end_epoch >= 0)
       refuse("the pass runs once before training: leave start_epoch and end_epoch out");
     const PassInfo& info = pass_info(pass_);
@@ -48,8 +53,16 @@ class GraphPassModifier : public Modifier {
 
   void on_start(TrainContext& tc) override {
     if (applied_) return;
-    const PassCall call{settings_, OptionSource{spec().location + ": modifier 'graph_pass'", KeyStyle::kRecipe}};
-    const std::string report = run_pass(pass_, tc.model->graph(), call);
+    const std::string where = spec().location + ": modifier 'graph_pass'";
+    const PassCall call{settings_, OptionSource{where, KeyStyle::kRecipe}};
+    std::string report;
+    try {
+      report = run_pass(pass_, tc.model->graph(), call);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.rfind(where, 0) == 0) throw;  // names the entry already (a bad option)
+      throw Error(where + ": " + what, e.kind());
+    }
     tc.model->sync();
     tc.parameters_changed = true;
     applied_ = true;

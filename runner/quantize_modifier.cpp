@@ -135,7 +135,7 @@ class QuantizeModifier : public Modifier {
     auto shown = [](const quantize::Config& c) {  // the settings as the message lists them
       std::string t;
       for (const auto& [key, value] : c.options.values()) t += (t.empty() ? "" : ", ") + key + " " + value.text();
-      return t.empty() ? std::string("none") : t;
+      return t.empty() ? std::string("the defaults") : t;
     };
     std::vector<std::string> lacks;
     if (spec().start_epoch <= e.spec().start_epoch)
@@ -146,8 +146,13 @@ class QuantizeModifier : public Modifier {
       lacks.push_back("the same settings (that entry: " + shown(a) + "; this one: " + shown(b) + ")");
     // Weights left float by the earlier entry may be quantized from this one on (ReActNet's
     // stages: W32A1, then W1A1); nothing quantized returns to float.
-    if ((a.weight_bits != 32 && b.weight_bits == 32) || (a.activation_bits == 32) != (b.activation_bits == 32))
-      lacks.push_back("activations quantized (or left float) as that entry does, and weights it quantized still quantized");
+    if (a.weight_bits != 32 && b.weight_bits == 32)
+      lacks.push_back("its weights quantized (that entry quantized them to " + std::to_string(a.weight_bits) +
+                      " bits; they cannot return to 32)");
+    if ((a.activation_bits == 32) != (b.activation_bits == 32))
+      lacks.push_back(a.activation_bits == 32 ? "activations left float, as that entry leaves them"
+                                              : "its activations quantized (that entry quantized them to " +
+                                                    std::to_string(a.activation_bits) + " bits; they cannot return to 32)");
     // The stage that quantizes the weights attaches their quantizers and keeps the activations'.
     if (a.weight_bits == 32 && b.weight_bits != 32 && a.activation_bits != b.activation_bits)
       lacks.push_back("the activation_bits of that entry (" + std::to_string(a.activation_bits) +
@@ -167,10 +172,12 @@ class QuantizeModifier : public Modifier {
   }
 
  private:
-  // The options compared for a stage: each key=value; (unambiguous where values hold ", ").
+  // The options compared for a stage: each of the method's keys as key=value; with the value given,
+  // or its default (so that a default written out equals one left out).
   static std::string options_key(const quantize::Config& c) {
     std::string t;
-    for (const auto& [key, value] : c.options.values()) t += key + "=" + value.text() + ";";
+    for (const KeySpec& k : quantize::quantizer_method(c.method).option_keys())
+      t += k.name + "=" + (c.options.contains(k.name) ? c.options[k.name].text() : k.default_text) + ";";
     return t;
   }
 
@@ -193,7 +200,7 @@ class QuantizeModifier : public Modifier {
       if (recalibrate) to_initialize_ = quantize::input_quantizers(tc.model->graph(), r.quantized);
       *tc.log << "quantize (" << config_.method << "): " << r.quantized.size() << " layers now W" << config_.weight_bits
               << "A" << config_.activation_bits
-              << (recalibrate ? ", their steps from the calibrator again\n" : ", their learned steps carried\n")
+              << (recalibrate ? ", their steps from the calibrator again\n" : ", their learned parameters carried\n")
               << std::flush;
       return;
     }

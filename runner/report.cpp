@@ -27,13 +27,27 @@ std::string short_number(double v) {
   return os.str();
 }
 
+// ", <name> <lo> to <hi>" for each learned parameter of `n` named in `params` (", <name> <v>" when
+// all its values are one).
+std::string param_ranges(const Node& n, const std::vector<std::string>& params) {
+  std::string text;
+  for (const auto& name : params) {
+    const at::Tensor* p = n.params.find(name);
+    if (!p || !p->defined() || p->numel() == 0) continue;
+    const at::Tensor v = p->detach().to(at::kCPU, at::kDouble);
+    const double lo = v.min().item<double>(), hi = v.max().item<double>();
+    text += ", " + name + " " + short_number(lo) + (lo == hi ? "" : " to " + short_number(hi));
+  }
+  return text;
+}
+
 // LayerSummary::quantizer of `n`: its weight quantizer with the range of each learned parameter,
 // or its activation quantizer's bits and the range of its grid (asked of the registries).
 std::string quantizer_text(const Node& n) {
   if (n.op == "act_quant") {
     const quantize::ActivationQuantizer& q = quantize::activation_quantizer_of(n);
     const quantize::ActivationGrid g = q.grid(n);
-    if (g.sign) return q.name + " ±1";
+    if (g.sign) return q.name + " ±1" + param_ranges(n, q.params);  // RSign: its thresholds' range
     if (g.bits >= 32) return q.name;
     if (g.affine) {  // codes a in [a_min, a_max] stand for (a − z)·step
       const double levels = static_cast<double>((int64_t{1} << g.bits) - 1), step = g.max / levels;
@@ -48,15 +62,7 @@ std::string quantizer_text(const Node& n) {
   }
   if (n.weight_transforms.empty() || !quantize::weight_quantizers().contains(n.weight_transforms.back())) return "";
   const quantize::WeightQuantizer& q = quantize::weight_quantizers().get(n.weight_transforms.back());
-  std::string text = q.name;
-  for (const auto& name : q.params) {
-    const at::Tensor* p = n.params.find(name);
-    if (!p || !p->defined() || p->numel() == 0) continue;
-    const at::Tensor v = p->detach().to(at::kCPU, at::kDouble);
-    const double lo = v.min().item<double>(), hi = v.max().item<double>();
-    text += ", " + name + " " + short_number(lo) + (lo == hi ? "" : " to " + short_number(hi));
-  }
-  return text;
+  return q.name + param_ranges(n, q.params);
 }
 
 // Stored bits of a node's weight: the quantized width when a quantizer set `weight_bits`,

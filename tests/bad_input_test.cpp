@@ -229,6 +229,39 @@ void expect_refused_creating_nothing(const std::string& text, const std::string&
   EXPECT_FALSE(path_exists(dir)) << dir << " was created";
 }
 
+// The binary methods' options and stages and the graph_pass modifier: what would do nothing, or
+// drop a modifier's work during training, is refused naming the entry; a stage that writes a
+// default out agrees with one that leaves it out; weights cannot return to 32 bits.
+TEST(RecipeModifiers, BinaryOptionsStagesAndGraphPass) {
+  auto created = [](const std::string& text) -> std::string {
+    try {
+      const Recipe r = parse_recipe(text, "r.yaml", source_dir());
+      for (const auto& m : r.modifiers) modifier_info(m.name).create(m);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_HAS(created(recipe_text(1, "modifiers:\n  - {name: graph_pass, pass: quantize}\n")),
+             "r.yaml:8, modifiers.0: modifier 'graph_pass': key 'pass': 'quantize' has its modifier of the same name");
+  EXPECT_HAS(created(recipe_text(1, "modifiers:\n  - {name: graph_pass}\n")), "key 'pass' is required");
+  EXPECT_HAS(created(recipe_text(1, "modifiers:\n  - {name: quantize, method: bnn, activation_bits: 32, learned_threshold: true}\n")),
+             "key 'learned_threshold': applies to binary activations");
+  EXPECT_HAS(created(recipe_text(1, "modifiers:\n  - {name: quantize, method: xnor, ede_t_min: 0.5}\n")),
+             "key 'ede_t_min': applies with sign_gradient ede only");
+  EXPECT_HAS(created(recipe_text(1, "modifiers:\n  - {name: quantize, method: bnn, sign_gradient: ede, ede_t_max: 0.01}\n")),
+             "key 'ede_t_max': 0.01 is below ede_t_min 0.1");
+
+  const std::string both = "modifiers:\n  - {name: quantize, method: bnn, weight_bits: 32}\n"
+                           "  - {name: quantize, method: bnn, start_epoch: 1, sign_gradient: ste, learned_threshold: false}\n";
+  std::ostringstream log;
+  EXPECT_NO_THROW(Trainer(parse_recipe(recipe_text(2, both), "r.yaml", source_dir()), quiet(fresh_dir("binary_stages"), log)));
+  expect_refused_creating_nothing(
+      recipe_text(2, "modifiers:\n  - {name: quantize, method: bnn}\n  - {name: quantize, method: bnn, weight_bits: 32, start_epoch: 1}\n"),
+      fresh_dir("binary_stages_back"), "that entry quantized them to 1 bits; they cannot return to 32");
+}
+
 int64_t count_op(const Graph& g, const std::string& op) {
   int64_t n = 0;
   for (const auto& node : g.nodes()) n += node.op == op ? 1 : 0;

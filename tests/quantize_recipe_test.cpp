@@ -488,7 +488,7 @@ modifiers:
   opt.log = &log;
   const runner::RunResult res = runner::run_recipe(runner::parse_recipe(text, "stages.yaml", source_dir()), opt);
   EXPECT_EQ(res.epochs_done, 2) << log.str();
-  EXPECT_NE(log.str().find("quantize (lsq): 3 layers now W2A2, their learned steps carried"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("quantize (lsq): 3 layers now W2A2, their learned parameters carried"), std::string::npos) << log.str();
   const Checkpoint ck = load_checkpoint(join_path(out, "model.h5"));
   for (const std::string layer : {"conv2", "fc1", "fc2"}) EXPECT_EQ(ck.graph.node(layer).attr_int("weight_bits"), 2) << layer;
   for (const Node& n : ck.graph.nodes()) {
@@ -518,7 +518,7 @@ modifiers:
   const std::string msg = usage_error_message([&] { runner::run_recipe(runner::parse_recipe(other, "stages.yaml", source_dir()), opt); });
   EXPECT_NE(msg.find("already quantizes"), std::string::npos) << msg;
   EXPECT_NE(msg.find("as a later stage of progressive bit widths it needs the same settings (that entry: "
-                     "init_batches 2, step_init mse; this one: none)"), std::string::npos) << msg;
+                     "init_batches 2, step_init mse; this one: the defaults)"), std::string::npos) << msg;
 }
 
 TEST_F(QuantizeRecipe, BadSettingsNameTheKey) {
