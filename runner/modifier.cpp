@@ -1,5 +1,7 @@
 #include "runner/modifier.h"
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <mutex>
 
@@ -35,6 +37,16 @@ std::string modifier_label(const ModifierSpec& spec) {
 
 std::vector<KeySpec> modifier_settings(const ModifierInfo& info) {
   return info.settings_now ? info.settings_now() : info.settings;
+}
+
+std::string applied_state(bool applied) { return nlohmann::json{{"applied", applied}}.dump(); }
+
+bool parse_applied_state(const std::string& text, const std::string& where) {
+  try {
+    return nlohmann::json::parse(text).at("applied").get<bool>();
+  } catch (const std::exception& e) {
+    throw Error(where + ": unreadable saved state '" + text + "': " + e.what());
+  }
 }
 
 void register_builtin_modifiers() {

@@ -173,4 +173,10 @@ std::vector<std::string> modifier_names();
 /// it; a program registering its own modifiers may call it first.
 void register_builtin_modifiers();
 
+/// The state (Modifier::state) of a modifier that changes the graph once: {"applied": <applied>}.
+std::string applied_state(bool applied);
+/// Reads applied_state()'s text. Throws whittle::Error "<where>: unreadable saved state '<text>':
+/// ..." for anything else (`where`: "<location>: modifier '<name>'").
+bool parse_applied_state(const std::string& text, const std::string& where);
+
 }  // namespace whittle::runner

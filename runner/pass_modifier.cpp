@@ -1,6 +1,5 @@
 #include "runner/pass_modifier.h"
 
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <iostream>
@@ -71,13 +70,9 @@ class GraphPassModifier : public Modifier {
   // A rewrite of the model: as useful in a run of 0 epochs as in training.
   std::string needs_training() const override { return ""; }
 
-  std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
+  std::string state() const override { return applied_state(applied_); }
   void load_state(const std::string& text) override {
-    try {
-      applied_ = nlohmann::json::parse(text).at("applied").get<bool>();
-    } catch (const std::exception& e) {
-      throw Error(spec().location + ": modifier 'graph_pass': unreadable saved state '" + text + "': " + e.what());
-    }
+    applied_ = parse_applied_state(text, spec().location + ": modifier 'graph_pass'");
   }
 
  private:

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <iostream>
@@ -162,13 +161,9 @@ class QuantizeModifier : public Modifier {
     return out;
   }
 
-  std::string state() const override { return nlohmann::json{{"applied", applied_}}.dump(); }
+  std::string state() const override { return applied_state(applied_); }
   void load_state(const std::string& text) override {
-    try {
-      applied_ = nlohmann::json::parse(text).at("applied").get<bool>();
-    } catch (const std::exception& e) {
-      throw Error(spec().location + ": modifier 'quantize': unreadable saved state '" + text + "': " + e.what());
-    }
+    applied_ = parse_applied_state(text, spec().location + ": modifier 'quantize'");
   }
 
  private:

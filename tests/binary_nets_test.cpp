@@ -36,12 +36,19 @@ void expect_close(const at::Tensor& got, std::vector<double> want, double tol = 
 
 Node node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
           std::map<std::string, Attr> attrs = {}) {
-  Node n;
-  n.name = name;
-  n.op = op;
-  n.inputs = std::move(inputs);
-  n.attrs = std::move(attrs);
-  return n;
+  return q::make_node(name, op, std::move(inputs), std::move(attrs));
+}
+
+// `graph` with its activations binarized by `method` (learned thresholds), weights left float.
+q::Config binarize_activations(Graph& graph, const std::string& method, q::Report* report = nullptr) {
+  q::Config c;
+  c.method = method;
+  c.weight_bits = 32;
+  c.activation_bits = 1;
+  c.options["learned_threshold"] = true;
+  const q::Report r = q::apply(graph, c);
+  if (report) *report = r;
+  return c;
 }
 
 // x [1, 2, 1, 3]: channel 0 [−1, 0.5, 2], channel 1 [−2, 0, 1]; γ = [0.5, −1], β = [0.25, 2],
@@ -262,12 +269,8 @@ TEST(Rsign, FoldsIntoThresholdsWithAndWithoutBn) {
 TEST(BinaryStages, ActivationsFirstThenWeights) {
   q::register_all();
   Graph g = build_model("resnet20");
-  q::Config c;
-  c.method = "bnn";
-  c.weight_bits = 32;
-  c.activation_bits = 1;
-  c.options["learned_threshold"] = true;
-  const q::Report first = q::apply(g, c);
+  q::Report first;
+  q::Config c = binarize_activations(g, "bnn", &first);
   ASSERT_EQ(first.quantized.size(), 20u) << first.summary();
   int64_t rsigns = 0;
   for (const Node& n : g.nodes())
@@ -294,12 +297,7 @@ TEST(BinaryStages, ActivationsFirstThenWeights) {
 TEST(BinaryStages, BinarizersBehindPoolingAndFlatten) {
   q::register_all();
   Graph g = build_model("lenet5");
-  q::Config c;
-  c.method = "bnn";
-  c.weight_bits = 32;
-  c.activation_bits = 1;
-  c.options["learned_threshold"] = true;
-  q::apply(g, c);
+  q::Config c = binarize_activations(g, "bnn");
   auto binarizers = [&] {
     int64_t count = 0;
     for (const Node& n : g.nodes())
