@@ -226,7 +226,7 @@ TEST(BirealShortcuts, EveryBasicBlockOfResnet20) {
 }
 
 // RSign's learned threshold folds into threshold_sign with the BN before it, and alone; the
-// folded graph's signs are those of the graph (no input lies within rounding of a threshold).
+// folded graph's signs are those of the graph.
 TEST(Rsign, FoldsIntoThresholdsWithAndWithoutBn) {
   q::register_all();
   at::manual_seed(3);
@@ -259,7 +259,11 @@ TEST(Rsign, FoldsIntoThresholdsWithAndWithoutBn) {
   EXPECT_FALSE(m->graph().find_node("bn"));
   const auto after = m->forward(std::vector<at::Tensor>{x});
   ASSERT_EQ(before.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << "output " << i;
+  // The graph compares BN(y) − β in float, the fold y with a threshold computed in double: a value
+  // within rounding of its threshold may flip on another instruction set or thread count. None did
+  // here (AVX-512, 1 and 2 threads); the bound allows 2 of each output's 720 signs.
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_LE(before[i].ne(after[i]).sum().item<int64_t>(), 2) << "output " << i;
 }
 
 // The binary methods' stages: W32A1 binarizes activations only (RSign with a shift per input
