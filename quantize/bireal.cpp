@@ -68,8 +68,8 @@ struct Block {
 };
 
 // Nodes in an order where every input is defined first, keeping the given order where it can:
-// `order` ranks each node (lower first among those ready).
-std::vector<Node> topological(const Graph& g, std::vector<Node> nodes, const std::map<std::string, double>& rank) {
+// `rank` ranks each node (lower first among those ready).
+std::vector<Node> topological(std::vector<Node> nodes, const std::map<std::string, double>& rank) {
   std::map<std::string, std::string> producer;  // value → node
   for (const Node& n : nodes)
     for (const auto& o : n.outputs) producer[o] = n.name;
@@ -97,7 +97,6 @@ std::vector<Node> topological(const Graph& g, std::vector<Node> nodes, const std
       if (--waiting[d] == 0) ready.push({rank.at(d), d});
   }
   if (out.size() != nodes.size()) throw Error("bireal_shortcuts: the rewritten graph has a cycle");
-  (void)g;
   return out;
 }
 
@@ -199,7 +198,7 @@ std::string bireal_shortcuts(Graph& graph, const BirealOptions& o, const PassCal
   }
   Graph out;
   for (const auto& in : graph.inputs()) out.add_input(in, graph.value(in).shape);
-  for (Node& n : topological(graph, std::move(nodes), rank)) {
+  for (Node& n : topological(std::move(nodes), rank)) {
     const int count = static_cast<int>(n.outputs.size());
     n.outputs.clear();
     out.add_node(std::move(n), count);
